@@ -1,0 +1,34 @@
+# Everything runs inside .venv/, created and filled on first use. A second run installs nothing.
+# Override the torch pair for another platform, e.g.
+#   make test TORCH_PACKAGES="torch==2.9.1 torchvision==0.24.1"
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_PACKAGES ?= torch==2.14.1 torchvision==0.29.1
+# Rebuilt when the package's install recipe changes.
+INSTALLED := $(VENV)/.lambda_det-installed
+
+.PHONY: help venv test demo clean-venv
+
+help:
+	@echo "make test   run the test suite (sets up $(VENV)/ on first use)"
+	@echo "make demo   train, evaluate and draw the bundled demo (sets up $(VENV)/ on first use)"
+
+venv: $(INSTALLED)
+
+$(INSTALLED): setup.py lambda_det/compat/build_detectron2.py lambda_det/compat/detectron2_C_stub.py
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet $(TORCH_PACKAGES)
+	$(PY) lambda_det/compat/build_detectron2.py
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev,bench]'
+	@touch $@
+
+test: $(INSTALLED)
+	$(PY) -m pytest tests
+
+demo: $(INSTALLED)
+	$(PY) tools/demo.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,36 @@
+"""What makes detectron2 work on today's torch / numpy / Pillow.
+
+The source-level fixes for detectron2 0.6 live in ``build_detectron2.py`` (applied when the Makefile
+builds detectron2 into ``.venv/``), so a script that imports detectron2 without lambda_det works too.
+This module only imports detectron2 for lambda_det: with a clear error when it is missing, and
+without the deprecation warning that torch >= 2.10 prints when fvcore and detectron2 call
+``torch.jit.script`` at import time (they must stay scriptable, so the call itself is kept).
+"""
+import importlib
+import warnings
+
+__all__ = ["import_detectron2"]
+
+_DETECTRON2_MODULES = ("detectron2.modeling", "detectron2.data", "detectron2.evaluation",
+                       "detectron2.engine", "detectron2.checkpoint")
+
+_MISSING_DETECTRON2 = (
+    "lambda_det needs detectron2, and none is importable in this environment. `make test` in the "
+    "lambda_det checkout builds one into .venv/; in another environment that has torch, run "
+    "`python lambda_det/compat/build_detectron2.py` (pure-Python detectron2 0.6 from PyPI's "
+    "pb1-detectron2 source package) or install your own detectron2 build."
+)
+
+
+def import_detectron2() -> None:
+    """Import the detectron2 modules lambda_det builds on, quietly and with a helpful error."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated",
+                                category=FutureWarning)
+        try:
+            for name in _DETECTRON2_MODULES:
+                importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is not None and error.name.split(".")[0] == "detectron2":
+                raise ImportError(_MISSING_DETECTRON2) from error
+            raise

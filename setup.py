@@ -1,0 +1,59 @@
+"""lambda_det: LambdaNetworks backbones (lambda layers, lambda convolutions, AFT) for Detectron2.
+
+Install with the Makefile (``make test`` bootstraps ``.venv/``), or by hand into an environment that
+already has torch and detectron2::
+
+    pip install --no-build-isolation -e '.[dev]'
+
+Detectron2 has no wheels on PyPI. If no detectron2 is importable, run
+``python lambda_det/compat/build_detectron2.py`` first (it builds the patched pure-Python 0.6 from
+the ``pb1-detectron2`` source package). A detectron2 you built yourself is used as it is.
+"""
+import importlib.metadata
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+
+def detectron2_requirement() -> str:
+    """Require whichever detectron2 distribution is installed, so pip never replaces a user's own."""
+    for distribution, minimum in (("detectron2", "detectron2>=0.6"),
+                                  ("pb1-detectron2", "pb1-detectron2>=0.6")):
+        try:
+            importlib.metadata.version(distribution)
+            return minimum
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return "pb1-detectron2>=0.6"
+
+
+setup(
+    name="lambda_det",
+    version="0.1.0",
+    description="LambdaNetworks (lambda layers, LambdaResNets) and AFT backbones for Detectron2",
+    long_description=Path(__file__).with_name("README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=find_packages(include=["lambda_det", "lambda_det.*"]),
+    include_package_data=True,
+    install_requires=[
+        "torch>=1.10",
+        "torchvision>=0.11",
+        detectron2_requirement(),
+        "fvcore>=0.1.5",
+        "iopath>=0.1.7",
+        "pycocotools>=2.0.2",
+        "opencv-python-headless>=4.5",
+        "numpy",
+        "Pillow>=7.1",
+        "matplotlib",
+        "yacs>=0.1.8",
+        "tabulate",
+    ],
+    extras_require={
+        "dev": ["pytest>=7", "pytest-timeout", "hypothesis>=6"],
+        # Only to benchmark against the public implementations side by side.
+        "bench": ["timm>=0.9", "lambda-networks>=0.4"],
+    },
+)
