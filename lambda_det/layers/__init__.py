@@ -1,0 +1,8 @@
+"""The shared core: lambda layers and their position embeddings.
+
+Everything in lambda_det that models long-range interactions imports it from here.
+"""
+from lambda_det.layers.lambda_layer import EINSUM_MAX_POSITIONS, IMPLEMENTATIONS, LambdaLayer
+from lambda_det.layers.position_embedding import RelativePositionEmbedding
+
+__all__ = ["LambdaLayer", "RelativePositionEmbedding", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS"]
