@@ -1,0 +1,245 @@
+"""LambdaResNets (LambdaNetworks, Bello 2021, F.2 and Table 19) as a detectron2 ``Backbone``."""
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from detectron2.layers import ShapeSpec
+import fvcore.nn.weight_init as weight_init
+from detectron2.modeling import Backbone
+from lambda_det.layers import LambdaLayer, RelativePositionEmbedding
+from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
+
+__all__ = ["LambdaResNet", "lambda_resnet", "BLOCKS_PER_STAGE", "PAPER_LAMBDA_BLOCKS_C4",
+           "resolve_placement"]
+
+STAGES = ("res2", "res3", "res4", "res5")
+
+# Blocks in c2..c5 (paper Table 19). 26 is not in the paper: a small depth for quick experiments.
+BLOCKS_PER_STAGE: Dict[int, Sequence[int]] = {
+    26: (2, 2, 2, 2),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+    200: (3, 24, 36, 3),
+    270: (4, 29, 53, 4),
+    350: (4, 36, 72, 4),
+    420: (4, 44, 87, 4),
+}
+
+# 1-based c4 blocks that are lambda blocks in the paper's hybrids (Table 19); all of c5 is lambda.
+# Depth 26 (ours) puts its last c4 block there, like LambdaResNet-50 does with its middle one.
+PAPER_LAMBDA_BLOCKS_C4: Dict[int, Sequence[int]] = {
+    26: (2,),
+    50: (3,),
+    101: (6, 12, 18),
+    152: (5, 10, 15, 20, 25, 30),
+    200: (5, 10, 15, 20, 25, 30),
+    270: (8, 16, 24, 32, 40, 48),
+    350: (10, 20, 30, 40, 50, 60),
+    420: (10, 20, 30, 40, 50, 60, 70, 80),
+}
+
+LAMBDA_LAYER_OPTIONS = ("heads", "dim_k", "dim_u", "scope", "impl", "max_size")
+
+Placement = Union[str, Mapping[str, Union[str, Sequence[int]]]]
+
+
+def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[int]]:
+    """The 1-based lambda blocks of each stage.
+
+    Args:
+        depth: a key of ``BLOCKS_PER_STAGE``.
+        placement: "paper" (Table 19 hybrids: the listed c4 blocks and all of c5), "c4" (every
+            block of c4 and c5: the paper's "-C4" models), "none" (the ResNet-RS baseline), four
+            letters over {C, L} for c2..c5 (Table 12, e.g. "CCLL"), or a mapping from stage name
+            ("res2".."res5") to 1-based block indices or "all".
+    """
+    if depth not in BLOCKS_PER_STAGE:
+        raise ValueError(f"depth must be one of {sorted(BLOCKS_PER_STAGE)}, got {depth!r}")
+    blocks = dict(zip(STAGES, BLOCKS_PER_STAGE[depth]))
+    every = {stage: range(1, count + 1) for stage, count in blocks.items()}
+    if isinstance(placement, str):
+        letters = placement.upper()
+        if placement == "paper":
+            chosen = {"res4": PAPER_LAMBDA_BLOCKS_C4[depth], "res5": every["res5"]}
+        elif placement == "c4":
+            chosen = {"res4": every["res4"], "res5": every["res5"]}
+        elif placement == "none":
+            chosen = {}
+        elif len(letters) == 4 and set(letters) <= {"C", "L"}:
+            chosen = {stage: every[stage] for stage, letter in zip(STAGES, letters) if letter == "L"}
+        else:
+            raise ValueError(
+                f"placement must be 'paper', 'c4', 'none', four letters over C/L for c2..c5 "
+                f"(e.g. 'CCLL'), or a mapping of stage to block indices; got {placement!r}")
+    elif isinstance(placement, Mapping):
+        chosen = {}
+        for stage, indices in placement.items():
+            if stage not in blocks:
+                raise ValueError(f"placement stage must be one of {STAGES}, got {stage!r}")
+            chosen[stage] = every[stage] if indices == "all" else indices
+    else:
+        raise ValueError(f"placement must be a string or a mapping, got {placement!r}")
+
+    resolved = {stage: frozenset() for stage in STAGES}
+    for stage, indices in chosen.items():
+        for index in indices:
+            if not isinstance(index, int) or not 1 <= index <= blocks[stage]:
+                raise ValueError(
+                    f"lambda block {index!r} is past the end of {stage}, which has "
+                    f"{blocks[stage]} blocks at depth {depth} (indices are 1-based)")
+        resolved[stage] = frozenset(indices)
+    return resolved
+
+
+class LambdaResNet(Backbone):
+    """LambdaResNet / ResNet-RS backbone: stem, four bottleneck stages, optional classifier.
+
+    Outputs ``res2``..``res5`` with strides 4, 8, 16, 32 and 256, 512, 1024, 2048 channels (times
+    ``width_multiplier``), ``stem`` (stride 4), and ``linear`` (logits) when ``num_classes`` is set.
+
+    Args:
+        depth: 26, 50, 101, 152, 200, 270, 350 or 420 (see ``BLOCKS_PER_STAGE``).
+        placement: where the lambda blocks go; see :func:`resolve_placement`.
+        se: squeeze-and-excitation (ratio 0.25) in the conv blocks: the "+SE" baselines.
+        num_classes: adds global average pooling and a linear classifier.
+        out_features: names of the outputs to return (default: res2..res5, or ["linear"]).
+        norm: detectron2 norm for the whole backbone: "BN", "SyncBN", "FrozenBN", "GN", ...
+        freeze_at: detectron2's convention: 0 trains everything, 1 freezes the stem, 2 also
+            res2, and so on.
+        width_multiplier: scales every width (stem included).
+        share_position_embeddings: one relative position embedding for every lambda layer
+            (paper Table 4), instead of one each.
+        in_channels: image channels.
+        **lambda_kwargs: LambdaLayer options: heads (4), dim_k (16), dim_u (1), scope (23),
+            impl ("auto"), max_size (global scope only).
+    """
+
+    def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
+                 num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
+                 norm: str = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
+                 share_position_embeddings: bool = False, in_channels: int = 3, **lambda_kwargs):
+        super().__init__()
+        unknown = sorted(set(lambda_kwargs) - set(LAMBDA_LAYER_OPTIONS))
+        if unknown:
+            raise TypeError(f"unknown LambdaResNet arguments {unknown}; lambda layer options are "
+                            f"{LAMBDA_LAYER_OPTIONS}")
+        if not width_multiplier > 0:
+            raise ValueError(f"width_multiplier must be > 0, got {width_multiplier!r}")
+        lambda_blocks = resolve_placement(depth, placement)
+        self.depth = depth
+        self.num_classes = num_classes
+        heads = lambda_kwargs.get("heads", 4)
+
+        stem_width = int(64 * width_multiplier)
+        self.stem = ResNetRSStem(in_channels, stem_width, norm)
+        self._out_feature_channels = {"stem": stem_width}
+        self._out_feature_strides = {"stem": 4}
+
+        shared = None
+        if share_position_embeddings and any(lambda_blocks.values()):
+            scope = lambda_kwargs.get("scope", 23)
+            radius = lambda_kwargs.get("max_size", 64) - 1 if scope is None else scope // 2
+            shared = RelativePositionEmbedding(lambda_kwargs.get("dim_k", 16),
+                                               lambda_kwargs.get("dim_u", 1), radius)
+
+        self.stage_names = list(STAGES)
+        channels = stem_width
+        for stage_index, (name, count) in enumerate(zip(STAGES, BLOCKS_PER_STAGE[depth])):
+            width = int(64 * width_multiplier * 2 ** stage_index)
+            if lambda_blocks[name] and width % heads:
+                raise ValueError(f"{name} width {width} (width_multiplier={width_multiplier}) is "
+                                 f"not divisible by heads={heads}")
+            blocks = []
+            for block_index in range(1, count + 1):
+                stride = 2 if block_index == 1 and stage_index > 0 else 1
+                is_lambda = block_index in lambda_blocks[name]
+                blocks.append(Bottleneck(
+                    channels, 4 * width, width=width, stride=stride,
+                    mixer="lambda" if is_lambda else "conv", norm=norm, se=se and not is_lambda,
+                    lambda_kwargs=lambda_kwargs, position_embedding=shared))
+                channels = 4 * width
+            self.add_module(name, nn.Sequential(*blocks))
+            self._out_feature_channels[name] = channels
+            self._out_feature_strides[name] = 4 * 2 ** stage_index
+
+        if num_classes is not None:
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.linear = nn.Linear(channels, num_classes)
+        default_features = ["linear"] if num_classes is not None else list(STAGES)
+        self._out_features = list(out_features or default_features)
+        known = list(self._out_feature_channels) + (["linear"] if num_classes is not None else [])
+        for feature in self._out_features:
+            if feature not in known:
+                raise ValueError(f"out_features entry {feature!r} is not one of {known}")
+        self._init_weights()
+        self.freeze(freeze_at)
+
+    def _init_weights(self) -> None:
+        """He init for convs, zero gamma on each bottleneck's last BN, then the paper's lambda init.
+
+        The lambda layers are re-initialised last, so this loop cannot overwrite their init.
+        """
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                weight_init.c2_msra_fill(module)
+        for module in self.modules():
+            if isinstance(module, Bottleneck) and getattr(module.conv3.norm, "weight", None) is not None:
+                nn.init.zeros_(module.conv3.norm.weight)
+            if isinstance(module, LambdaLayer):
+                module.reset_parameters()
+        if self.num_classes is not None:
+            nn.init.normal_(self.linear.weight, std=0.01)
+            nn.init.zeros_(self.linear.bias)
+
+    def freeze(self, freeze_at: int = 0) -> "LambdaResNet":
+        """Freeze the stem (freeze_at >= 1) and the first freeze_at - 1 stages, as detectron2 does."""
+        if not isinstance(freeze_at, int) or not 0 <= freeze_at <= 5:
+            raise ValueError(f"freeze_at must be an integer in [0, 5], got {freeze_at!r}")
+        if freeze_at >= 1:
+            self.stem.freeze()
+        for stage_index, name in enumerate(STAGES, start=2):
+            if freeze_at >= stage_index:
+                for block in getattr(self, name):
+                    block.freeze()
+        return self
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if x.dim() != 4:
+            raise ValueError(f"LambdaResNet takes (N, C, H, W) images, got shape {tuple(x.shape)}")
+        outputs = {}
+        x = self.stem(x)
+        if "stem" in self._out_features:
+            outputs["stem"] = x
+        for name in STAGES:
+            x = getattr(self, name)(x)
+            if name in self._out_features:
+                outputs[name] = x
+        if self.num_classes is not None and "linear" in self._out_features:
+            outputs["linear"] = self.linear(torch.flatten(self.avgpool(x), 1))
+        return outputs
+
+    def output_shape(self) -> Dict[str, ShapeSpec]:
+        return {name: ShapeSpec(channels=self._out_feature_channels[name],
+                                stride=self._out_feature_strides[name])
+                for name in self._out_features if name != "linear"}
+
+
+def lambda_resnet(depth: int, *, placement: Placement = "paper", se: bool = False,
+                  num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
+                  norm: str = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
+                  **lambda_layer_kwargs) -> LambdaResNet:
+    """Build a LambdaResNet (or, with ``placement="none"``, its ResNet-RS baseline).
+
+    Examples::
+
+        lambda_resnet(152)                                   # LambdaResNet-152 (Table 19 hybrid)
+        lambda_resnet(101, placement="none", se=True)        # ResNet-101 + SE baseline
+        lambda_resnet(50, placement="CCLL", num_classes=1000)  # Table 12 row
+
+    See :class:`LambdaResNet` for the arguments.
+    """
+    return LambdaResNet(depth, placement=placement, se=se, num_classes=num_classes,
+                        out_features=out_features, norm=norm, freeze_at=freeze_at,
+                        width_multiplier=width_multiplier, **lambda_layer_kwargs)

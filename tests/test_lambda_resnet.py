@@ -1,0 +1,233 @@
+"""LambdaResNet backbones: the paper's architecture, detectron2 integration, errors."""
+import pytest
+import torch
+
+import lambda_det
+from conftest import CONFIGS
+from detectron2.config import get_cfg as get_detectron2_cfg
+from detectron2.modeling import BACKBONE_REGISTRY, build_model
+from detectron2.structures import BitMasks, Boxes, Instances
+from detectron2.utils.events import EventStorage
+from lambda_det.layers import LambdaLayer
+from lambda_det.modeling import BLOCKS_PER_STAGE, LambdaResNet, lambda_resnet, resolve_placement
+
+
+def parameters_in_millions(model: torch.nn.Module) -> float:
+    return sum(p.numel() for p in model.parameters()) / 1e6
+
+
+# Paper Table 12 (ResNet-50 placements, c2..c5) and Table 13, 1000-class head, k=16 h=4 u=1 r=23.
+TABLE_12 = {"CCCC": 25.6, "LCCC": 25.5, "LLCC": 25.0, "LLLC": 21.7, "LLLL": 15.0, "CLLL": 15.1,
+            "CCLL": 15.4, "CCCL": 18.8}
+TABLE_13 = {(101, "none", False): 44.6, (101, "none", True): 63.6, (101, "paper", False): 36.9,
+            (101, "c4", False): 26.0, (152, "none", False): 60.2, (152, "none", True): 86.6,
+            (152, "paper", False): 51.4, (152, "c4", False): 35.1}
+
+
+@pytest.mark.parametrize("placement", sorted(TABLE_12))
+def test_parameter_counts_match_table_12(placement):
+    model = lambda_resnet(50, placement=placement, num_classes=1000)
+    assert parameters_in_millions(model) == pytest.approx(TABLE_12[placement], rel=0.02)
+
+
+@pytest.mark.parametrize("depth,placement,se", sorted(TABLE_13))
+def test_parameter_counts_match_table_13(depth, placement, se):
+    model = lambda_resnet(depth, placement=placement, se=se, num_classes=1000)
+    assert parameters_in_millions(model) == pytest.approx(TABLE_13[depth, placement, se], rel=0.05)
+
+
+def test_paper_placement_of_lambda_blocks():
+    placement = resolve_placement(152, "paper")
+    assert placement["res4"] == {5, 10, 15, 20, 25, 30}
+    assert placement["res5"] == {1, 2, 3} and not placement["res2"] and not placement["res3"]
+    model = lambda_resnet(101, width_multiplier=0.25, scope=3)
+    kinds = ["L" if block.mixer_kind == "lambda" else "C" for block in model.res4]
+    assert [i + 1 for i, kind in enumerate(kinds) if kind == "L"] == [6, 12, 18]
+    assert all(block.mixer_kind == "lambda" for block in model.res5)
+    assert resolve_placement(50, "ccll")["res4"] == set(range(1, 7))
+    assert not any(resolve_placement(50, "none").values())
+
+
+def test_resnet_rs_details():
+    model = lambda_resnet(50, placement="none", width_multiplier=0.25)
+    # Stem: 3x3 convs, the last one strided instead of a max-pool.
+    kernels = [(conv.kernel_size, conv.stride) for conv in model.stem.convs]
+    assert kernels == [((3, 3), (2, 2)), ((3, 3), (1, 1)), ((3, 3), (1, 1)), ((3, 3), (2, 2))]
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in model.modules())
+    # ResNet-D shortcut: average pooling before the 1x1 projection of a strided block.
+    first = model.res3[0]
+    assert isinstance(first.shortcut[0], torch.nn.AvgPool2d) and first.mixer.stride == (2, 2)
+    # Last BN gamma of every bottleneck starts at zero.
+    for stage in (model.res2, model.res3, model.res4, model.res5):
+        for block in stage:
+            assert torch.count_nonzero(block.conv3.norm.weight) == 0
+
+
+def test_lambda_block_downsamples_by_average_pooling():
+    model = lambda_resnet(26, placement="CCCL", width_multiplier=0.25, scope=3)
+    layer = model.res5[0].mixer
+    assert isinstance(layer, LambdaLayer) and layer.stride == 2
+    assert isinstance(layer.pool, torch.nn.AvgPool2d) and layer.pool.kernel_size == 3
+
+
+def test_paper_init_holds_inside_a_built_lambda_resnet():
+    model = lambda_resnet(26, placement="paper")
+    layer = model.res5[1].mixer  # width 512
+    width = 512
+    assert layer.to_queries.weight.std().item() == pytest.approx((16 * width) ** -0.5, rel=0.05)
+    assert layer.to_keys.weight.std().item() == pytest.approx(width ** -0.5, rel=0.05)
+    assert layer.to_values.weight.std().item() == pytest.approx(width ** -0.5, rel=0.05)
+    assert layer.position_embedding.weight.std().item() == pytest.approx(1.0, rel=0.05)
+    # The backbone's He init (fan-out) would have given the keys projection an 8x larger std.
+    he_std = (2 / layer.to_keys.out_channels) ** 0.5
+    assert layer.to_keys.weight.std().item() < he_std / 5
+
+
+@pytest.mark.parametrize("depth", sorted(BLOCKS_PER_STAGE))
+def test_output_shape_matches_outputs_for_every_depth(depth):
+    model = lambda_resnet(depth, width_multiplier=0.25, scope=3,
+                          out_features=["stem", "res2", "res3", "res4", "res5"]).eval()
+    with torch.no_grad():
+        outputs = model(torch.randn(1, 3, 64, 96))
+    shapes = model.output_shape()
+    assert list(outputs) == list(shapes)
+    for name, spec in shapes.items():
+        assert outputs[name].shape == (1, spec.channels, 64 // spec.stride, 96 // spec.stride)
+    assert shapes["res5"].channels == 512 and shapes["res5"].stride == 32
+
+
+def test_classifier_head_and_shared_embeddings():
+    model = lambda_resnet(26, placement="CCLL", num_classes=10, width_multiplier=0.25, scope=3,
+                          share_position_embeddings=True)
+    layers = [m for m in model.modules() if isinstance(m, LambdaLayer)]
+    assert len(layers) == 4 and len({id(layer.position_embedding.weight) for layer in layers}) == 1
+    logits = model(torch.randn(2, 3, 64, 64))["linear"]
+    assert logits.shape == (2, 10)
+
+
+def test_freeze_at_and_norms():
+    model = lambda_resnet(26, width_multiplier=0.25, scope=3, freeze_at=2)
+    assert not any(p.requires_grad for p in model.stem.parameters())
+    assert not any(p.requires_grad for p in model.res2.parameters())
+    assert all(p.requires_grad for p in model.res3.parameters())
+    for norm in ("GN", "FrozenBN", "SyncBN"):
+        net = lambda_resnet(26, width_multiplier=0.25, scope=3, norm=norm).eval()
+        assert net(torch.randn(1, 3, 64, 64))["res5"].shape == (1, 512, 2, 2)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(depth=77), ValueError, "depth must be one of .* got 77"),
+    (dict(depth=50, placement="CCXL"), ValueError, "got 'CCXL'"),
+    (dict(depth=50, placement={"res4": [7]}), ValueError, "lambda block 7 is past the end of res4, which has 6"),
+    (dict(depth=50, placement="LLLL", width_multiplier=0.3), ValueError,
+     "res2 width 19 .* not divisible by heads=4"),
+    (dict(depth=50, heads=3), ValueError, "res4 width 256 .* not divisible by heads=3"),
+    (dict(depth=50, colour="red"), TypeError, "unknown LambdaResNet arguments \\['colour'\\]"),
+])
+def test_bad_arguments_name_the_value(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        lambda_resnet(**kwargs)
+
+
+def test_forgotten_add_config_says_how_to_fix_it(tmp_path):
+    config = tmp_path / "lambda.yaml"
+    config.write_text("MODEL:\n  LAMBDA_RESNET:\n    DEPTH: 101\n")
+    cfg = get_detectron2_cfg()
+    with pytest.raises(KeyError, match="add_lambda_resnet_config"):
+        cfg.merge_from_file(str(config))
+    with pytest.raises(AssertionError, match="add_lambda_resnet_config"):
+        get_detectron2_cfg().merge_from_list(["MODEL.LAMBDA_RESNET.DEPTH", "101"])
+    cfg.MODEL.BACKBONE.NAME = "build_lambda_resnet_fpn_backbone"
+    with pytest.raises(KeyError, match="add_lambda_resnet_config"):
+        build_model(cfg)
+    # With the node added, the same file merges.
+    cfg = lambda_det.add_lambda_resnet_config(get_detectron2_cfg())
+    cfg.merge_from_file(str(config))
+    assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101
+    assert "build_lambda_resnet_fpn_backbone" in BACKBONE_REGISTRY
+
+
+def small_lambda_cfg(base: str, backbone: str):
+    cfg = lambda_det.get_cfg()
+    cfg.merge_from_file(str(CONFIGS / base))
+    cfg.MODEL.DEVICE = "cpu"
+    cfg.MODEL.WEIGHTS = ""
+    cfg.MODEL.BACKBONE.NAME = backbone
+    cfg.MODEL.BACKBONE.FREEZE_AT = 0
+    cfg.MODEL.LAMBDA_RESNET.DEPTH = 26
+    cfg.MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER = 0.25
+    cfg.MODEL.LAMBDA_RESNET.SCOPE = 5
+    cfg.MODEL.LAMBDA_RESNET.OUT_FEATURES = list(cfg.MODEL.FPN.IN_FEATURES)
+    cfg.MODEL.FPN.OUT_CHANNELS = 32
+    cfg.MODEL.ROI_HEADS.NUM_CLASSES = 3
+    cfg.MODEL.RETINANET.NUM_CLASSES = 3
+    cfg.MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE = 32
+    cfg.MODEL.RPN.BATCH_SIZE_PER_IMAGE = 32
+    cfg.MODEL.ROI_BOX_HEAD.FC_DIM = 64
+    cfg.MODEL.ROI_MASK_HEAD.CONV_DIM = 32
+    cfg.MODEL.SEM_SEG_HEAD.NUM_CLASSES = 4
+    cfg.MODEL.SEM_SEG_HEAD.CONVS_DIM = 32
+    return cfg
+
+
+def tiny_batch(with_sem_seg: bool = False):
+    batch = []
+    for height, width in ((64, 96), (96, 64)):
+        instances = Instances((height, width))
+        instances.gt_boxes = Boxes(torch.tensor([[4.0, 6.0, 40.0, 50.0], [20.0, 10.0, 60.0, 30.0]]))
+        instances.gt_classes = torch.tensor([0, 2])
+        masks = torch.zeros(2, height, width, dtype=torch.bool)
+        masks[0, 6:50, 4:40] = True
+        masks[1, 10:30, 20:60] = True
+        instances.gt_masks = BitMasks(masks)
+        record = {"image": torch.randint(0, 256, (3, height, width), dtype=torch.uint8),
+                  "instances": instances, "height": height, "width": width}
+        if with_sem_seg:
+            record["sem_seg"] = torch.randint(0, 4, (height, width))
+        batch.append(record)
+    return batch
+
+
+def cascade(cfg):
+    cfg.MODEL.ROI_HEADS.NAME = "CascadeROIHeads"
+    cfg.MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG = True
+    return cfg
+
+
+ARCHITECTURES = {
+    "mask_rcnn": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone",
+                  lambda cfg: cfg.merge_from_list(["MODEL.MASK_ON", "True"]) or cfg),
+    "faster_rcnn": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone", lambda cfg: cfg),
+    "cascade_rcnn": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone", cascade),
+    "retinanet": ("Base-RetinaNet.yaml", "build_retinanet_lambda_resnet_fpn_backbone",
+                  lambda cfg: cfg),
+    "panoptic_fpn": ("Base-Panoptic-FPN.yaml", "build_lambda_resnet_fpn_backbone",
+                     lambda cfg: cfg),
+}
+
+
+@pytest.mark.parametrize("architecture", sorted(ARCHITECTURES))
+def test_detectron2_pipelines_train_and_infer_with_a_lambda_resnet(architecture):
+    base, backbone, adjust = ARCHITECTURES[architecture]
+    model = build_model(adjust(small_lambda_cfg(base, backbone)))
+    bottom_up = model.backbone.bottom_up
+    assert isinstance(bottom_up, LambdaResNet)
+    with torch.no_grad():  # zero-init residual branches pass no gradient inward at step 0
+        for module in bottom_up.modules():
+            if hasattr(module, "conv3"):
+                module.conv3.norm.weight.fill_(1.0)
+    model.train()
+    with EventStorage():
+        losses = model(tiny_batch(with_sem_seg=architecture == "panoptic_fpn"))
+    total = sum(losses.values())
+    assert torch.isfinite(total)
+    total.backward()
+    lambda_layer = bottom_up.res5[0].mixer
+    assert lambda_layer.position_embedding.weight.grad.abs().sum() > 0
+    assert lambda_layer.to_queries.weight.grad.abs().sum() > 0
+    model.eval()
+    with torch.no_grad():
+        outputs = model(tiny_batch())
+    assert len(outputs) == 2
+    key = "panoptic_seg" if architecture == "panoptic_fpn" else "instances"
+    assert key in outputs[0]
