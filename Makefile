@@ -28,7 +28,7 @@ test: $(INSTALLED)
 	$(PY) -m pytest tests
 
 demo: $(INSTALLED)
-	$(PY) tools/demo.py
+	$(PY) tools/demo.py $(if $(FORCE),--force,)
 
 clean-venv:
 	rm -rf $(VENV)

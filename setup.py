@@ -50,6 +50,7 @@ setup(
         "matplotlib",
         "yacs>=0.1.8",
         "tabulate",
+        "shapely",  # detectron2 clips polygons with it when LSJ crops
     ],
     extras_require={
         "dev": ["pytest>=7", "pytest-timeout", "hypothesis>=6"],

@@ -13,7 +13,7 @@ MISSING_CONFIG_HINT = (
 
 
 def add_lambda_resnet_config(cfg: CN) -> CN:
-    """Add the ``MODEL.LAMBDA_RESNET`` node to ``cfg`` in place; returns ``cfg``.
+    """Add ``MODEL.LAMBDA_RESNET`` and ``INPUT.LSJ`` to ``cfg`` in place; returns ``cfg``.
 
     Idempotent: a node that is already there is left as it is.
     """
@@ -42,6 +42,14 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     # Backbone norm (detectron2's get_norm names). The paper: synchronized BN, from scratch.
     node.NORM = "BN"
     node.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
+
+    # Large-scale jitter (paper F.3): train on random [MIN_SCALE, MAX_SCALE] x IMAGE_SIZE resizes,
+    # cropped or padded to IMAGE_SIZE^2; test with the longest side at IMAGE_SIZE.
+    lsj = cfg.INPUT.LSJ = CN()
+    lsj.ENABLED = False
+    lsj.IMAGE_SIZE = 1024
+    lsj.MIN_SCALE = 0.1
+    lsj.MAX_SCALE = 2.0
     return cfg
 
 

@@ -1,0 +1,6 @@
+"""Training entry points (tools/train_net.py is a thin script over these)."""
+from lambda_det.engine.trainer import (
+    Trainer, adapt_norms_to_device, argument_parser, resolve_config_file, setup_cfg)
+
+__all__ = ["Trainer", "argument_parser", "resolve_config_file", "setup_cfg",
+           "adapt_norms_to_device"]

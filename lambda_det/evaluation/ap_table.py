@@ -1,0 +1,141 @@
+"""AP-by-object-size tables in the layout of the paper's Table 14, and a bar chart.
+
+A run's results are read from ``eval_results.json`` (written by tools/train_net.py) or from
+detectron2's ``metrics.json`` (the last logged ``bbox/AP``... values). COCO reports AP in percent;
+APs/APm/APl are AP over objects of area < 32^2, 32^2..96^2 and > 96^2 pixels (maxDets 100).
+"""
+import json
+import math
+import os
+from pathlib import Path
+from typing import Dict, Mapping, Optional
+
+__all__ = ["PAPER_TABLE_14", "SIZE_METRICS", "load_results", "format_ap_table", "plot_ap_by_size"]
+
+Results = Dict[str, Dict[str, float]]  # task ("bbox" / "segm") -> metric -> value
+
+SIZE_METRICS = ("AP", "APs", "APm", "APl")
+TASKS = (("bbox", "bb"), ("segm", "mask"))
+
+# LambdaNetworks paper, Table 14: Mask R-CNN on COCO val2017, 1024x1024, from scratch.
+PAPER_TABLE_14: Dict[str, Results] = {
+    name: {"bbox": dict(zip(SIZE_METRICS, bbox)), "segm": dict(zip(SIZE_METRICS, segm))}
+    for name, bbox, segm in [
+        ("ResNet-101", (48.2, 29.9, 50.9, 64.9), (42.6, 24.2, 45.6, 60.0)),
+        ("ResNet-101 + SE", (48.5, 29.9, 51.5, 65.3), (42.8, 24.0, 46.0, 60.2)),
+        ("LambdaResNet-101", (49.4, 31.7, 52.2, 65.6), (43.5, 25.9, 46.5, 60.8)),
+        ("ResNet-152", (48.9, 29.9, 51.8, 66.0), (43.2, 24.2, 46.1, 61.2)),
+        ("ResNet-152 + SE", (49.4, 30.0, 52.3, 66.7), (43.5, 24.6, 46.8, 61.8)),
+        ("LambdaResNet-152", (50.0, 31.8, 53.4, 67.0), (43.9, 25.5, 47.3, 62.0)),
+    ]
+}
+
+
+def load_results(path: str) -> Results:
+    """Results of one run from a run folder, an ``eval_results.json`` or a ``metrics.json``."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("eval_results.json", "metrics.json"):
+            if (path / name).is_file():
+                return load_results(str(path / name))
+        raise FileNotFoundError(f"{path} has neither eval_results.json nor metrics.json")
+    if not path.is_file():
+        raise FileNotFoundError(f"no results file at {path}")
+    if path.name == "metrics.json":  # one JSON object per line; keep the last value of each key
+        results: Results = {}
+        for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_number} is not JSON: {error}") from error
+            for key, value in record.items():
+                task, _, metric = key.partition("/")
+                if task in ("bbox", "segm") and metric:
+                    results.setdefault(task, {})[metric] = float(value)
+        if not results:
+            raise ValueError(f"{path} has no bbox/ or segm/ metrics: was the run evaluated?")
+        return results
+    try:
+        record = json.loads(path.read_text())
+        per_dataset = record["results"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{path} is not an eval_results.json written by train_net.py: "
+                         f"{error}") from error
+    # {dataset: {task: metrics}} from DefaultTrainer.test, or {task: metrics} for one dataset.
+    if any(task in per_dataset for task, _ in TASKS):
+        return per_dataset
+    return next(iter(per_dataset.values()))
+
+
+def _number(value: Optional[float]) -> str:
+    if value is None:
+        return "–"
+    return "nan" if math.isnan(value) else f"{value:.1f}"
+
+
+def _delta(value: Optional[float], reference: Optional[float]) -> str:
+    if value is None or reference is None or math.isnan(value) or math.isnan(reference):
+        return "–"
+    return f"{value - reference:+.1f}"
+
+
+def format_ap_table(runs: Mapping[str, Results], baseline: Optional[str] = None,
+                    paper: bool = False) -> str:
+    """A markdown table: one row per run, bbox and mask AP and APs/APm/APl, like Table 14.
+
+    Args:
+        runs: row name -> results.
+        baseline: a row name; every other row then shows its differences to it in parentheses.
+        paper: append the paper's Table 14 rows.
+    """
+    rows = dict(runs)
+    if paper:
+        rows.update({f"{name} (paper)": results for name, results in PAPER_TABLE_14.items()})
+    if baseline is not None and baseline not in rows:
+        raise ValueError(f"baseline {baseline!r} is not one of the rows {list(rows)}")
+    header = "| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |"
+    lines = [header, "|:--|--:|:-:|--:|:-:|"]
+    for name, results in rows.items():
+        cells = [name]
+        reference = rows[baseline] if baseline is not None and name != baseline else None
+        for task, _ in TASKS:
+            metrics = results.get(task, {})
+            values = [metrics.get(metric) for metric in SIZE_METRICS]
+            ap = _number(values[0])
+            sizes = " / ".join(_number(v) for v in values[1:])
+            if reference is not None:
+                ref = [reference.get(task, {}).get(metric) for metric in SIZE_METRICS]
+                ap += f" ({_delta(values[0], ref[0])})"
+                sizes += " (" + " / ".join(_delta(v, r) for v, r in zip(values[1:], ref[1:])) + ")"
+            cells += [ap, sizes]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_ap_by_size(runs: Mapping[str, Results], path: str, title: str = "COCO AP by object size"):
+    """Grouped bars (AP, APs, APm, APl) per run, one panel for boxes and one for masks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [(task, label) for task, label in TASKS if any(task in r for r in runs.values())]
+    figure, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
+    width = 0.8 / max(1, len(runs))
+    for axis, (task, label) in zip(axes[0], tasks):
+        for index, (name, results) in enumerate(runs.items()):
+            values = [results.get(task, {}).get(metric, float("nan")) for metric in SIZE_METRICS]
+            positions = [i + (index - (len(runs) - 1) / 2) * width for i in range(len(SIZE_METRICS))]
+            bars = axis.bar(positions, values, width, label=name)
+            axis.bar_label(bars, labels=[_number(v) for v in values], fontsize=7)
+        axis.set_xticks(range(len(SIZE_METRICS)), SIZE_METRICS)
+        axis.set_ylabel("AP (%)")
+        axis.set_title(f"{title}: {'boxes' if label == 'bb' else 'masks'}")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

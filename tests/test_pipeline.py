@@ -1,0 +1,207 @@
+"""The paper's pipeline: configs, LSJ, the bundled dataset, train_net.py end to end, AP tables."""
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import lambda_det
+import lambda_det.data  # noqa: F401
+from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from detectron2.engine import DefaultTrainer
+from detectron2.modeling import build_model
+from lambda_det.data import build_lsj_augmentations, build_mapper
+from lambda_det.data.shapes import SHAPES_CLASSES, generate_split
+from lambda_det.engine import adapt_norms_to_device, resolve_config_file
+from lambda_det.evaluation import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
+
+SHIPPED_CONFIGS = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml"))
+PAPER_CONFIGS = [name for name in SHIPPED_CONFIGS if name.startswith("COCO-InstanceSegmentation")]
+
+
+def load_config(relative: str):
+    cfg = lambda_det.get_cfg()
+    cfg.merge_from_file(str(CONFIGS / relative))
+    return cfg
+
+
+def test_every_table_14_config_is_shipped():
+    names = {Path(p).stem for p in PAPER_CONFIGS}
+    assert {"lambda_r101_mask_rcnn", "lambda_r152_mask_rcnn", "r101_mask_rcnn", "r101_se_mask_rcnn",
+            "r152_mask_rcnn", "r152_se_mask_rcnn"} <= names
+
+
+@pytest.mark.parametrize("relative", SHIPPED_CONFIGS)
+def test_every_shipped_config_builds_and_runs(relative):
+    cfg = load_config(relative)
+    cfg.MODEL.DEVICE = "cpu"
+    adapt_norms_to_device(cfg)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        outputs = model([{"image": torch.randint(0, 255, (3, 64, 96), dtype=torch.uint8),
+                          "height": 64, "width": 96}])
+    assert len(outputs) == 1
+
+
+@pytest.mark.parametrize("relative", PAPER_CONFIGS)
+def test_paper_recipe_is_resolved_exactly(relative):
+    cfg = load_config(relative)
+    solver = cfg.SOLVER
+    assert (solver.IMS_PER_BATCH, solver.BASE_LR, solver.MAX_ITER) == (256, 0.32, 130000)
+    assert tuple(solver.STEPS) == (117000, 123500, 126750)
+    assert (solver.WARMUP_ITERS, solver.WARMUP_FACTOR, solver.GAMMA) == (1000, 0.0, 0.1)
+    assert (solver.WEIGHT_DECAY, solver.WEIGHT_DECAY_NORM) == (4e-5, 0.0)
+    lsj = cfg.INPUT.LSJ
+    assert (lsj.ENABLED, lsj.IMAGE_SIZE, lsj.MIN_SCALE, lsj.MAX_SCALE) == (True, 1024, 0.1, 2.0)
+    assert (cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST) == (1024, 1024)
+    assert cfg.MODEL.WEIGHTS == "" and cfg.MODEL.BACKBONE.FREEZE_AT == 0 and cfg.MODEL.MASK_ON
+    assert cfg.MODEL.LAMBDA_RESNET.NORM == "SyncBN" and cfg.MODEL.FPN.NORM == "SyncBN"
+    assert cfg.MODEL.ROI_BOX_HEAD.NORM == cfg.MODEL.ROI_MASK_HEAD.NORM == "naiveSyncBN_N"
+    # On 8 GPUs detectron2 keeps 4 images per GPU and scales LR and schedule linearly.
+    scaled = DefaultTrainer.auto_scale_workers(cfg, 8)
+    assert (scaled.SOLVER.IMS_PER_BATCH, scaled.SOLVER.MAX_ITER) == (32, 1040000)
+    assert scaled.SOLVER.BASE_LR == pytest.approx(0.04)
+    assert tuple(scaled.SOLVER.STEPS) == (936000, 988000, 1014000)
+    assert scaled.SOLVER.WARMUP_ITERS == 8000
+    assert DefaultTrainer.auto_scale_workers(cfg, 64).SOLVER.IMS_PER_BATCH == 256
+
+
+def test_table_14_configs_differ_only_in_the_backbone():
+    dumps = {}
+    for relative in PAPER_CONFIGS:
+        cfg = load_config(relative)
+        cfg.MODEL.LAMBDA_RESNET.DEPTH = cfg.MODEL.LAMBDA_RESNET.PLACEMENT = None
+        cfg.MODEL.LAMBDA_RESNET.SE = None
+        cfg.OUTPUT_DIR = ""
+        dumps[relative] = cfg.dump()
+    assert len(set(dumps.values())) == 1
+
+
+def test_config_names_resolve():
+    found = resolve_config_file("lambda_r152_mask_rcnn.yaml")
+    assert found == str(CONFIGS / "COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml")
+    assert resolve_config_file("lambda_r26_shapes") == str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
+    with pytest.raises(FileNotFoundError, match="'lambda_r999_mask_rcnn' is neither a file"):
+        resolve_config_file("lambda_r999_mask_rcnn")
+
+
+def test_cpu_runs_replace_syncbn():
+    cfg = load_config("COCO-InstanceSegmentation/lambda_r101_mask_rcnn.yaml")
+    cfg.MODEL.DEVICE = "cpu"
+    assert adapt_norms_to_device(cfg) == ["MODEL.LAMBDA_RESNET.NORM", "MODEL.FPN.NORM"]
+    assert cfg.MODEL.LAMBDA_RESNET.NORM == "naiveSyncBN"
+
+
+def test_lsj_crops_pads_and_recomputes_boxes(tmp_path):
+    cfg = load_config("Demo/lambda_r26_shapes.yaml")
+    cfg.INPUT.LSJ.IMAGE_SIZE = 64
+    mapper = build_mapper(cfg, is_train=True)
+    image = np.random.randint(0, 255, (50, 80, 3), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / "image.png"), image)
+    polygon = [[10.0, 10.0, 40.0, 10.0, 40.0, 30.0, 10.0, 30.0]]
+    record = {"file_name": str(tmp_path / "image.png"), "height": 50, "width": 80, "annotations": [
+        {"bbox": [10, 10, 30, 20], "bbox_mode": 0, "category_id": 1, "segmentation": polygon}]}
+    sizes = set()
+    for seed in range(6):
+        np.random.seed(seed)
+        out = mapper(dict(record, annotations=[dict(record["annotations"][0])]))
+        assert tuple(out["image"].shape) == (3, 64, 64)
+        instances = out["instances"]
+        if len(instances):
+            mask_box = instances.gt_masks.get_bounding_boxes().tensor
+            assert torch.allclose(instances.gt_boxes.tensor, mask_box)
+        sizes.add(int((out["image"] != 128).any(0).sum()))
+    assert len(sizes) > 1  # different scales each time
+    test_augmentations = build_lsj_augmentations(1024, 0.1, 2.0, is_train=False)
+    assert test_augmentations[0].get_transform(np.zeros((480, 640, 3))).new_w == 1024
+    with pytest.raises(ValueError, match="got 2.0 and 0.1"):
+        build_lsj_augmentations(64, 2.0, 0.1, is_train=True)
+
+
+def test_shapes_dataset_is_deterministic_and_covers_every_size(tmp_path):
+    first = json.loads(generate_split(tmp_path / "a", "val").read_text())
+    second = json.loads(generate_split(tmp_path / "b", "val").read_text())
+    assert first == second
+    assert (tmp_path / "a/val/00001.png").read_bytes() == (tmp_path / "b/val/00001.png").read_bytes()
+    areas = [a["area"] for a in first["annotations"]]
+    buckets = {"small": sum(a < 32 ** 2 for a in areas), "large": sum(a > 96 ** 2 for a in areas)}
+    buckets["medium"] = len(areas) - buckets["small"] - buckets["large"]
+    assert min(buckets.values()) >= 20, buckets
+    assert {c["name"] for c in first["categories"]} == set(SHAPES_CLASSES)
+    assert {a["category_id"] for a in first["annotations"]} == {1, 2, 3}
+
+
+def test_ap_table_layout_and_deltas(tmp_path):
+    runs = {"ours": {"bbox": {"AP": 50.0, "APs": 31.0, "APm": 53.0, "APl": 67.5},
+                     "segm": {"AP": 44.0, "APs": float("nan"), "APm": 47.0, "APl": 62.0}},
+            "base": {"bbox": {"AP": 48.9, "APs": 29.9, "APm": 51.8, "APl": 66.0}}}
+    table = format_ap_table(runs, baseline="base", paper=True).splitlines()
+    assert table[0] == "| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |"
+    assert table[2] == ("| ours | 50.0 (+1.1) | 31.0 / 53.0 / 67.5 (+1.1 / +1.2 / +1.5) | "
+                        "44.0 (–) | nan / 47.0 / 62.0 (– / – / –) |")
+    assert table[3].startswith("| base | 48.9 | 29.9 / 51.8 / 66.0 | – |")
+    assert "| LambdaResNet-152 (paper) | 50.0 (+1.1) |" in table[-1]
+    assert len(table) == 2 + 2 + len(PAPER_TABLE_14)
+    with pytest.raises(ValueError, match="baseline 'nope' is not one of the rows"):
+        format_ap_table(runs, baseline="nope")
+    png = plot_ap_by_size(runs, str(tmp_path / "plot.png"))
+    assert Path(png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_results_load_from_metrics_json_and_bad_files_are_named(tmp_path):
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text('{"iteration": 1, "total_loss": 2.0}\n'
+                       '{"iteration": 9, "bbox/AP": 1.5, "bbox/APs": 0.5, "segm/APl": 3.0}\n')
+    assert load_results(str(tmp_path)) == {"bbox": {"AP": 1.5, "APs": 0.5}, "segm": {"APl": 3.0}}
+    broken = tmp_path / "eval_results.json"
+    broken.write_text("{not json")
+    with pytest.raises(ValueError, match="eval_results.json is not an eval_results.json"):
+        load_results(str(broken))
+    with pytest.raises(FileNotFoundError, match="no results file at .*missing.json"):
+        load_results(str(tmp_path / "missing.json"))
+
+
+@pytest.fixture(scope="session")
+def datasets_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("datasets")
+
+
+def run_tool(script: str, *args: str, datasets_root: Path, timeout: int = 900):
+    env = subprocess_env()
+    env["DETECTRON2_DATASETS"] = str(datasets_root)
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / script), *args],
+                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout)
+
+
+TINY_TRAINING = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",
+                 "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "4", "SOLVER.STEPS", "(2, 3)",
+                 "SOLVER.WARMUP_ITERS", "1", "DATALOADER.NUM_WORKERS", "0",
+                 "MODEL.RPN.POST_NMS_TOPK_TEST", "50", "TEST.DETECTIONS_PER_IMAGE", "20"]
+
+
+def test_train_net_trains_evaluates_and_reports_ap_by_size(tmp_path, datasets_root):
+    output = tmp_path / "run"
+    result = run_tool("train_net.py", "--config", "lambda_r26_shapes.yaml", *TINY_TRAINING,
+                      "OUTPUT_DIR", str(output), datasets_root=datasets_root)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (output / "model_final.pth").is_file()
+    results = load_results(str(output))
+    for task in ("bbox", "segm"):
+        assert {"AP", "AP50", "AP75", "APs", "APm", "APl"} <= set(results[task])
+        assert all(not math.isnan(results[task][m]) for m in ("APs", "APm", "APl"))
+    report = run_tool("ap_table.py", f"tiny={output}", "--plot", str(tmp_path / "ap.png"),
+                      datasets_root=datasets_root)
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith("| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |")
+    assert "| tiny |" in report.stdout and (tmp_path / "ap.png").is_file()
+    # --eval-only on the trained weights reproduces the same numbers.
+    again = run_tool("train_net.py", "--config", "lambda_r26_shapes", "--eval-only", *TINY_TRAINING,
+                     "MODEL.WEIGHTS", str(output / "model_final.pth"),
+                     "OUTPUT_DIR", str(tmp_path / "eval"), datasets_root=datasets_root)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert load_results(str(tmp_path / "eval")) == results

@@ -1,0 +1,50 @@
+#!/usr/bin/env python
+"""Print runs' COCO AP by object size as a markdown table in the paper's Table 14 layout.
+
+    python tools/ap_table.py output/r152_mask_rcnn output/lambda_r152_mask_rcnn \
+        --baseline r152_mask_rcnn --paper --plot ap_by_size.png
+
+A run is a training OUTPUT_DIR, its eval_results.json or its metrics.json; name a row with
+NAME=PATH (default: the folder name).
+"""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
+from lambda_det.evaluation.ap_table import format_ap_table, load_results, plot_ap_by_size  # noqa
+
+
+def run_name(spec: str):
+    if "=" in spec and not os.path.exists(spec):
+        name, path = spec.split("=", 1)
+        return name, path
+    path = Path(spec)
+    folder = path if path.is_dir() else path.parent
+    return folder.name, spec
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", nargs="+", metavar="[NAME=]PATH")
+    parser.add_argument("--baseline", help="row name to show differences against")
+    parser.add_argument("--paper", action="store_true", help="add the paper's Table 14 rows")
+    parser.add_argument("--plot", metavar="PNG", help="also write a bar chart here")
+    parser.add_argument("--output", metavar="MD", help="also write the table here")
+    args = parser.parse_args(argv)
+    runs = {}
+    for spec in args.runs:
+        name, path = run_name(spec)
+        runs[name] = load_results(path)
+    table = format_ap_table(runs, baseline=args.baseline, paper=args.paper)
+    print(table)
+    if args.output:
+        Path(args.output).write_text(table + "\n")
+    if args.plot:
+        print(f"wrote {plot_ap_by_size(runs, args.plot)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""The main job (``make demo``): train a LambdaResNet Mask R-CNN on the bundled shapes dataset on
+the CPU, evaluate it with COCO AP by object size, print the table and draw its predictions.
+
+    python tools/demo.py                 # reuses a finished run in the output folder
+    python tools/demo.py --force         # trains again
+    python tools/demo.py --config configs/Demo/aft_r26_shapes.yaml
+
+Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.json,
+ap_table.md, ap_by_size.png and predictions.png.
+"""
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout as a script
+
+import lambda_det  # noqa: E402
+import lambda_det.data  # noqa: E402,F401
+from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
+from detectron2.engine import DefaultPredictor  # noqa: E402
+from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
+from lambda_det.engine import resolve_config_file  # noqa: E402
+from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
+
+DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
+
+
+def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4) -> Path:
+    """A 2 x (count / 2) grid of validation images with predicted masks, boxes and scores."""
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.MODEL.WEIGHTS = weights
+    cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST = 0.5
+    predictor = DefaultPredictor(cfg)
+    metadata = MetadataCatalog.get(dataset)
+    tiles = []
+    for record in DatasetCatalog.get(dataset)[:count]:
+        image = cv2.imread(record["file_name"])  # BGR, as the predictor expects
+        instances = predictor(image)["instances"].to("cpu")
+        drawing = Visualizer(image[:, :, ::-1], metadata, scale=2.0, instance_mode=ColorMode.IMAGE)
+        tiles.append(drawing.draw_instance_predictions(instances).get_image())
+    rows = [np.concatenate(tiles[i:i + 2], axis=1) for i in range(0, len(tiles), 2)]
+    cv2.imwrite(str(path), np.concatenate(rows, axis=0)[:, :, ::-1])
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="a Demo config (path or name)")
+    parser.add_argument("--force", action="store_true", help="train even if a finished run exists")
+    parser.add_argument("--name", default=None, help="row name in the AP table")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    args = parser.parse_args(argv)
+    start = time.time()
+    config_file = resolve_config_file(args.config)
+
+    root = lambda_det.data.ensure_shapes_dataset()
+    print(f"dataset: {root} (lambda_det_shapes_train / lambda_det_shapes_val)", flush=True)
+
+    cfg = lambda_det.get_cfg()
+    cfg.merge_from_file(config_file)
+    cfg.merge_from_list(args.opts)
+    output = Path(cfg.OUTPUT_DIR)
+    weights = output / "model_final.pth"
+    if not args.force and weights.is_file() and (output / "eval_results.json").is_file():
+        print(f"reusing the finished run in {output} (--force, or FORCE=1 with make, trains again)")
+    else:
+        command = [sys.executable, str(REPO / "tools/train_net.py"), "--config-file", config_file,
+                   *args.opts]
+        print("+", " ".join(command), flush=True)
+        subprocess.run(command, check=True)
+
+    results = load_results(str(output))
+    name = args.name or f"{Path(config_file).stem} (demo)"
+    table = format_ap_table({name: results})
+    (output / "ap_table.md").write_text(table + "\n")
+    plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
+    picture = draw_predictions(cfg, str(weights), cfg.DATASETS.TEST[0], output / "predictions.png")
+    print("\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):")
+    print(table)
+    print(f"\nwrote {output / 'eval_results.json'}, {output / 'ap_table.md'}, "
+          f"{output / 'ap_by_size.png'}, {picture}")
+    print(f"demo finished in {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

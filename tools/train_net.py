@@ -1,0 +1,34 @@
+#!/usr/bin/env python
+"""Train or evaluate a lambda_det model, in the shape of detectron2's tools/train_net.py.
+
+    python tools/train_net.py --config lambda_r152_mask_rcnn.yaml --num-gpus 8
+    python tools/train_net.py --config lambda_r152_mask_rcnn.yaml --eval-only MODEL.WEIGHTS model.pth
+    python tools/train_net.py --config-file configs/Demo/lambda_r26_shapes.yaml MODEL.DEVICE cpu
+
+``--num-gpus/--num-machines/--machine-rank/--dist-url`` go to detectron2's ``launch``; trailing
+``KEY VALUE`` pairs override the config. A bare config name is looked up under configs/.
+"""
+import lambda_det  # noqa: F401  (registers the backbones, the datasets and the config hint)
+import lambda_det.data  # noqa: F401
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.engine import launch
+from lambda_det.engine import Trainer, argument_parser, setup_cfg
+
+
+def main(args):
+    cfg = setup_cfg(args)
+    if args.eval_only:
+        model = Trainer.build_model(cfg)
+        DetectionCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(
+            cfg.MODEL.WEIGHTS, resume=args.resume)
+        return Trainer.test(cfg, model)
+    trainer = Trainer(cfg)
+    trainer.resume_or_load(resume=args.resume)
+    return trainer.train()
+
+
+if __name__ == "__main__":
+    args = argument_parser().parse_args()
+    print("Command Line Args:", args)
+    launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+           dist_url=args.dist_url, args=(args,))
