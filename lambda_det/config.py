@@ -13,7 +13,8 @@ MISSING_CONFIG_HINT = (
 
 
 def add_lambda_resnet_config(cfg: CN) -> CN:
-    """Add ``MODEL.LAMBDA_RESNET`` and ``INPUT.LSJ`` to ``cfg`` in place; returns ``cfg``.
+    """Add ``MODEL.LAMBDA_RESNET``, ``INPUT.LSJ``, ``DATALOADER.DETERMINISTIC`` and
+    ``SOLVER.LOG_PERIOD`` to ``cfg`` in place; returns ``cfg``.
 
     Idempotent: a node that is already there is left as it is.
     """
@@ -50,6 +51,12 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     lsj.IMAGE_SIZE = 1024
     lsj.MIN_SCALE = 0.1
     lsj.MAX_SCALE = 2.0
+
+    # Every iteration a function of (SEED, iteration): bit-exact --resume on the CPU, and the
+    # same global batches for any number of processes (lambda_det.engine.deterministic).
+    cfg.DATALOADER.DETERMINISTIC = False
+    # How often the metric writers (metrics.json, the console) run; detectron2 fixes it at 20.
+    cfg.SOLVER.LOG_PERIOD = 20
     return cfg
 
 

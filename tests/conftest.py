@@ -19,3 +19,13 @@ def subprocess_env() -> dict:
     env = dict(os.environ)
     env.pop("PYTHONWARNINGS", None)
     return env
+
+
+@pytest.fixture(scope="session")
+def datasets_root(tmp_path_factory) -> Path:
+    """A DETECTRON2_DATASETS folder with the bundled shapes dataset, generated once per session."""
+    from lambda_det.data.shapes import VERSION, ensure_shapes_dataset
+
+    root = tmp_path_factory.mktemp("datasets")
+    ensure_shapes_dataset(root / f"lambda_det_shapes_{VERSION}")
+    return root

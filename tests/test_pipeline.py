@@ -166,11 +166,6 @@ def test_results_load_from_metrics_json_and_bad_files_are_named(tmp_path):
         load_results(str(tmp_path / "missing.json"))
 
 
-@pytest.fixture(scope="session")
-def datasets_root(tmp_path_factory):
-    return tmp_path_factory.mktemp("datasets")
-
-
 def run_tool(script: str, *args: str, datasets_root: Path, timeout: int = 900):
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)

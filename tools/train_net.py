@@ -5,21 +5,23 @@
     python tools/train_net.py --config lambda_r152_mask_rcnn.yaml --eval-only MODEL.WEIGHTS model.pth
     python tools/train_net.py --config-file configs/Demo/lambda_r26_shapes.yaml MODEL.DEVICE cpu
 
-``--num-gpus/--num-machines/--machine-rank/--dist-url`` go to detectron2's ``launch``; trailing
+``--num-gpus/--num-machines/--machine-rank/--dist-url`` go to detectron2's ``launch`` (with
+``MODEL.DEVICE cpu``, ``--num-gpus N`` starts N gloo CPU processes instead); trailing
 ``KEY VALUE`` pairs override the config. A bare config name is looked up under configs/.
 """
+import torch
+
 import lambda_det  # noqa: F401  (registers the backbones, the datasets and the config hint)
 import lambda_det.data  # noqa: F401
-from detectron2.checkpoint import DetectionCheckpointer
-from detectron2.engine import launch
-from lambda_det.engine import Trainer, argument_parser, setup_cfg
+from lambda_det.engine import (
+    AtomicCheckpointer, Trainer, argument_parser, build_cfg, launch, setup_cfg)
 
 
 def main(args):
     cfg = setup_cfg(args)
     if args.eval_only:
         model = Trainer.build_model(cfg)
-        DetectionCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(
+        AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(
             cfg.MODEL.WEIGHTS, resume=args.resume)
         return Trainer.test(cfg, model)
     trainer = Trainer(cfg)
@@ -30,5 +32,7 @@ def main(args):
 if __name__ == "__main__":
     args = argument_parser().parse_args()
     print("Command Line Args:", args)
+    # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA and NCCL).
+    cpu = build_cfg(args).MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
     launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-           dist_url=args.dist_url, args=(args,))
+           dist_url=args.dist_url, args=(args,), cpu=cpu)

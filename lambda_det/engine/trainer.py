@@ -3,19 +3,29 @@ import argparse
 import json
 import logging
 import os
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import List, Optional
 
 from detectron2.config import CfgNode
-from detectron2.data import build_detection_test_loader, build_detection_train_loader
-from detectron2.engine import DefaultTrainer, default_argument_parser, default_setup
+from detectron2.data import (
+    build_detection_test_loader, build_detection_train_loader)
+from detectron2.engine import (
+    AMPTrainer, DefaultTrainer, SimpleTrainer, TrainerBase, create_ddp_model,
+    default_argument_parser, default_setup)
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
+from detectron2.utils.env import seed_all_rng
+from detectron2.utils.logger import setup_logger
 from lambda_det.config import get_cfg
+from detectron2.engine.hooks import PeriodicWriter
 from lambda_det.data import build_mapper
+from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.engine.checkpoint import AtomicCheckpointer
+from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 
-__all__ = ["Trainer", "argument_parser", "resolve_config_file", "setup_cfg", "CONFIG_ROOTS",
+__all__ = ["Trainer", "argument_parser", "build_cfg", "resolve_config_file", "setup_cfg", "CONFIG_ROOTS",
            "adapt_norms_to_device", "write_json_atomically"]
 
 logger = logging.getLogger(__name__)
@@ -63,13 +73,19 @@ def adapt_norms_to_device(cfg: CfgNode) -> List[str]:
     return changed
 
 
-def setup_cfg(args: argparse.Namespace) -> CfgNode:
-    """lambda_det's config from ``--config(-file)`` and trailing overrides, frozen."""
+def build_cfg(args: argparse.Namespace) -> CfgNode:
+    """lambda_det's config from ``--config(-file)`` and trailing overrides (not frozen)."""
     cfg = get_cfg()
     if args.config_file:
         args.config_file = resolve_config_file(args.config_file)  # default_setup logs it
         cfg.merge_from_file(args.config_file)
     cfg.merge_from_list(args.opts)
+    return cfg
+
+
+def setup_cfg(args: argparse.Namespace) -> CfgNode:
+    """The frozen config, with detectron2's ``default_setup`` (logging, seeds, config dump)."""
+    cfg = build_cfg(args)
     changed = adapt_norms_to_device(cfg)
     cfg.freeze()
     default_setup(cfg, args)
@@ -87,12 +103,78 @@ def write_json_atomically(path: str, data) -> None:
 
 
 class Trainer(DefaultTrainer):
-    """DefaultTrainer with the LSJ mapper and COCO evaluation (AP by object size) written to
-    ``OUTPUT_DIR/eval_results.json``."""
+    """Detectron2's ``DefaultTrainer`` with:
+
+    * the LSJ mapper when ``INPUT.LSJ.ENABLED``;
+    * COCO evaluation (AP by object size) also written to ``OUTPUT_DIR/eval_results.json``;
+    * checkpoints written atomically (:class:`AtomicCheckpointer`), with the optimizer state
+      (detectron2 0.6 leaves it out, so ``--resume`` restarted momentum from zero);
+    * CPU data-parallel training over gloo (detectron2 0.6 passes GPU device ids to DDP);
+    * ``DATALOADER.DETERMINISTIC``: every iteration a function of (SEED, iteration), so that
+      ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`).
+    """
+
+    def __init__(self, cfg: CfgNode):
+        # DefaultTrainer.__init__, with the DDP, checkpointer and deterministic-loader changes.
+        TrainerBase.__init__(self)
+        if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
+            setup_logger()
+        cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
+        if cfg.DATALOADER.get("DETERMINISTIC", False):
+            if cfg.SEED < 0:
+                raise ValueError("DATALOADER.DETERMINISTIC needs a fixed SEED >= 0, got "
+                                 f"SEED={cfg.SEED}")
+            seed_all_rng(cfg.SEED)  # the same initial weights on every rank and every run
+        model = self.build_model(cfg)
+        optimizer = self.build_optimizer(cfg, model)
+        data_loader = self.build_train_loader(cfg)
+        ddp_options = {"device_ids": None} if cfg.MODEL.DEVICE == "cpu" else {}
+        model = create_ddp_model(model, broadcast_buffers=False, **ddp_options)
+        trainer_class = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
+        self._trainer = trainer_class(model, data_loader, optimizer)
+        self.data_loader = data_loader
+        self.scheduler = self.build_lr_scheduler(cfg, optimizer)
+        self.checkpointer = AtomicCheckpointer(model, cfg.OUTPUT_DIR, trainer=weakref.proxy(self))
+        self.start_iter = 0
+        self.max_iter = cfg.SOLVER.MAX_ITER
+        self.cfg = cfg
+        self.register_hooks(self.build_hooks())
+
+    def build_hooks(self):
+        hooks = super().build_hooks()
+        if self.cfg.DATALOADER.get("DETERMINISTIC", False):
+            hooks.insert(0, SeedEachIteration(self.cfg.SEED))
+        if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
+            hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
+        return hooks
+
+    def state_dict(self):
+        # detectron2 0.6's DefaultTrainer saves only the iteration and hook states: the
+        # optimizer's momentum buffers were lost on --resume. Save the inner trainer too.
+        state = super().state_dict()
+        state["_trainer"] = self._trainer.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        if "_trainer" in state_dict:  # checkpoints of plain detectron2 0.6 runs have none
+            self._trainer.load_state_dict(state_dict["_trainer"])
+
+    def resume_or_load(self, resume: bool = True):
+        super().resume_or_load(resume=resume)
+        if isinstance(self.data_loader, DeterministicTrainLoader):
+            self.data_loader.start_iteration = self.start_iter
 
     @classmethod
     def build_train_loader(cls, cfg):
-        return build_detection_train_loader(cfg, mapper=build_mapper(cfg, is_train=True))
+        mapper = build_mapper(cfg, is_train=True)
+        dataset = load_checked_dataset_dicts(
+            cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
+            require_masks=cfg.MODEL.MASK_ON)
+        if not cfg.DATALOADER.get("DETERMINISTIC", False):
+            return build_detection_train_loader(cfg, mapper=mapper, dataset=dataset)
+        return DeterministicTrainLoader(dataset, mapper, cfg.SOLVER.IMS_PER_BATCH, cfg.SEED,
+                                        comm.get_rank(), comm.get_world_size())
 
     @classmethod
     def build_test_loader(cls, cfg, dataset_name):

@@ -1,0 +1,70 @@
+"""Launching training processes: detectron2's ``launch`` on GPUs, gloo processes on the CPU.
+
+Detectron2 0.6's ``launch`` asserts CUDA and uses NCCL as soon as there is more than one process.
+The GPU path stays detectron2's own; this module adds the CPU path (same arguments, gloo backend,
+detectron2's per-machine process group set up the same way), used for tests and small runs.
+"""
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from detectron2.engine import launch as detectron2_launch
+from detectron2.utils import comm
+
+__all__ = ["launch"]
+
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+def launch(main_func, num_processes: int, num_machines: int = 1, machine_rank: int = 0,
+           dist_url: str = None, args=(), cpu: bool = False, timeout=DEFAULT_TIMEOUT):
+    """Run ``main_func(*args)`` in ``num_processes`` processes per machine.
+
+    Args:
+        cpu: use gloo CPU processes instead of detectron2's NCCL GPU launch.
+        Others: as detectron2's ``launch`` (``dist_url`` "auto" picks a free local port).
+    """
+    if not cpu:
+        return detectron2_launch(main_func, num_processes, num_machines=num_machines,
+                                 machine_rank=machine_rank, dist_url=dist_url, args=args,
+                                 timeout=timeout)
+    world_size = num_processes * num_machines
+    if world_size == 1:
+        return main_func(*args)
+    if dist_url in (None, "auto"):
+        if num_machines != 1:
+            raise ValueError("dist_url='auto' only works on one machine; pass tcp://HOST:PORT")
+        dist_url = f"tcp://127.0.0.1:{_free_port()}"
+    mp.spawn(_cpu_worker, nprocs=num_processes, daemon=False,
+             args=(main_func, world_size, num_processes, num_machines, machine_rank, dist_url,
+                   args, timeout))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cpu_worker(local_rank, main_func, world_size, num_processes, num_machines, machine_rank,
+                dist_url, args, timeout):
+    # Processes share the machine's cores; more threads than cores only thrashes.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_processes))
+    global_rank = machine_rank * num_processes + local_rank
+    dist.init_process_group(backend="gloo", init_method=dist_url, world_size=world_size,
+                            rank=global_rank, timeout=timeout)
+    for machine in range(num_machines):  # detectron2's comm.get_local_rank() needs this group
+        ranks = list(range(machine * num_processes, (machine + 1) * num_processes))
+        group = dist.new_group(ranks)
+        if machine == machine_rank:
+            comm._LOCAL_PROCESS_GROUP = group
+    comm.synchronize()
+    try:
+        main_func(*args)
+    finally:
+        dist.destroy_process_group()
