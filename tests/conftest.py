@@ -14,6 +14,27 @@ def _seed():
     torch.manual_seed(0)
 
 
+def tiny_detection_batch(sizes=((64, 96), (96, 64)), with_sem_seg: bool = False) -> list:
+    """Detectron2 training inputs: two boxes with masks in each image (and a semantic map)."""
+    from detectron2.structures import BitMasks, Boxes, Instances
+
+    batch = []
+    for height, width in sizes:
+        instances = Instances((height, width))
+        instances.gt_boxes = Boxes(torch.tensor([[4.0, 6.0, 40.0, 50.0], [20.0, 10.0, 60.0, 30.0]]))
+        instances.gt_classes = torch.tensor([0, 2])
+        masks = torch.zeros(2, height, width, dtype=torch.bool)
+        masks[0, 6:50, 4:40] = True
+        masks[1, 10:30, 20:60] = True
+        instances.gt_masks = BitMasks(masks)
+        record = {"image": torch.randint(0, 256, (3, height, width), dtype=torch.uint8),
+                  "instances": instances, "height": height, "width": width}
+        if with_sem_seg:
+            record["sem_seg"] = torch.randint(0, 4, (height, width))
+        batch.append(record)
+    return batch
+
+
 def subprocess_env() -> dict:
     """The environment for a child interpreter: this one's, minus warning filters set by pytest."""
     env = dict(os.environ)

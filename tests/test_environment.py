@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import lambda_det  # noqa: F401  (imports detectron2 quietly)
-from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from conftest import CONFIGS, REPO_ROOT, subprocess_env, tiny_detection_batch
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.config import get_cfg
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from detectron2.evaluation import COCOEvaluator
 from detectron2.modeling import build_model
-from detectron2.structures import BitMasks, Boxes, Instances
+from detectron2.structures import Boxes, Instances
 from detectron2.utils.events import EventStorage
 
 sys.path.insert(0, str(REPO_ROOT / "lambda_det" / "compat"))
@@ -122,26 +122,11 @@ def small_mask_rcnn_cfg():
     return cfg
 
 
-def tiny_batch():
-    batch = []
-    for height, width in ((64, 96), (80, 64)):
-        instances = Instances((height, width))
-        instances.gt_boxes = Boxes(torch.tensor([[4.0, 6.0, 40.0, 50.0], [20.0, 10.0, 60.0, 30.0]]))
-        instances.gt_classes = torch.tensor([0, 2])
-        masks = torch.zeros(2, height, width, dtype=torch.bool)
-        masks[0, 6:50, 4:40] = True
-        masks[1, 10:30, 20:60] = True
-        instances.gt_masks = BitMasks(masks)
-        image = torch.randint(0, 256, (3, height, width), dtype=torch.uint8)
-        batch.append({"image": image, "instances": instances, "height": height, "width": width})
-    return batch
-
-
 def test_mask_rcnn_trains_and_infers_on_cpu():
     model = build_model(small_mask_rcnn_cfg())
     model.train()
     with EventStorage():
-        losses = model(tiny_batch())
+        losses = model(tiny_detection_batch(((64, 96), (80, 64))))
     assert {"loss_cls", "loss_box_reg", "loss_mask", "loss_rpn_cls", "loss_rpn_loc"} <= set(losses)
     total = sum(losses.values())
     assert torch.isfinite(total)
@@ -150,7 +135,7 @@ def test_mask_rcnn_trains_and_infers_on_cpu():
     assert stem_grad is not None and stem_grad.abs().sum() > 0
     model.eval()
     with torch.no_grad():
-        outputs = model(tiny_batch())
+        outputs = model(tiny_detection_batch(((64, 96), (80, 64))))
     assert len(outputs) == 2 and outputs[0]["instances"].image_size == (64, 96)
 
 

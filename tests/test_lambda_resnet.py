@@ -3,10 +3,9 @@ import pytest
 import torch
 
 import lambda_det
-from conftest import CONFIGS
+from conftest import CONFIGS, tiny_detection_batch
 from detectron2.config import get_cfg as get_detectron2_cfg
 from detectron2.modeling import BACKBONE_REGISTRY, build_model
-from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 from lambda_det.layers import LambdaLayer
 from lambda_det.modeling import BLOCKS_PER_STAGE, LambdaResNet, lambda_resnet, resolve_placement
@@ -170,24 +169,6 @@ def small_lambda_cfg(base: str, backbone: str):
     return cfg
 
 
-def tiny_batch(with_sem_seg: bool = False):
-    batch = []
-    for height, width in ((64, 96), (96, 64)):
-        instances = Instances((height, width))
-        instances.gt_boxes = Boxes(torch.tensor([[4.0, 6.0, 40.0, 50.0], [20.0, 10.0, 60.0, 30.0]]))
-        instances.gt_classes = torch.tensor([0, 2])
-        masks = torch.zeros(2, height, width, dtype=torch.bool)
-        masks[0, 6:50, 4:40] = True
-        masks[1, 10:30, 20:60] = True
-        instances.gt_masks = BitMasks(masks)
-        record = {"image": torch.randint(0, 256, (3, height, width), dtype=torch.uint8),
-                  "instances": instances, "height": height, "width": width}
-        if with_sem_seg:
-            record["sem_seg"] = torch.randint(0, 4, (height, width))
-        batch.append(record)
-    return batch
-
-
 def cascade(cfg):
     cfg.MODEL.ROI_HEADS.NAME = "CascadeROIHeads"
     cfg.MODEL.ROI_BOX_HEAD.CLS_AGNOSTIC_BBOX_REG = True
@@ -218,7 +199,7 @@ def test_detectron2_pipelines_train_and_infer_with_a_lambda_resnet(architecture)
                 module.conv3.norm.weight.fill_(1.0)
     model.train()
     with EventStorage():
-        losses = model(tiny_batch(with_sem_seg=architecture == "panoptic_fpn"))
+        losses = model(tiny_detection_batch(with_sem_seg=architecture == "panoptic_fpn"))
     total = sum(losses.values())
     assert torch.isfinite(total)
     total.backward()
@@ -227,7 +208,7 @@ def test_detectron2_pipelines_train_and_infer_with_a_lambda_resnet(architecture)
     assert lambda_layer.to_queries.weight.grad.abs().sum() > 0
     model.eval()
     with torch.no_grad():
-        outputs = model(tiny_batch())
+        outputs = model(tiny_detection_batch())
     assert len(outputs) == 2
     key = "panoptic_seg" if architecture == "panoptic_fpn" else "instances"
     assert key in outputs[0]
