@@ -47,12 +47,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lambda_det.layers.lambda_conv import tiled_position_output
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
 __all__ = ["LambdaLayer", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS"]
 
-IMPLEMENTATIONS = ("einsum", "conv", "tiled")
+IMPLEMENTATIONS = ("einsum", "conv")
 EINSUM_MAX_POSITIONS = 852
 
 _CONV = {1: nn.Conv1d, 2: nn.Conv2d}
@@ -210,13 +209,10 @@ class LambdaLayer(nn.Module):
                 normalized_keys = keys.softmax(dim=-1)  # b k u m
                 content_lambda = torch.einsum("bkum,bvum->bkv", normalized_keys, values)
                 output = torch.einsum("bhkn,bkv->bhvn", queries, content_lambda)
-                impl = self.resolve_impl(num_positions)
-                if impl == "einsum":
+                if self.resolve_impl(num_positions) == "einsum":
                     output = output + self._position_output_einsum(queries, values, spatial)
-                elif impl == "conv":
-                    output = output + self._position_output_conv(queries, values, spatial)
                 else:
-                    output = output + self._position_output_tiled(queries, values, spatial)
+                    output = output + self._position_output_conv(queries, values, spatial)
         output = output.reshape(batch, self.out_channels, *spatial).to(x.dtype)  # b (h v) ...
         return self.pool(output)
 
@@ -276,11 +272,6 @@ class LambdaLayer(nn.Module):
             values_as_images, kernel, padding=radii)  # (b v) k ...
         position_lambdas = position_lambdas.reshape(batch, self.dim_v, self.dim_k, num_positions)
         return torch.einsum("bhkn,bvkn->bhvn", queries, position_lambdas)
-
-    def _position_output_tiled(self, queries, values, spatial):
-        radii = self._context_radii(spatial)
-        window = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
-        return tiled_position_output(queries, values, window, spatial)  # b h v n
 
     def _masked_output(self, queries, keys, values, spatial, context_mask):
         num_positions = values.shape[-1]
