@@ -43,6 +43,11 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     # Backbone norm (detectron2's get_norm names). The paper: synchronized BN, from scratch.
     node.NORM = "BN"
     node.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
+    # What PLACEMENT puts in its blocks: "lambda", or "aft_conv" (Attention Free Transformer's
+    # conv form, lambda_det.layers.AFTConv) with its own heads and odd window size.
+    node.MIXER = "lambda"
+    node.AFT_HEADS = 8
+    node.AFT_WINDOW_SIZE = 7
 
     # Large-scale jitter (paper F.3): train on random [MIN_SCALE, MAX_SCALE] x IMAGE_SIZE resizes,
     # cropped or padded to IMAGE_SIZE^2; test with the longest side at IMAGE_SIZE.

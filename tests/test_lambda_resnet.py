@@ -95,6 +95,25 @@ def test_output_shape_matches_outputs_for_every_depth(depth):
     assert shapes["res5"].channels == 512 and shapes["res5"].stride == 32
 
 
+def test_aft_conv_blocks_go_where_the_placement_puts_lambda_blocks():
+    from lambda_det.layers import AFTConv
+
+    model = lambda_resnet(101, mixer="aft_conv", width_multiplier=0.25, aft_heads=4,
+                          aft_window_size=5)
+    placed = [i + 1 for i, block in enumerate(model.res4) if isinstance(block.mixer, AFTConv)]
+    assert placed == [6, 12, 18] and all(isinstance(b.mixer, AFTConv) for b in model.res5)
+    assert not any(isinstance(m, LambdaLayer) for m in model.modules())
+    assert model.res5[0].mixer.stride == 2 and model.res5[0].mixer.window_size == 5
+    # The AFT init (gain and shift 0) survives the backbone's init loop.
+    assert torch.count_nonzero(model.res5[1].mixer.position_gain) == 0
+    outputs = model(torch.randn(1, 3, 64, 64))
+    outputs["res5"].sum().backward()
+    with pytest.raises(ValueError, match="res2 width 16 .* not divisible by heads=3"):
+        lambda_resnet(50, placement="LLLL", mixer="aft_conv", width_multiplier=0.25, aft_heads=3)
+    with pytest.raises(ValueError, match="mixer must be 'lambda' or 'aft_conv', got 'mlp'"):
+        lambda_resnet(50, mixer="mlp")
+
+
 def test_classifier_head_and_shared_embeddings():
     model = lambda_resnet(26, placement="CCLL", num_classes=10, width_multiplier=0.25, scope=3,
                           share_position_embeddings=True)
@@ -184,6 +203,11 @@ ARCHITECTURES = {
                   lambda cfg: cfg),
     "panoptic_fpn": ("Base-Panoptic-FPN.yaml", "build_lambda_resnet_fpn_backbone",
                      lambda cfg: cfg),
+    "mask_rcnn_aft_conv": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone",
+                           lambda cfg: cfg.merge_from_list(["MODEL.MASK_ON", "True",
+                                                            "MODEL.LAMBDA_RESNET.MIXER", "aft_conv",
+                                                            "MODEL.LAMBDA_RESNET.AFT_HEADS", "4"])
+                           or cfg),
 }
 
 
@@ -203,9 +227,12 @@ def test_detectron2_pipelines_train_and_infer_with_a_lambda_resnet(architecture)
     total = sum(losses.values())
     assert torch.isfinite(total)
     total.backward()
-    lambda_layer = bottom_up.res5[0].mixer
-    assert lambda_layer.position_embedding.weight.grad.abs().sum() > 0
-    assert lambda_layer.to_queries.weight.grad.abs().sum() > 0
+    mixer = bottom_up.res5[0].mixer
+    if isinstance(mixer, LambdaLayer):
+        assert mixer.position_embedding.weight.grad.abs().sum() > 0
+        assert mixer.to_queries.weight.grad.abs().sum() > 0
+    else:
+        assert mixer.position_shift.grad.abs().sum() > 0
     model.eval()
     with torch.no_grad():
         outputs = model(tiny_detection_batch())

@@ -76,7 +76,7 @@ def test_table_14_configs_differ_only_in_the_backbone():
     for relative in PAPER_CONFIGS:
         cfg = load_config(relative)
         cfg.MODEL.LAMBDA_RESNET.DEPTH = cfg.MODEL.LAMBDA_RESNET.PLACEMENT = None
-        cfg.MODEL.LAMBDA_RESNET.SE = None
+        cfg.MODEL.LAMBDA_RESNET.SE = cfg.MODEL.LAMBDA_RESNET.MIXER = None
         cfg.OUTPUT_DIR = ""
         dumps[relative] = cfg.dump()
     assert len(set(dumps.values())) == 1

@@ -1,4 +1,4 @@
-"""ResNet-RS building blocks with a swappable spatial mixer (3x3 conv or lambda layer).
+"""ResNet-RS building blocks with a swappable spatial mixer (3x3 conv, lambda layer or AFT-conv).
 
 ResNet-RS (Bello et al. 2021) is the base of LambdaResNets (LambdaNetworks paper, F.2): ResNet-v1
 bottlenecks with the ResNet-D shortcut, a stem of 3x3 convs whose max-pool is replaced by a strided
@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detectron2.layers import CNNBlockBase, Conv2d, get_norm
-from lambda_det.layers import LambdaLayer, RelativePositionEmbedding
+from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding
 
 __all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "make_norm"]
 
@@ -75,16 +75,18 @@ class Bottleneck(CNNBlockBase):
         width: bottleneck width, the mixer's channels.
         stride: 1 or 2, applied in the mixer (ResNet v1.5). A lambda mixer runs at stride 1 and
             then average-pools 3x3 with stride 2 (paper F.2).
-        mixer: "conv" (3x3 conv) or "lambda".
+        mixer: "conv" (3x3 conv), "lambda" (LambdaLayer) or "aft_conv" (AFTConv). Lambda and
+            AFT mixers run at stride 1 and then average-pool 3x3 with stride 2 when strided.
         norm: detectron2 norm name for every norm in the block.
         se: add squeeze-and-excitation (ratio 0.25) after the expanding conv.
         lambda_kwargs: LambdaLayer keyword arguments (heads, dim_k, dim_u, scope, impl, ...).
+        aft_kwargs: AFTConv keyword arguments (heads, window_size).
         position_embedding: a RelativePositionEmbedding shared with other lambda blocks, or None.
     """
 
     def __init__(self, in_channels: int, out_channels: int, *, width: int, stride: int = 1,
                  mixer: str = "conv", norm: str = "BN", se: bool = False,
-                 lambda_kwargs: Optional[dict] = None,
+                 lambda_kwargs: Optional[dict] = None, aft_kwargs: Optional[dict] = None,
                  position_embedding: Optional[RelativePositionEmbedding] = None):
         super().__init__(in_channels, out_channels, stride)
         self.mixer_kind = mixer
@@ -104,8 +106,10 @@ class Bottleneck(CNNBlockBase):
                                      position_embedding=position_embedding,
                                      norm_layer=functools.partial(make_norm, norm),
                                      **(lambda_kwargs or {}))
+        elif mixer == "aft_conv":
+            self.mixer = AFTConv(width, width, stride=stride, **(aft_kwargs or {}))
         else:
-            raise ValueError(f"mixer must be 'conv' or 'lambda', got {mixer!r}")
+            raise ValueError(f"mixer must be 'conv', 'lambda' or 'aft_conv', got {mixer!r}")
         self.mixer_norm = make_norm(norm, width) or nn.Identity()
         self.conv3 = Conv2d(width, out_channels, 1, bias=False, norm=make_norm(norm, out_channels))
         self.se = SqueezeExcite(out_channels) if se else None

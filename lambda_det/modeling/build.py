@@ -34,6 +34,9 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
         scope=node.SCOPE or None,  # 0 in a config means global context
         impl=node.IMPL,
         max_size=node.MAX_SIZE,
+        mixer=node.MIXER,
+        aft_heads=node.AFT_HEADS,
+        aft_window_size=node.AFT_WINDOW_SIZE,
     )
 
 

@@ -7,7 +7,7 @@ from torch import nn
 from detectron2.layers import ShapeSpec
 import fvcore.nn.weight_init as weight_init
 from detectron2.modeling import Backbone
-from lambda_det.layers import LambdaLayer, RelativePositionEmbedding
+from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding
 from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
 
 __all__ = ["LambdaResNet", "lambda_resnet", "BLOCKS_PER_STAGE", "PAPER_LAMBDA_BLOCKS_C4",
@@ -111,6 +111,9 @@ class LambdaResNet(Backbone):
         width_multiplier: scales every width (stem included).
         share_position_embeddings: one relative position embedding for every lambda layer
             (paper Table 4), instead of one each.
+        mixer: what the placement puts in its blocks: "lambda" (LambdaLayer) or "aft_conv"
+            (AFTConv, the Attention Free Transformer's conv form, for head-to-head comparisons).
+        aft_heads, aft_window_size: AFTConv's heads and (odd) window, when mixer="aft_conv".
         in_channels: image channels.
         **lambda_kwargs: LambdaLayer options: heads (4), dim_k (16), dim_u (1), scope (23),
             impl ("auto"), max_size (global scope only).
@@ -119,18 +122,23 @@ class LambdaResNet(Backbone):
     def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
                  num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
                  norm: str = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
-                 share_position_embeddings: bool = False, in_channels: int = 3, **lambda_kwargs):
+                 share_position_embeddings: bool = False, in_channels: int = 3,
+                 mixer: str = "lambda", aft_heads: int = 8, aft_window_size: int = 7,
+                 **lambda_kwargs):
         super().__init__()
         unknown = sorted(set(lambda_kwargs) - set(LAMBDA_LAYER_OPTIONS))
         if unknown:
             raise TypeError(f"unknown LambdaResNet arguments {unknown}; lambda layer options are "
                             f"{LAMBDA_LAYER_OPTIONS}")
+        if mixer not in ("lambda", "aft_conv"):
+            raise ValueError(f"mixer must be 'lambda' or 'aft_conv', got {mixer!r}")
         if not width_multiplier > 0:
             raise ValueError(f"width_multiplier must be > 0, got {width_multiplier!r}")
         lambda_blocks = resolve_placement(depth, placement)
         self.depth = depth
         self.num_classes = num_classes
-        heads = lambda_kwargs.get("heads", 4)
+        heads = lambda_kwargs.get("heads", 4) if mixer == "lambda" else aft_heads
+        aft_kwargs = {"heads": aft_heads, "window_size": aft_window_size}
 
         stem_width = int(64 * width_multiplier)
         self.stem = ResNetRSStem(in_channels, stem_width, norm)
@@ -138,7 +146,7 @@ class LambdaResNet(Backbone):
         self._out_feature_strides = {"stem": 4}
 
         shared = None
-        if share_position_embeddings and any(lambda_blocks.values()):
+        if share_position_embeddings and mixer == "lambda" and any(lambda_blocks.values()):
             scope = lambda_kwargs.get("scope", 23)
             radius = lambda_kwargs.get("max_size", 64) - 1 if scope is None else scope // 2
             shared = RelativePositionEmbedding(lambda_kwargs.get("dim_k", 16),
@@ -154,11 +162,12 @@ class LambdaResNet(Backbone):
             blocks = []
             for block_index in range(1, count + 1):
                 stride = 2 if block_index == 1 and stage_index > 0 else 1
-                is_lambda = block_index in lambda_blocks[name]
+                is_placed = block_index in lambda_blocks[name]
                 blocks.append(Bottleneck(
                     channels, 4 * width, width=width, stride=stride,
-                    mixer="lambda" if is_lambda else "conv", norm=norm, se=se and not is_lambda,
-                    lambda_kwargs=lambda_kwargs, position_embedding=shared))
+                    mixer=mixer if is_placed else "conv", norm=norm, se=se and not is_placed,
+                    lambda_kwargs=lambda_kwargs, aft_kwargs=aft_kwargs,
+                    position_embedding=shared))
                 channels = 4 * width
             self.add_module(name, nn.Sequential(*blocks))
             self._out_feature_channels[name] = channels
@@ -179,7 +188,8 @@ class LambdaResNet(Backbone):
     def _init_weights(self) -> None:
         """He init for convs, zero gamma on each bottleneck's last BN, then the paper's lambda init.
 
-        The lambda layers are re-initialised last, so this loop cannot overwrite their init.
+        The lambda (and AFT) layers are re-initialised last, so this loop cannot overwrite their
+        init.
         """
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
@@ -187,7 +197,7 @@ class LambdaResNet(Backbone):
         for module in self.modules():
             if isinstance(module, Bottleneck) and getattr(module.conv3.norm, "weight", None) is not None:
                 nn.init.zeros_(module.conv3.norm.weight)
-            if isinstance(module, LambdaLayer):
+            if isinstance(module, (LambdaLayer, AFTConv)):
                 module.reset_parameters()
         if self.num_classes is not None:
             nn.init.normal_(self.linear.weight, std=0.01)
