@@ -35,7 +35,8 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     node.SCOPE = 23
     # Global context only (SCOPE 0): the largest feature-map side the embeddings cover.
     node.MAX_SIZE = 64
-    # "auto", or one implementation from lambda_det.layers.IMPLEMENTATIONS.
+    # "auto" (picks by input size and device, measured: docs/benchmarks.md), or one of
+    # lambda_det.layers.IMPLEMENTATIONS: "einsum", "conv", "tiled". Same weights in all.
     node.IMPL = "auto"
     # One relative position embedding for all lambda layers (paper Table 4).
     node.SHARE_POSITION_EMBEDDINGS = False

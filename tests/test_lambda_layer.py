@@ -205,11 +205,21 @@ def test_fp16_autocast_large_inputs_stay_finite():
     assert torch.isfinite(layer(x)).all() and torch.isfinite(out).all()
 
 
-def test_auto_picks_einsum_up_to_852_positions():
-    layer = LambdaLayer(8, heads=2, dim_k=4)
-    assert layer.resolve_impl(852) == "einsum"
-    assert layer.resolve_impl(853) == "conv"
-    assert LambdaLayer(8, heads=2, impl="conv").resolve_impl(4) == "conv"
+def test_auto_picks_einsum_for_small_inputs_and_tiled_above():
+    local = LambdaLayer(8, heads=2, dim_k=4)  # scope 23: 4 x 4 tiles see 26 x 26 halos
+    assert local.resolve_impl((14, 14)) == "einsum"  # 196 <= 676 / 3
+    assert local.resolve_impl((16, 16)) == "tiled"
+    assert local.resolve_impl((7, 7)) == "einsum"  # radius cropped to 6: 16 x 16 halos
+    assert local.resolve_impl((64, 64)) == "tiled"
+    assert LambdaLayer(8, heads=2, spatial_dims=1).resolve_impl((64,)) == "tiled"
+    global_layer = LambdaLayer(8, heads=2, scope=None, max_size=64)
+    assert global_layer.resolve_impl((29, 29)) == "einsum"  # 841 <= 852 < C / 3
+    assert global_layer.resolve_impl((30, 30)) == "tiled"
+    assert LambdaLayer(8, heads=2, impl="conv").resolve_impl((4, 4)) == "conv"
+    # On a GPU, small inputs are launch bound, and cuDNN's one conv launches least.
+    assert local.resolve_impl((20, 20), "cuda") == "conv"
+    assert local.resolve_impl((21, 21), "cuda") == "tiled"
+    assert LambdaLayer(8, heads=2, spatial_dims=1).resolve_impl((4096,), "cuda") == "conv"
 
 
 def test_state_dict_moves_between_implementations():

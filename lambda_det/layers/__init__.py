@@ -3,8 +3,10 @@
 Everything in lambda_det that models long-range interactions imports it from here.
 """
 from lambda_det.layers.aft import AFTConv, AFTFull, AFTLocal, AFTSimple, aft_conv_mix, aft_mix
-from lambda_det.layers.lambda_layer import EINSUM_MAX_POSITIONS, IMPLEMENTATIONS, LambdaLayer
+from lambda_det.layers.lambda_layer import (CONV_MAX_POSITIONS_CUDA, EINSUM_MAX_POSITIONS,
+                                            IMPLEMENTATIONS, LambdaLayer)
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
-__all__ = ["LambdaLayer", "RelativePositionEmbedding", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS"]
+__all__ = ["LambdaLayer", "RelativePositionEmbedding", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS",
+           "CONV_MAX_POSITIONS_CUDA"]
 __all__ += ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]

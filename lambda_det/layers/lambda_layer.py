@@ -32,8 +32,26 @@ Implementations (``impl``), with identical parameters and state_dict keys:
 * ``"einsum"``: materialises E (k, u, n, m), the paper's einsum form. Time O(b n m k v).
 * ``"conv"``: the position lambdas as one ``conv{1,2}d`` over V with R as its kernel, cropped to
   the offsets the input can have. Time O(b n r^2 k v), memory O(b n k v).
-* ``"auto"``: ``"einsum"`` up to ``EINSUM_MAX_POSITIONS`` = 852 positions (where the paper switches,
-  Sec. 5.1), ``"conv"`` above.
+* ``"tiled"``: :mod:`lambda_det.layers.lambda_conv`. The queries meet R first
+  (y_pos[n] = sum_delta (q[n] . R[delta]) V[n + delta]), tile by tile as two GEMMs against each
+  tile's halo of context: time O(b n h (k + v) C) with C = u (t + 2 rho)^2 halo entries per tile
+  (t = 4 on 2-D maps: C = 676 = 1.28 r^2 at r = 23), no (b, n, k, v) lambdas, and only its
+  inputs kept for backward. Works for local and global context, 1-D and 2-D.
+* ``"auto"``: ``"einsum"`` while n <= min(EINSUM_MAX_POSITIONS = 852, C / 3), ``"tiled"`` above.
+  Measured (docs/benchmarks.md; CPU, 1 thread, batch 2, h=4, k=16, forward + backward ms,
+  einsum / conv / tiled): local r=23, d=256: 14x14 18 / 26 / 26, 17x17 40 / 42 / 32,
+  32x32 454 / 158 / 72, 64x64 - / 774 / 281; d=512: 14x14 25 / 53 / 30, 17x17 46 / 84 / 44;
+  global d=256: 20x20 68 / 136 / 77, 28x28 263 / 506 / 257, 32x32 452 / 1123 / 406;
+  1-D local r=23: L=64 3.6 / 3.4 / 2.7, L=1024 440 / 44 / 23. n <= C / 3 is where the einsum's
+  n x n work stops being cheaper than the tiles' n x C (2-D local: up to 15x15). With global
+  context C grows like 4n, so only the cap binds (up to 29x29; both cost O(n^2) there, and E
+  needs k n^2 memory beyond). "conv" never won on the CPU.
+  On a GPU every form is bound by kernel launches at these sizes, where cuDNN's single conv has
+  the fewest: "conv" for sequences and up to ``CONV_MAX_POSITIONS_CUDA`` = 400 positions, the
+  rule above beyond. Measured (H100, fp32, same layers, ms): d=256 14x14 3.9 / 3.0 / 4.2,
+  20x20 4.0 / 3.1 / 4.5, 32x32 10.3 / 3.2 / 4.2, 48x48 66 / 6.4 / 5.4, 64x64 - / 7.6 / 4.7;
+  d=512 batch 8 32x32 12.1 / 11.0 / 5.2; global 24x24 3.8 / 6.3 / 4.4; 1-D L=4096 - / 2.6 / 3.8.
+  (cuDNN convolutions run in TF32 unless ``torch.backends.cudnn.allow_tf32`` is off.)
 
 Numerics: the projections follow the surrounding autocast policy, but the key softmax, the lambdas
 and the outputs are computed in float32 (large sums over m and r^2 overflow fp16 and lose bf16
@@ -41,18 +59,20 @@ precision); the result is returned in the input's dtype.
 """
 import math
 import warnings
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lambda_det.layers.lambda_conv import tiled_halo_entries, tiled_position_output
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
-__all__ = ["LambdaLayer", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS"]
+__all__ = ["LambdaLayer", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS", "CONV_MAX_POSITIONS_CUDA"]
 
-IMPLEMENTATIONS = ("einsum", "conv")
+IMPLEMENTATIONS = ("einsum", "conv", "tiled")
 EINSUM_MAX_POSITIONS = 852
+CONV_MAX_POSITIONS_CUDA = 400
 
 _CONV = {1: nn.Conv1d, 2: nn.Conv2d}
 _BATCH_NORM = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d}
@@ -175,11 +195,21 @@ class LambdaLayer(nn.Module):
         return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, dim_k={self.dim_k}, "
                 f"dim_u={self.dim_u}, scope={self.scope}, stride={self.stride}, impl={self.impl!r}")
 
-    def resolve_impl(self, num_positions: int) -> str:
-        """The implementation that ``impl`` stands for at this many positions."""
+    def resolve_impl(self, spatial: Sequence[int], device_type: str = "cpu") -> str:
+        """The implementation that ``impl`` stands for on inputs of this spatial size.
+
+        Args:
+            spatial: (H, W), or (L,) for sequences.
+            device_type: where it runs ("cpu", "cuda", ...); the tile size may depend on it.
+        """
         if self.impl != "auto":
             return self.impl
-        return "einsum" if num_positions <= EINSUM_MAX_POSITIONS else "conv"
+        spatial = tuple(spatial)
+        if device_type == "cuda" and (self.spatial_dims == 1 or
+                                      math.prod(spatial) <= CONV_MAX_POSITIONS_CUDA):
+            return "conv"
+        halo = tiled_halo_entries(spatial, self._context_radii(spatial), self.dim_u, device_type)
+        return "einsum" if math.prod(spatial) <= min(EINSUM_MAX_POSITIONS, halo / 3) else "tiled"
 
     def forward(self, x: torch.Tensor, context_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Apply the layer.
@@ -209,10 +239,13 @@ class LambdaLayer(nn.Module):
                 normalized_keys = keys.softmax(dim=-1)  # b k u m
                 content_lambda = torch.einsum("bkum,bvum->bkv", normalized_keys, values)
                 output = torch.einsum("bhkn,bkv->bhvn", queries, content_lambda)
-                if self.resolve_impl(num_positions) == "einsum":
+                impl = self.resolve_impl(spatial, x.device.type)
+                if impl == "einsum":
                     output = output + self._position_output_einsum(queries, values, spatial)
-                else:
+                elif impl == "conv":
                     output = output + self._position_output_conv(queries, values, spatial)
+                else:
+                    output = output + self._position_output_tiled(queries, values, spatial)
         output = output.reshape(batch, self.out_channels, *spatial).to(x.dtype)  # b (h v) ...
         return self.pool(output)
 
@@ -251,7 +284,8 @@ class LambdaLayer(nn.Module):
         offsets = positions[None, :, :] - positions[:, None, :]  # n m D, context minus query
         in_context = torch.ones(offsets.shape[:2], dtype=torch.bool, device=device)  # n m
         for axis, radius in enumerate(self._context_radii(spatial)):
-            in_context &= offsets[..., axis].abs() <= radius
+            # Not in place: an in-place and has no ONNX symbolic in torch's exporter.
+            in_context = in_context & (offsets[..., axis].abs() <= radius)
         table = self.position_embedding.weight
         index = (offsets + self.position_embedding.radius).clamp(0, table.shape[-1] - 1)
         embeddings = table[(slice(None), slice(None)) + tuple(index.unbind(-1))]  # k u n m
@@ -272,6 +306,11 @@ class LambdaLayer(nn.Module):
             values_as_images, kernel, padding=radii)  # (b v) k ...
         position_lambdas = position_lambdas.reshape(batch, self.dim_v, self.dim_k, num_positions)
         return torch.einsum("bhkn,bvkn->bhvn", queries, position_lambdas)
+
+    def _position_output_tiled(self, queries, values, spatial):
+        radii = self._context_radii(spatial)
+        window = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
+        return tiled_position_output(queries, values, window, spatial)  # b h v n
 
     def _masked_output(self, queries, keys, values, spatial, context_mask):
         num_positions = values.shape[-1]

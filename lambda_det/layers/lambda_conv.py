@@ -1,0 +1,500 @@
+"""Fast position lambdas: the lambda convolution (or global position term) as tiled GEMMs.
+
+The position term of a lambda layer (paper Sec. 3.2, 4) is, for every query position n,
+
+    y_pos[n, h] = sum_{delta in window} (q[n, h] . R[delta]) V[n + delta]          (v,)
+
+with the (k, u) embedding ``R[delta]`` contracted with the query first (DESIGN.md section 3: the
+order of contraction is free). That costs h (k + v) r^2 per position instead of k v r^2 for the
+paper's order (conv of V with R, then the queries), about 3x fewer FLOPs at h=4, k=16, v=64, and
+it never materialises the (b, n, k, v) position lambdas.
+
+Translation equivariance makes it two GEMMs. Cut the queries into tiles of t_1 x t_2 positions;
+a tile's queries see a halo of (t_1 + 2 rho_1) x (t_2 + 2 rho_2) context positions, and every tile
+sees its halo through the same block of relative embeddings
+
+    E_tile[k, q, c] = R[k, pos(c) - pos(q)]   (zero where the offset is out of scope)
+
+so, with T = t_1 t_2 query slots and C = u (t_1 + 2 rho_1)(t_2 + 2 rho_2) halo entries,
+
+    logits[h, q, tile, c] = sum_k Q[h, q, tile, k] E_tile[k, q, c]   bmm over (h, q), K = k
+    y_pos[tile, (h, q), :] = sum_c logits[(h, q), c] V_halo[tile, c, :]  bmm over tiles, K = C
+
+(the second GEMM reads the logits through a strided view, all heads sharing one halo). The dense
+halo makes a tile do C / (u r^2) times the useful work: 1.28 for the default 4 x 4 tiles at
+r = 23 (8 x 8: 1.70); smaller tiles waste less but copy more halo. Border tiles are zero padded,
+which is exactly the convolution's zero padding. The same code serves global context (rho =
+size - 1) and 1-D sequences.
+
+Memory: backward keeps only the inputs (queries, the padded values, E_tile and its index); the
+logits and halos are rebuilt chunk by chunk in backward (one GEMM of K = k, a quarter of the
+work), so the extra memory is one chunk's logits and halos whatever the input size, and the
+saved activations are about the size of the layer's q and V. Chunks write into buffers reused
+across chunks: on the CPU, fresh multi-MiB tensors per GEMM cost more than the GEMMs.
+
+Numerics: plain fp32 (or fp64) GEMMs, no TF32 unless ``torch.backends.cuda.matmul.allow_tf32``
+is set; the caller (:class:`~lambda_det.layers.LambdaLayer`) runs it outside autocast.
+"""
+import functools
+import itertools
+import math
+import warnings
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["tiled_position_output", "tiled_halo_entries", "tile_shape", "DEFAULT_TILE",
+           "CHUNK_ELEMENTS"]
+
+# Query tiles per device type and number of spatial axes, and the largest logits block (floats)
+# computed at once: measured fastest at the detection shapes (tools/benchmark_lambda.py,
+# docs/benchmarks.md). Small CPU chunks stay in cache and bound the extra memory; a GPU takes
+# large ones (fewer kernel launches). Other device types use the "cuda" entries.
+DEFAULT_TILE: Dict[str, Dict[int, Tuple[int, ...]]] = {
+    "cpu": {1: (16,), 2: (4, 4)},
+    "cuda": {1: (16,), 2: (4, 4)},
+}
+CHUNK_ELEMENTS: Dict[str, int] = {"cpu": 1 << 20, "cuda": 1 << 28}
+
+
+def tile_shape(spatial: Sequence[int], tile: Sequence[int]) -> Tuple[int, ...]:
+    """The tile actually used: ``tile`` clipped to the input size on each axis."""
+    return tuple(min(t, size) for t, size in zip(tile, spatial))
+
+
+def tiled_halo_entries(spatial: Sequence[int], radii: Sequence[int], dim_u: int,
+                       device_type: str = "cpu") -> int:
+    """C: the halo entries per tile that the tiled form works with on such an input."""
+    tiles = DEFAULT_TILE["cpu" if device_type == "cpu" else "cuda"]
+    tile = tile_shape(spatial, tiles[len(spatial)])
+    return dim_u * math.prod(t + 2 * radius for t, radius in zip(tile, radii))
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler is not None and getattr(compiler, "is_compiling", lambda: False)())
+
+
+def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int,
+                     device: torch.device) -> torch.Tensor:
+    """Where each (query slot, halo entry) pair reads its embedding in the flat table.
+
+    The table is the window with one zero entry appended per u (see :func:`_embedding_block`);
+    pairs out of scope read that zero.
+
+    Returns:
+        (T, C) int64, C = u * prod(tile + width - 1) (u outermost, halo positions row-major).
+    """
+    halos = [t + w - 1 for t, w in zip(tile, widths)]
+    query_grid = torch.meshgrid(*[torch.arange(t, device=device) for t in tile], indexing="ij")
+    halo_grid = torch.meshgrid(*[torch.arange(c, device=device) for c in halos], indexing="ij")
+    # Offset of halo entry c from query slot q, shifted to index the window: in [0, width).
+    flat_index = torch.zeros(1, 1, dtype=torch.long, device=device)  # T C'
+    in_scope = torch.ones(1, 1, dtype=torch.bool, device=device)  # T C'
+    for axis, width in enumerate(widths):
+        shift = halo_grid[axis].reshape(1, -1) - query_grid[axis].reshape(-1, 1)  # T C'
+        in_scope = in_scope & (shift >= 0) & (shift < width)
+        flat_index = flat_index * width + shift
+    positions = math.prod(widths)
+    flat_index = torch.where(in_scope, flat_index, torch.full_like(flat_index, positions))
+    per_u = torch.arange(dim_u, device=device).reshape(dim_u, 1, 1) * (positions + 1)  # u 1 1
+    return (per_u + flat_index).permute(1, 0, 2).reshape(flat_index.shape[0], -1)  # T C
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int,
+                            device: torch.device) -> torch.Tensor:
+    """:func:`_embedding_index`, built once per geometry (a normal tensor even when first
+    asked for under inference_mode, so that a later training step can save it)."""
+    with torch.inference_mode(False):
+        return _embedding_index(tile, widths, dim_u, device)
+
+
+def _embedding_block(window: torch.Tensor, index: torch.Tensor, heads: int) -> torch.Tensor:
+    """E_tile: every (query slot, halo entry) pair's embedding, zero beyond the scope.
+
+    Args:
+        window: (k, u, 2 rho_1 + 1, ...) the embeddings of the offsets in scope.
+        index: (T, C) from :func:`_embedding_index`.
+        heads: h; the block is repeated for each head, so that one GEMM serves all heads.
+
+    Returns:
+        (h T, k, C), T = prod(tile) query slots, C = u prod(tile + 2 rho) halo entries; a view
+        of a contiguous (h T, C, k) tensor.
+    """
+    dim_k, dim_u = window.shape[:2]
+    # One zero entry per u after the window entries: out-of-scope pairs read it.
+    table = F.pad(window.reshape(dim_k, dim_u, -1), (0, 1))  # k u (positions + 1)
+    return table.reshape(dim_k, -1).t()[index.repeat(heads, 1)].transpose(1, 2)  # (h T) k C
+
+
+def _embedding_block_backward(grad_block: torch.Tensor, index: torch.Tensor,
+                              window_shape: Sequence[int]) -> torch.Tensor:
+    """Adjoint of :func:`_embedding_block` (index_add, many times faster than index_put).
+
+    Args:
+        grad_block: (h T, k, C).
+
+    Returns:
+        (k, u, 2 rho_1 + 1, ...).
+    """
+    dim_k, dim_u = window_shape[:2]
+    slots, entries = index.shape
+    per_slot = grad_block.view(-1, slots, dim_k, entries).sum(0)  # T k C
+    grad_table = grad_block.new_zeros(dim_k, dim_u * (math.prod(window_shape[2:]) + 1))
+    grad_table.index_add_(1, index.reshape(-1), per_slot.transpose(0, 1).reshape(dim_k, -1))
+    return grad_table.view(dim_k, dim_u, -1)[:, :, :-1].reshape(window_shape)  # k u ..
+
+
+class _Chunk(NamedTuple):
+    """Some tiles: whole images (all tile rows), or a run of tile rows of one image."""
+
+    images: slice
+    rows: slice  # tile rows along the first spatial axis
+
+
+class _Geometry(NamedTuple):
+    """Sizes of one call, as Python ints (a trace or a compiled graph sees constants)."""
+
+    batch: int
+    heads: int
+    dim_u: int
+    tile: Tuple[int, ...]  # t per axis
+    halo: Tuple[int, ...]  # t + 2 rho per axis
+    counts: Tuple[int, ...]  # tiles per axis
+    chunk_elements: int  # the largest logits block computed at once (floats)
+
+    @property
+    def slots(self) -> int:
+        """T: queries per tile."""
+        return math.prod(self.tile)
+
+    @property
+    def halo_entries(self) -> int:
+        """C: u times the halo positions."""
+        return self.dim_u * math.prod(self.halo)
+
+    @property
+    def tiles_per_row(self) -> int:
+        return math.prod(self.counts[1:])
+
+    def chunks(self) -> List[_Chunk]:
+        """Chunks of tiles whose logits block (h x T x tiles x C) stays within chunk_elements."""
+        row_elements = self.heads * self.slots * self.tiles_per_row * self.halo_entries
+        rows = max(1, self.chunk_elements // row_elements)
+        if rows >= self.counts[0]:
+            images = rows // self.counts[0]
+            return [_Chunk(slice(first, min(first + images, self.batch)), slice(0, self.counts[0]))
+                    for first in range(0, self.batch, images)]
+        return [_Chunk(slice(image, image + 1), slice(first, min(first + rows, self.counts[0])))
+                for image in range(self.batch) for first in range(0, self.counts[0], rows)]
+
+    def tiles(self, chunk: _Chunk) -> slice:
+        """The chunk's tiles within each of its images (row-major tile index)."""
+        return slice(chunk.rows.start * self.tiles_per_row, chunk.rows.stop * self.tiles_per_row)
+
+    def size(self, chunk: _Chunk) -> int:
+        """How many tiles the chunk holds, over all its images."""
+        images, rows = chunk
+        return (images.stop - images.start) * (rows.stop - rows.start) * self.tiles_per_row
+
+    def largest_chunk(self) -> int:
+        return max(self.size(chunk) for chunk in self.chunks())
+
+    def padded_rows(self, rows: slice) -> slice:
+        """The rows of the padded grid that the halos of these tile rows cover."""
+        first = self.tile[0] * rows.start
+        return slice(first, first + self.tile[0] * (rows.stop - rows.start - 1) + self.halo[0])
+
+
+def _halos(padded_values: torch.Tensor, geometry: _Geometry, chunk: _Chunk,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The halos of a chunk's tiles, as GEMM operands.
+
+    Args:
+        padded_values: (b, u, P_1 + 2 rho_1, ..., v), zero padded.
+        out: a (tiles, C, v) buffer to fill instead of a new tensor.
+
+    Returns:
+        (tiles, C, v): tiles image-major then row-major, C = (u, halo positions row-major).
+    """
+    dims = len(geometry.tile)
+    values = padded_values[chunk.images, :, geometry.padded_rows(chunk.rows)]  # i u rows .. v
+    if torch.jit.is_tracing():
+        return _halos_by_gather(values, geometry, chunk)  # tiles C v
+    for axis, (t, c) in enumerate(zip(geometry.tile, geometry.halo)):
+        values = values.unfold(2 + axis, c, t)  # a view: i u n_1 .. v c_1 ..
+    order = ((0,) + tuple(range(2, 2 + dims)) + (1,) + tuple(range(3 + dims, 3 + 2 * dims))
+             + (2 + dims,))
+    values = values.permute(order)  # i n_1 .. u c_1 .. v
+    if out is None:
+        return values.reshape(-1, geometry.halo_entries, values.shape[-1])  # tiles C v
+    out.view(values.shape).copy_(values)
+    return out
+
+
+def _halos_by_gather(values: torch.Tensor, geometry: _Geometry, chunk: _Chunk) -> torch.Tensor:
+    """:func:`_halos` as one gather, for traces: ONNX cannot export unfold on traced sizes.
+
+    Args:
+        values: (i, u, rows, P_2 + 2 rho_2, .., v), the padded rows the chunk's halos cover.
+
+    Returns:
+        (tiles, C, v).
+    """
+    tile, halo = geometry.tile, geometry.halo
+    counts = [chunk.rows.stop - chunk.rows.start] + list(geometry.counts[1:])
+    extents = [(n - 1) * t + c for n, t, c in zip(counts, tile, halo)]  # rows, P_2 + 2 rho_2 ..
+    images, dim_v = chunk.images.stop - chunk.images.start, _static_sizes(values)[-1]
+    # Flat position in the padded rows of halo entry c of tile n, row-major over both.
+    position = torch.zeros(1, 1, dtype=torch.long, device=values.device)  # N C'
+    for n, t, c, extent in zip(counts, tile, halo, extents):
+        along = (torch.arange(n, device=values.device).reshape(-1, 1) * t
+                 + torch.arange(c, device=values.device).reshape(1, -1))  # n c
+        position = (position.unsqueeze(1).unsqueeze(3) * extent
+                    + along.unsqueeze(0).unsqueeze(2)).flatten(2, 3).flatten(0, 1)  # N C'
+    flat = values.reshape(images, geometry.dim_u, math.prod(extents), dim_v)  # i u P v
+    gathered = flat[:, :, position]  # i u N C' v
+    return gathered.permute(0, 2, 1, 3, 4).reshape(-1, geometry.halo_entries, dim_v)  # tiles C v
+
+
+def _fold_tile_by_tile(device: torch.device) -> bool:
+    """Whether :func:`_add_halos` adds tile by tile (the CPU) or in a few large kernels."""
+    return device.type == "cpu"
+
+
+def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _Geometry,
+               chunk: _Chunk) -> None:
+    """Adjoint of :func:`_halos`: adds each tile's halo gradient onto the padded grid, in place.
+
+    Args:
+        grad_halos: (tiles, C, v), as :func:`_halos` returns for this chunk.
+        grad_values: (b, u, P_1 + 2 rho_1, ..., v), accumulated into.
+    """
+    dims, tile, halo = len(geometry.tile), geometry.tile, geometry.halo
+    dim_u, dim_v = geometry.dim_u, grad_halos.shape[-1]
+    if _fold_tile_by_tile(grad_values.device):
+        # On the CPU, one strided add per tile is several times faster than unfold_backward.
+        halos = grad_halos.view(-1, dim_u, *halo, dim_v)  # n u c.. v
+        tiles = itertools.product(range(chunk.images.start, chunk.images.stop),
+                                  range(chunk.rows.start, chunk.rows.stop),
+                                  *[range(count) for count in geometry.counts[1:]])
+        for index, (image, *position) in enumerate(tiles):
+            window = tuple(slice(p * t, p * t + c) for p, t, c in zip(position, tile, halo))
+            grad_values[(image, slice(None)) + window] += halos[index]  # u c.. v
+        return
+    # Elsewhere (GPU), two gather kernels instead of one launch per tile.
+    region = grad_values[chunk.images, :, geometry.padded_rows(chunk.rows)]  # i u rows .. v
+    images, extents = region.shape[0], list(region.shape[2:-1])
+    counts = [chunk.rows.stop - chunk.rows.start] + list(geometry.counts[1:])
+    grad = grad_halos.view(images, *counts, dim_u, *halo, dim_v)  # i n.. u c.. v
+    order = ((0, 1 + dims) + tuple(range(1, 1 + dims)) + (2 + 2 * dims,)
+             + tuple(range(2 + dims, 2 + 2 * dims)))
+    grad = grad.permute(order)  # i u n.. v c..
+    for axis in reversed(range(dims)):
+        # The shape before this axis was unfolded: earlier axes unfolded, later ones not yet.
+        sizes = [images, dim_u] + counts[:axis] + extents[axis:] + [dim_v] + list(halo[:axis])
+        grad = torch.ops.aten.unfold_backward(grad, sizes, 2 + axis, halo[axis], tile[axis])
+    region += grad  # i u rows .. v
+
+
+def _chunk_queries(queries: torch.Tensor, geometry: _Geometry, chunk: _Chunk) -> torch.Tensor:
+    """(h T, tiles, k): a chunk's queries, all heads (a view)."""
+    count = geometry.size(chunk)
+    return queries[:, :, chunk.images, geometry.tiles(chunk)].reshape(-1, count, queries.shape[-1])
+
+
+def _tiled_forward(queries: torch.Tensor, block: torch.Tensor, padded_values: torch.Tensor,
+                   geometry: _Geometry) -> torch.Tensor:
+    """y_pos chunk by chunk, with plain differentiable ops (autograd keeps every logits block).
+
+    Args:
+        queries: (h, T, b, N, k): head, query slot, batch, tile, depth.
+        block: (h T, k, C) from :func:`_embedding_block`.
+        padded_values: (b, u, P_1 + 2 rho_1, ..., v), P = tiles x tile size along each axis.
+
+    Returns:
+        (b, N, h, T, v).
+    """
+    heads, slots, batch, num_tiles = queries.shape[:4]
+    outputs = []
+    for chunk in geometry.chunks():
+        halos = _halos(padded_values, geometry, chunk)  # n C v
+        logits = torch.bmm(_chunk_queries(queries, geometry, chunk), block)  # (h T) n C
+        logits = logits.transpose(0, 1)  # n (h T) C
+        outputs.append(torch.bmm(logits, halos))  # n (h T) v
+    return torch.cat(outputs).reshape(batch, num_tiles, heads, slots, -1)  # b N h T v
+
+
+def _tiled_forward_in_place(queries: torch.Tensor, block: torch.Tensor,
+                            padded_values: torch.Tensor, geometry: _Geometry) -> torch.Tensor:
+    """:func:`_tiled_forward` writing into buffers that every chunk reuses (not differentiable).
+
+    A fresh multi-MiB tensor per GEMM costs more than the GEMM itself on the CPU (large blocks
+    go back to the OS when freed, and touching new pages is slow), hence the reuse.
+    """
+    heads, slots, batch, num_tiles = queries.shape[:4]
+    dim_v, entries, most = padded_values.shape[-1], geometry.halo_entries, geometry.largest_chunk()
+    output = queries.new_empty(batch, num_tiles, heads, slots, dim_v)  # b N h T v
+    halo_buffer = queries.new_empty(most * entries * dim_v)
+    logits_buffer = queries.new_empty(heads * slots * most * entries)
+    for chunk in geometry.chunks():
+        count = geometry.size(chunk)
+        halos = _halos(padded_values, geometry, chunk,
+                       out=halo_buffer[:count * entries * dim_v].view(count, entries, dim_v))
+        logits = logits_buffer[:heads * slots * count * entries].view(
+            heads * slots, count, entries)  # (h T) n C
+        torch.bmm(_chunk_queries(queries, geometry, chunk), block, out=logits)
+        # All heads share the halo: one GEMM per tile with h T rows (a strided view, no copy).
+        torch.bmm(logits.transpose(0, 1), halos, out=output[chunk.images, geometry.tiles(chunk)]
+                  .view(count, heads * slots, dim_v))  # n (h T) v
+    return output
+
+
+def _tiled_backward(grad_output: torch.Tensor, queries: torch.Tensor, block: torch.Tensor,
+                    padded_values: torch.Tensor, geometry: _Geometry,
+                    needs_grad: Sequence[bool]) -> Tuple[Optional[torch.Tensor], ...]:
+    """Gradients of :func:`_tiled_forward`, rebuilding each chunk's logits and halos.
+
+    Args:
+        grad_output: (b, N, h, T, v).
+        needs_grad: whether queries, block and padded_values need a gradient.
+
+    Returns:
+        Gradients of queries (h, T, b, N, k), block (h T, k, C), padded_values (b, u, P.., v),
+        None where not needed.
+    """
+    heads, slots, _, _, dim_k = queries.shape
+    dim_v, entries, most = padded_values.shape[-1], geometry.halo_entries, geometry.largest_chunk()
+    rows = heads * slots
+    grad_queries = torch.empty_like(queries) if needs_grad[0] else None  # h T b N k
+    grad_block = torch.zeros(block.shape, dtype=block.dtype, device=block.device) \
+        if needs_grad[1] else None  # (h T) k C
+    grad_values = torch.zeros_like(padded_values) if needs_grad[2] else None  # b u P.. v
+    buffers = {name: queries.new_empty(most * size) for name, size in (
+        ("halos", entries * dim_v), ("grad_halos", entries * dim_v), ("logits", rows * entries),
+        ("grad_logits", rows * entries), ("grad_queries", rows * dim_k))}
+
+    def buffer(name: str, *shape: int) -> torch.Tensor:
+        return buffers[name][:math.prod(shape)].view(shape)
+
+    for chunk in geometry.chunks():
+        count, tiles = geometry.size(chunk), geometry.tiles(chunk)
+        halos = _halos(padded_values, geometry, chunk,
+                       out=buffer("halos", count, entries, dim_v))  # n C v
+        chunk_queries = _chunk_queries(queries, geometry, chunk)  # (h T) n k
+        grad_y = grad_output[chunk.images, tiles].view(count, rows, dim_v)  # n (h T) v
+        grad_logits = buffer("grad_logits", count, rows, entries)  # n (h T) C
+        torch.bmm(grad_y, halos.transpose(1, 2), out=grad_logits)
+        if grad_values is not None:
+            logits = buffer("logits", rows, count, entries)  # (h T) n C
+            torch.bmm(chunk_queries, block, out=logits)
+            grad_halos = buffer("grad_halos", count, entries, dim_v)  # n C v
+            torch.bmm(logits.permute(1, 2, 0), grad_y, out=grad_halos)
+            _add_halos(grad_halos, grad_values, geometry, chunk)
+        if grad_queries is not None:
+            grad_chunk = buffer("grad_queries", rows, count, dim_k)  # (h T) n k
+            torch.bmm(grad_logits.transpose(0, 1), block.transpose(1, 2), out=grad_chunk)
+            grad_queries[:, :, chunk.images, tiles] = grad_chunk.view(
+                heads, slots, chunk.images.stop - chunk.images.start, -1, dim_k)
+        if grad_block is not None:
+            grad_block.baddbmm_(chunk_queries.transpose(1, 2), grad_logits.transpose(0, 1))
+    return grad_queries, grad_block, grad_values
+
+
+class _TiledPositionOutput(torch.autograd.Function):
+    """Keeps only its inputs (and E_tile) for backward; logits and halos are rebuilt by chunks."""
+
+    @staticmethod
+    def forward(ctx, queries, window, padded_values, index, geometry):
+        block = _embedding_block(window, index, geometry.heads)  # (h T) k C
+        ctx.save_for_backward(queries, block, padded_values, index)
+        ctx.geometry, ctx.window_shape = geometry, window.shape
+        return _tiled_forward_in_place(queries, block, padded_values, geometry)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        queries, block, padded_values, index = ctx.saved_tensors
+        # The forward ran in float32 outside autocast; so does its backward, whatever the caller.
+        with torch.autocast(device_type=grad_output.device.type, enabled=False):
+            grad_queries, grad_block, grad_values = _tiled_backward(
+                grad_output.contiguous(), queries, block, padded_values, ctx.geometry,
+                ctx.needs_input_grad[:3])
+            grad_window = None if grad_block is None else \
+                _embedding_block_backward(grad_block, index, ctx.window_shape)
+        return grad_queries, grad_window, grad_values, None, None
+
+
+def _static_sizes(tensor: torch.Tensor) -> Tuple[int, ...]:
+    """tensor.shape as Python ints (under torch.jit.trace the trace is specialised to them)."""
+    if not torch.jit.is_tracing():
+        return tuple(tensor.shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return tuple(int(size) for size in tensor.shape)
+
+
+def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: torch.Tensor,
+                          spatial: Sequence[int], tile: Sequence[int] = (),
+                          chunk_elements: int = 0) -> torch.Tensor:
+    """The position term of a lambda layer with the queries contracted first, as tiled GEMMs.
+
+    Equal to ``einsum("bhkn,bvkn->bhvn", queries, conv(values, window))`` (the "conv" form, zero
+    padding at the borders); see the module docstring.
+
+    Args:
+        queries: (b, h, k, n), n = prod(spatial) positions in row-major order.
+        values: (b, v, u, n).
+        window: (k, u, 2 rho_1 + 1, ...) embeddings of the offsets in scope (odd sizes).
+        spatial: (H, W) or (L,).
+        tile: query tile per axis (default: :data:`DEFAULT_TILE`), clipped to the input.
+        chunk_elements: the most logits floats computed at once (default: :data:`CHUNK_ELEMENTS`).
+
+    Returns:
+        (b, h, v, n).
+    """
+    dims = len(spatial)
+    batch, heads, dim_k = _static_sizes(queries)[:3]
+    dim_v, dim_u = _static_sizes(values)[1:3]
+    radii = [(width - 1) // 2 for width in _static_sizes(window)[2:]]
+    device = "cpu" if queries.device.type == "cpu" else "cuda"
+    tile = tile_shape(spatial, tile or DEFAULT_TILE[device][dims])
+    chunk_elements = chunk_elements or CHUNK_ELEMENTS[device]
+    counts = tuple(-(-size // t) for size, t in zip(spatial, tile))
+    padded = [count * t for count, t in zip(counts, tile)]
+    halo = tuple(t + 2 * radius for t, radius in zip(tile, radii))
+    geometry = _Geometry(batch, heads, dim_u, tile, halo, counts, chunk_elements)
+
+    to_padded = [pad for size, p in zip(reversed(spatial), reversed(padded))
+                 for pad in (0, p - size)]
+    queries = queries.reshape(batch, heads, dim_k, *spatial)  # b h k ..
+    if any(to_padded):
+        queries = F.pad(queries, to_padded)  # b h k P..
+    split = [n for count, t in zip(counts, tile) for n in (count, t)]
+    queries = queries.reshape(batch, heads, dim_k, *split)  # b h k n_1 t_1 ..
+    order = [1] + [4 + 2 * a for a in range(dims)] + [0] + [3 + 2 * a for a in range(dims)] + [2]
+    queries = queries.permute(order).reshape(heads, geometry.slots, batch, -1, dim_k)  # h T b N k
+
+    widths = tuple(2 * radius + 1 for radius in radii)
+    build_index = _embedding_index if torch.jit.is_tracing() or _is_compiling() else \
+        _cached_embedding_index
+    index = build_index(tuple(tile), widths, dim_u, queries.device)  # T C
+    values = values.reshape(batch, dim_v, dim_u, *spatial)  # b v u ..
+    values = values.permute([0, 2] + list(range(3, 3 + dims)) + [1])  # b u .. v
+    to_halo = [pad for size, p, radius in zip(reversed(spatial), reversed(padded), reversed(radii))
+               for pad in (radius, p - size + radius)]
+    values = F.pad(values, [0, 0] + to_halo).contiguous()  # b u (P + 2 rho).. v
+
+    if torch.jit.is_tracing():
+        # A trace cannot hold a Python autograd.Function; the plain ops trace (and differentiate).
+        block = _embedding_block(window, index, heads)  # (h T) k C
+        output = _tiled_forward(queries, block, values, geometry)  # b N h T v
+    else:
+        output = _TiledPositionOutput.apply(queries, window, values, index, geometry)  # b N h T v
+    output = output.reshape(batch, *counts, heads, *tile, dim_v)  # b n_1 .. h t_1 .. v
+    order = [0, 1 + dims, 2 + 2 * dims] + [i for a in range(dims) for i in (1 + a, 2 + dims + a)]
+    output = output.permute(order).reshape(batch, heads, dim_v, *padded)  # b h v P..
+    crop = (slice(None),) * 3 + tuple(slice(0, size) for size in spatial)
+    return output[crop].reshape(batch, heads, dim_v, -1)  # b h v n
