@@ -53,7 +53,7 @@ setup(
         "shapely",  # detectron2 clips polygons with it when LSJ crops
     ],
     extras_require={
-        "dev": ["pytest>=7", "pytest-timeout", "hypothesis>=6"],
+        "dev": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "onnx>=1.14", "onnxruntime>=1.16"],
         # Only to benchmark against the public implementations side by side.
         "bench": ["timm>=0.9", "lambda-networks>=0.4"],
     },

@@ -1,0 +1,370 @@
+"""Export a trained detectron2 model (e.g. a LambdaResNet Mask R-CNN) to TorchScript or ONNX.
+
+The model is traced with detectron2's :class:`~detectron2.export.TracingAdapter`, which flattens
+its ``[{"image": ...}] -> [{"instances": Instances}]`` interface into tensors in and tensors out:
+
+* input ``image``: one (3, H, W) uint8 image in ``cfg.INPUT.FORMAT`` (BGR by default), already
+  resized as the config's test-time transform does (:func:`sample_image` does both);
+* outputs (for Mask R-CNN): ``pred_boxes`` (N, 4) XYXY in input pixels, ``pred_classes`` (N,),
+  ``pred_masks`` (N, 1, M, M) mask probabilities inside each box, ``scores`` (N,), and
+  ``image_size`` (2,) = (H, W). N varies with the image. :func:`outputs_to_instances` pastes the
+  masks and rescales to the original image, as ``model([{"image", "height", "width"}])`` does.
+
+A trace is specialised to the sample image's size: the lambda layers' relative position tables,
+the anchors and the FPN padding are recorded for that size. Export with a sample of the size you
+will run; pad or resize other images to it. :class:`ExportedModel` refuses other sizes with an
+error. (A raw TorchScript module fails on most other sizes with a reshape error, but runs those
+that pad to the same multiple of the backbone's size divisibility; only the sample's own size is
+tested.)
+
+ONNX goes through torch's TorchScript-based exporter (``dynamo=False``). The ``torch.export``-based
+default (``dynamo=True``, which also needs onnxscript) stops at detectron2's Python branches on
+data-dependent sizes: after NMS the box count is unknown, and ``detectron2.layers.Conv2d`` asks
+``if x.numel() == 0`` (torch 2.14: ``GuardOnDataDependentSymNode``). Opset 16 or newer is
+needed for ``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum",
+"conv", "tiled", so "auto" too) exports to both formats; under a trace the tiled form gathers its
+halos with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced
+sizes.
+"""
+import importlib.util
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from detectron2.config import CfgNode
+from detectron2.data import detection_utils
+from detectron2.data import transforms as T
+from detectron2.export import TracingAdapter
+from detectron2.modeling import GeneralizedRCNN, build_model
+from detectron2.modeling.postprocessing import detector_postprocess
+from detectron2.structures import Boxes, Instances
+from lambda_det.config import get_cfg
+from lambda_det.data.mapper import build_mapper
+from lambda_det.engine.checkpoint import AtomicCheckpointer
+from lambda_det.engine.trainer import adapt_norms_to_device, resolve_config_file
+
+__all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
+           "build_export_cfg", "load_trained_model", "sample_image", "eager_outputs",
+           "trace_model", "export_model", "outputs_to_instances", "max_differences"]
+
+EXPORT_FORMATS = ("torchscript", "onnx")
+FILE_SUFFIXES = {"torchscript": ".ts", "onnx": ".onnx"}
+ONNX_OPSET = 17
+# Stored in the TorchScript archive (ONNX files carry the same facts in their graph).
+METADATA_NAME = "lambda_det_export.json"
+
+PathLike = Union[str, os.PathLike]
+
+
+def build_export_cfg(config_file: str, opts: Sequence[str] = ()) -> CfgNode:
+    """The frozen config of a model to export: lambda_det's defaults, the file, then overrides.
+
+    ``config_file`` may be a path or a bare name under configs/. On the CPU, SyncBN becomes
+    naiveSyncBN (identical at inference).
+    """
+    cfg = get_cfg()
+    cfg.merge_from_file(resolve_config_file(config_file))
+    cfg.merge_from_list(list(opts))
+    adapt_norms_to_device(cfg)
+    cfg.freeze()
+    return cfg
+
+
+class _StrictCheckpointer(AtomicCheckpointer):
+    """Refuses a checkpoint that leaves weights of the model missing or skips mismatched shapes.
+
+    Detectron2 only logs both (and trains on), but an export of a half-random model is useless.
+    """
+
+    def _load_model(self, checkpoint):
+        incompatible = super()._load_model(checkpoint)
+        missing = [key for key in incompatible.missing_keys
+                   if not key.endswith("num_batches_tracked")]
+        mismatched = [f"{key} {tuple(saved)} vs {tuple(model)}"
+                      for key, saved, model in incompatible.incorrect_shapes]
+        if missing or mismatched:
+            raise ValueError(
+                f"checkpoint {self._weights!r} does not fit the model built from the config "
+                f"(is it the config it was trained with, overrides included?): "
+                f"{len(missing)} missing keys {missing[:5]}, {len(mismatched)} shape mismatches "
+                f"(checkpoint vs model) {mismatched[:5]}")
+        return incompatible
+
+    def load(self, path: str, *args, **kwargs):
+        self._weights = path
+        return super().load(path, *args, **kwargs)
+
+
+def load_trained_model(cfg: CfgNode) -> nn.Module:
+    """The model of ``cfg`` in eval mode, with every weight loaded from ``cfg.MODEL.WEIGHTS``.
+
+    Raises:
+        ValueError: MODEL.WEIGHTS is empty, or the checkpoint does not fit the model.
+        FileNotFoundError: MODEL.WEIGHTS names a local file that does not exist.
+    """
+    weights = cfg.MODEL.WEIGHTS
+    if not weights:
+        raise ValueError("MODEL.WEIGHTS is empty: pass the trained checkpoint to export, e.g. "
+                         "MODEL.WEIGHTS output/model_final.pth")
+    if "://" not in weights and not os.path.isfile(weights):
+        raise FileNotFoundError(f"MODEL.WEIGHTS file {weights!r} does not exist")
+    model = build_model(cfg)
+    _StrictCheckpointer(model).load(weights, checkpointables=[])
+    return model.eval()
+
+
+def sample_image(cfg: CfgNode, path: Optional[PathLike] = None,
+                 size: Optional[Tuple[int, int]] = None, seed: int = 0) -> torch.Tensor:
+    """A (3, H, W) uint8 image in ``cfg.INPUT.FORMAT``, resized by the config's test transform.
+
+    Args:
+        path: an image file; default a synthetic one (uniform noise from ``seed``).
+        size: (height, width) of the synthetic image before the resize; default the square the
+            test transform keeps as it is (``INPUT.LSJ.IMAGE_SIZE`` with LSJ, else
+            ``INPUT.MIN_SIZE_TEST``).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    if path is not None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"sample image {str(path)!r} does not exist")
+        image = detection_utils.read_image(str(path), format=cfg.INPUT.FORMAT)  # H W C
+    else:
+        if size is None:
+            lsj = cfg.INPUT.get("LSJ", None)
+            side = lsj.IMAGE_SIZE if lsj is not None and lsj.ENABLED else cfg.INPUT.MIN_SIZE_TEST
+            size = (side, side)
+        height, width = (int(s) for s in size)
+        if height < 1 or width < 1:
+            raise ValueError(f"sample size must be positive, got {tuple(size)}")
+        image = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    augmented = T.AugInput(image)
+    build_mapper(cfg, is_train=False).augmentations(augmented)  # the test-time resize
+    return torch.as_tensor(np.ascontiguousarray(augmented.image.transpose(2, 0, 1)))  # 3 H W
+
+
+def _inference(model: nn.Module, inputs):
+    if isinstance(model, GeneralizedRCNN):
+        # No postprocessing: boxes stay in the input's pixels and masks stay M x M probabilities
+        # (pasting them is data-dependent Python); outputs_to_instances does both afterwards.
+        return [{"instances": model.inference(inputs, do_postprocess=False)[0]}]
+    # Other meta-architectures (RetinaNet): without "height"/"width" in the inputs, their
+    # postprocessing keeps the input's size, so the outputs mean the same.
+    return model(inputs)
+
+
+def _output_names(adapter: TracingAdapter) -> Tuple[str, ...]:
+    """Names of the flattened outputs: the Instances fields (sorted), then image_size."""
+    schema = adapter.outputs_schema
+    try:
+        (image_schema,) = schema.schemas
+        instances_schema = image_schema.schemas[image_schema.keys.index("instances")]
+        fields = tuple(instances_schema.keys)
+    except (AttributeError, ValueError):
+        raise TypeError(f"only models that return [{{'instances': Instances}}] for one image can "
+                        f"be exported; this one returns {schema}") from None
+    if len(image_schema.keys) != 1 or set(instances_schema.sizes) != {1}:
+        raise TypeError(f"cannot name the traced outputs {schema}: expected only 'instances', "
+                        f"with one tensor for each field")
+    return fields + ("image_size",)
+
+
+def eager_outputs(model: nn.Module, image: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The eager model's outputs for ``image``, under the names the exported model uses."""
+    with torch.no_grad():
+        instances = _inference(model, [{"image": image}])[0]["instances"]
+    outputs = {name: value.tensor if isinstance(value, Boxes) else value
+               for name, value in instances.get_fields().items()}
+    outputs["image_size"] = torch.tensor(instances.image_size)
+    return dict(sorted(outputs.items()))
+
+
+@dataclass
+class TracedModel:
+    """A traced model and what it was traced with."""
+
+    module: torch.jit.ScriptModule  # image -> flattened outputs (a tuple of tensors)
+    sample: torch.Tensor  # the (3, H, W) example: every input must have this shape and dtype
+    output_names: Tuple[str, ...]
+
+    def metadata(self) -> dict:
+        return {"input_name": "image", "input_shape": list(self.sample.shape),
+                "input_dtype": str(self.sample.dtype).replace("torch.", ""),
+                "output_names": list(self.output_names)}
+
+
+def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
+    """Trace ``model`` (eval mode) on one (3, H, W) image; the trace is specialised to H x W."""
+    if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != 3:
+        shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+        raise ValueError(f"the sample must be a (3, H, W) image tensor, got {shape}")
+    if model.training:
+        raise ValueError("trace the model in eval mode (model.eval()): training mode needs "
+                         "ground truth and returns losses")
+    adapter = TracingAdapter(model, [{"image": image}], _inference)
+    with warnings.catch_warnings():
+        # Python-side sizes becoming constants is exactly the specialisation documented above.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # torch.jit.trace, and torch.jit.script for torchvision's batched_nms while tracing.
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.(trace|script).* is deprecated",
+                                category=FutureWarning)
+        # Equality is checked on outputs (tools/export_model.py, tests), not on re-traced graphs.
+        module = torch.jit.trace(adapter, adapter.flattened_inputs, check_trace=False)
+    return TracedModel(module, image, _output_names(adapter))
+
+
+def _save_onnx(traced: TracedModel, path: Path, opset: int) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export",
+                                category=DeprecationWarning)
+        warnings.filterwarnings("ignore", message=r"The feature will be removed",
+                                category=DeprecationWarning)  # raised inside that exporter
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # Harmless here: a traced module has no Python signature to read, and every index
+        # (position-table offsets, mask classes) is >= 0.
+        warnings.filterwarnings("ignore", message=r"no signature found for")
+        warnings.filterwarnings("ignore", message=r"Exporting aten::index operator of advanced")
+        # Strided slices stay in the graph instead of being folded into constants: slower to
+        # load, same results.
+        warnings.filterwarnings("ignore", message=r"Constant folding - Only steps=1")
+        torch.onnx.export(traced.module, (traced.sample,), str(path), dynamo=False,
+                          opset_version=opset, input_names=["image"],
+                          output_names=list(traced.output_names))
+
+
+def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format: str,
+                 opset: int = ONNX_OPSET) -> TracedModel:
+    """Trace ``model`` on ``image`` and save it to ``output`` as ``format``.
+
+    Args:
+        model: a detectron2 model in eval mode that returns ``[{"instances": Instances}]``:
+            GeneralizedRCNN (Faster / Mask R-CNN) or RetinaNet. The trace runs on its device; a
+            TorchScript model traced on a GPU runs only there.
+        image: the (3, H, W) sample (:func:`sample_image`); the export only accepts this size.
+        format: one of :data:`EXPORT_FORMATS`.
+        opset: ONNX opset (>= 16).
+
+    Returns:
+        the :class:`TracedModel` that was saved.
+    """
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"unknown export format {format!r}; expected one of {EXPORT_FORMATS}")
+    if format == "onnx":
+        if opset < 16:
+            raise ValueError(f"ONNX opset must be >= 16 (RoIAlign with aligned=True), got {opset}")
+        if importlib.util.find_spec("onnx") is None:
+            raise ImportError("ONNX export needs the onnx package (pip install onnx)")
+    traced = trace_model(model, image)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    temporary = output.with_name(output.name + ".tmp")  # never a half-written model
+    if format == "torchscript":
+        extra_files = {METADATA_NAME: json.dumps(traced.metadata())}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.save.* is deprecated",
+                                    category=FutureWarning)
+            torch.jit.save(traced.module, str(temporary), _extra_files=extra_files)
+    else:
+        _save_onnx(traced, temporary, opset)
+    os.replace(temporary, output)
+    return traced
+
+
+_ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
+
+
+class ExportedModel:
+    """An exported file loaded for inference on the CPU (ONNX through onnxruntime).
+
+    Calling it with a (3, H, W) image of the exported size and dtype returns the outputs by name.
+    """
+
+    def __init__(self, path: PathLike):
+        path = str(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"exported model {path!r} does not exist")
+        if path.endswith(FILE_SUFFIXES["onnx"]):
+            try:
+                import onnxruntime
+            except ImportError as error:
+                raise ImportError(f"running {path!r} needs onnxruntime "
+                                  f"(pip install onnxruntime)") from error
+            self._session = onnxruntime.InferenceSession(
+                path, providers=["CPUExecutionProvider"])
+            (model_input,) = self._session.get_inputs()
+            self._input_name = model_input.name
+            self.input_shape = tuple(model_input.shape)
+            self.input_dtype = _ONNX_TYPES.get(model_input.type)
+            self.output_names = tuple(output.name for output in self._session.get_outputs())
+            self._module = None
+        else:
+            extra_files = {METADATA_NAME: ""}
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated",
+                                        category=FutureWarning)
+                self._module = torch.jit.load(path, map_location="cpu", _extra_files=extra_files)
+            if not extra_files[METADATA_NAME]:
+                raise ValueError(f"{path!r} is not a TorchScript file written by lambda_det.export "
+                                 f"(it has no {METADATA_NAME})")
+            metadata = json.loads(extra_files[METADATA_NAME])
+            self.input_shape = tuple(metadata["input_shape"])
+            self.input_dtype = getattr(torch, metadata["input_dtype"])
+            self.output_names = tuple(metadata["output_names"])
+        self.path = path
+
+    def __call__(self, image: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if tuple(image.shape) != self.input_shape:
+            raise ValueError(
+                f"{self.path!r} was traced for images of shape {self.input_shape}, got "
+                f"{tuple(image.shape)}: resize or pad the image, or export again with a sample "
+                f"of this size")
+        if self.input_dtype is not None and image.dtype != self.input_dtype:
+            raise ValueError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
+        if self._module is not None:
+            with torch.no_grad():
+                outputs = self._module(image)
+        else:
+            feed = {self._input_name: np.ascontiguousarray(image.cpu().numpy())}
+            outputs = [torch.from_numpy(value) for value in self._session.run(None, feed)]
+        return dict(zip(self.output_names, outputs))
+
+
+def outputs_to_instances(outputs: Mapping[str, torch.Tensor], height: int,
+                         width: int) -> Instances:
+    """Final predictions for an image of ``height`` x ``width`` from exported outputs.
+
+    The same as the eager ``model([{"image": image, "height": height, "width": width}])``:
+    boxes rescaled from the input's size, masks pasted into the image as booleans.
+    """
+    image_size = tuple(int(size) for size in outputs["image_size"])
+    fields = {name: torch.as_tensor(value) for name, value in outputs.items()
+              if name != "image_size"}
+    if "pred_boxes" in fields:
+        fields["pred_boxes"] = Boxes(fields["pred_boxes"])
+    return detector_postprocess(Instances(image_size, **fields), height, width)
+
+
+def max_differences(expected: Mapping[str, torch.Tensor],
+                    actual: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+    """Per output name, the largest absolute difference (inf where the shapes or names differ)."""
+    differences = {}
+    for name in sorted(set(expected) | set(actual)):
+        if name not in expected or name not in actual:
+            differences[name] = float("inf")
+            continue
+        reference, value = torch.as_tensor(expected[name]), torch.as_tensor(actual[name])
+        if reference.shape != value.shape:
+            differences[name] = float("inf")
+        elif reference.numel() == 0:
+            differences[name] = 0.0
+        else:
+            differences[name] = float((reference.double() - value.double()).abs().max())
+    return differences

@@ -1,0 +1,269 @@
+"""Export (lambda_det.export, tools/export_model.py): TorchScript and ONNX outputs match eager mode.
+
+One small LambdaResNet-26 Mask R-CNN (random weights, every detection kept) is checkpointed, then
+exported once per format on a 64 x 96 sample: ONNX by the tool from an image file, TorchScript
+through the library. ONNX tests need onnx and onnxruntime (the "dev" extra) and skip without them.
+"""
+import importlib.util
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import lambda_det  # noqa: F401  (before detectron2: imports it without deprecation noise)
+from conftest import REPO_ROOT
+from detectron2.modeling import build_model
+from lambda_det.engine import AtomicCheckpointer
+from lambda_det.export import (
+    ExportedModel, build_export_cfg, eager_outputs, export_model, load_trained_model,
+    outputs_to_instances, sample_image)
+from lambda_det.layers import LambdaLayer
+
+CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
+OVERRIDES = [
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",
+    "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0",  # keep every detection: outputs are never empty
+    "MODEL.RPN.PRE_NMS_TOPK_TEST", "100", "MODEL.RPN.POST_NMS_TOPK_TEST", "50",
+    "TEST.DETECTIONS_PER_IMAGE", "20", "INPUT.LSJ.IMAGE_SIZE", "96", "MODEL.DEVICE", "cpu",
+]
+SIZE = (64, 96)  # kept as it is by the test-time resize (longest side 96)
+DETECTIONS = 20
+# Largest absolute differences accepted from eager mode: boxes in pixels, the rest in [0, 1].
+# TorchScript runs the same kernels (measured: identical); onnxruntime has its own RoIAlign and
+# convolutions (measured: boxes 3.5e-4 px, scores 1e-5, mask probabilities 1.7e-4).
+TOLERANCES = {
+    "torchscript": {"pred_boxes": 1e-5, "scores": 1e-5, "pred_masks": 1e-5},
+    "onnx": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """These models are tiny: a second thread only fights other processes for the cores
+    (measured 3x slower on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def load_tool():
+    """tools/export_model.py as a module (tools/ is a folder of scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "export_model_tool", REPO_ROOT / "tools" / "export_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory) -> str:
+    """A checkpoint of the test model, with heads scaled up so scores, boxes and masks vary."""
+    torch.manual_seed(0)
+    model = build_model(build_export_cfg(CONFIG, OVERRIDES))
+    heads = model.roi_heads
+    with torch.no_grad():  # detectron2 inits these at std 0.001-0.01: near-constant outputs
+        for layer, std in ((heads.box_predictor.cls_score, 0.1),
+                           (heads.box_predictor.bbox_pred, 0.05),
+                           (heads.mask_head.predictor, 0.3)):
+            layer.weight.normal_(std=std)
+            layer.bias.normal_(std=std)
+    folder = tmp_path_factory.mktemp("checkpoint")
+    AtomicCheckpointer(model, save_dir=str(folder)).save("model_final")
+    return str(folder / "model_final.pth")
+
+
+@pytest.fixture(scope="module")
+def cfg(weights):
+    return build_export_cfg(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights])
+
+
+@pytest.fixture(scope="module")
+def model(cfg):
+    return load_trained_model(cfg)
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory):
+    """A BGR image file of SIZE: a gradient with a few rectangles."""
+    height, width = SIZE
+    image = np.zeros((height, width, 3), dtype=np.uint8)
+    image[..., 0] = np.linspace(0, 255, width, dtype=np.uint8)[None, :]
+    image[..., 1] = np.linspace(0, 255, height, dtype=np.uint8)[:, None]
+    image[10:40, 20:70] = (0, 0, 255)
+    image[40:60, 60:90] = (255, 255, 0)
+    path = tmp_path_factory.mktemp("images") / "sample.png"
+    cv2.imwrite(str(path), image)
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(cfg, image_file):
+    """Images of the exported size: the file, and two synthetic ones."""
+    return [sample_image(cfg, image_file), sample_image(cfg, size=SIZE, seed=0),
+            sample_image(cfg, size=SIZE, seed=1)]
+
+
+@pytest.fixture(scope="module")
+def torchscript_file(model, images, tmp_path_factory):
+    path = tmp_path_factory.mktemp("export") / "model.ts"
+    export_model(model, images[1], path, "torchscript")
+    return path
+
+
+@pytest.fixture(scope="module")
+def onnx_file(cfg, weights, image_file, tmp_path_factory):
+    pytest.importorskip("onnx")
+    path = tmp_path_factory.mktemp("export") / "model.onnx"
+    status = load_tool().main(["--config-file", CONFIG, "--format", "onnx", "--output", str(path),
+                               "--sample-image", str(image_file), *OVERRIDES,
+                               "MODEL.WEIGHTS", weights])
+    assert status == 0
+    return path
+
+
+def assert_matches_eager(model, exported: ExportedModel, image, tolerances) -> None:
+    expected, actual = eager_outputs(model, image), exported(image)
+    assert sorted(actual) == sorted(expected) == [
+        "image_size", "pred_boxes", "pred_classes", "pred_masks", "scores"]
+    assert actual["pred_boxes"].shape == (DETECTIONS, 4)
+    assert actual["pred_masks"].shape == (DETECTIONS, 1, 28, 28)
+    assert actual["image_size"].tolist() == list(SIZE)
+    assert torch.equal(actual["pred_classes"], expected["pred_classes"])
+    for name, tolerance in tolerances.items():
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=tolerance,
+                                   msg=lambda message: f"{name}: {message}")
+
+
+def test_sample_image_is_resized_like_the_test_loader(cfg, image_file):
+    from_file = sample_image(cfg, image_file)
+    assert from_file.dtype == torch.uint8 and from_file.shape == (3, *SIZE)
+    assert from_file[:, 20, 40].tolist() == [0, 0, 255]  # BGR, as cfg.INPUT.FORMAT
+    # Longest side to INPUT.LSJ.IMAGE_SIZE (96): 128 x 192 -> 64 x 96.
+    assert sample_image(cfg, size=(128, 192)).shape == (3, *SIZE)
+    assert sample_image(cfg).shape == (3, 96, 96)
+
+
+def test_torchscript_matches_eager(model, torchscript_file, images):
+    exported = ExportedModel(torchscript_file)
+    assert exported.input_shape == (3, *SIZE)
+    for image in images:
+        assert_matches_eager(model, exported, image, TOLERANCES["torchscript"])
+
+
+def test_onnx_matches_eager(model, onnx_file, images):
+    pytest.importorskip("onnxruntime")
+    exported = ExportedModel(onnx_file)
+    assert exported.input_shape == (3, *SIZE)
+    for image in images:
+        assert_matches_eager(model, exported, image, TOLERANCES["onnx"])
+
+
+@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+def test_exported_predictions_match_the_eager_model(format, model, images, request):
+    """Final predictions at the original size: boxes rescaled and masks pasted, as eager mode."""
+    if format == "onnx":
+        pytest.importorskip("onnxruntime")
+    exported = ExportedModel(request.getfixturevalue(f"{format}_file"))
+    height, width = 2 * SIZE[0], 2 * SIZE[1]
+    with torch.no_grad():
+        expected = model([{"image": images[2], "height": height, "width": width}])[0]["instances"]
+    predicted = outputs_to_instances(exported(images[2]), height, width)
+    assert predicted.image_size == expected.image_size == (height, width)
+    torch.testing.assert_close(predicted.pred_boxes.tensor, expected.pred_boxes.tensor,
+                               rtol=0, atol=2e-3)
+    torch.testing.assert_close(predicted.scores, expected.scores, rtol=0, atol=1e-4)
+    assert predicted.pred_masks.shape == expected.pred_masks.shape == (DETECTIONS, height, width)
+    assert expected.pred_masks.any(dim=(1, 2)).all()  # the masks are not trivially empty
+    # A pixel whose probability is within float error of the 0.5 threshold may flip.
+    assert (predicted.pred_masks != expected.pred_masks).float().mean() < 1e-4
+
+
+def test_exported_model_refuses_other_sizes_and_dtypes(torchscript_file):
+    exported = ExportedModel(torchscript_file)
+    with pytest.raises(ValueError, match=r"\(3, 64, 96\).*\(3, 96, 64\)"):
+        exported(torch.zeros(3, 96, 64, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="torch.float32"):
+        exported(torch.zeros(3, *SIZE))
+
+
+@pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
+@pytest.mark.filterwarnings("ignore:The feature will be removed")
+@pytest.mark.filterwarnings("ignore:.*operator of advanced indexing")
+@pytest.mark.parametrize("impl", ["einsum", "conv", "tiled"])
+@pytest.mark.parametrize("scope", [3, None])
+def test_lambda_layer_exports_to_onnx(impl, scope, tmp_path):
+    pytest.importorskip("onnx")
+    onnxruntime = pytest.importorskip("onnxruntime")
+    layer = LambdaLayer(16, 16, heads=4, dim_k=8, scope=scope, impl=impl, max_size=16).eval()
+    x = torch.randn(2, 16, 12, 10)
+    path = tmp_path / "lambda.onnx"
+    torch.onnx.export(layer, (x,), str(path), dynamo=False, opset_version=17)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (output,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(output), layer(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+def test_retinanet_exports(format, tmp_path):
+    if format == "onnx":
+        pytest.importorskip("onnx")
+        pytest.importorskip("onnxruntime")
+    cfg = build_export_cfg("lambda_r101_retinanet", [
+        "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.FPN.OUT_CHANNELS", "32", "MODEL.DEVICE", "cpu",
+        "INPUT.LSJ.IMAGE_SIZE", "96", "MODEL.RETINANET.SCORE_THRESH_TEST", "0.0",
+        "TEST.DETECTIONS_PER_IMAGE", str(DETECTIONS)])
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # distinct scores: tied ones may come out in either order
+        model.head.cls_score.weight.normal_(std=0.1)
+        model.head.bbox_pred.weight.normal_(std=0.05)
+    path = tmp_path / f"retinanet.{'ts' if format == 'torchscript' else 'onnx'}"
+    traced = export_model(model, sample_image(cfg, size=SIZE), path, format)
+    assert traced.output_names == ("pred_boxes", "pred_classes", "scores", "image_size")
+    image = sample_image(cfg, size=SIZE, seed=1)
+    expected, actual = eager_outputs(model, image), ExportedModel(path)(image)
+    assert actual["scores"].shape == (DETECTIONS,)
+    assert torch.equal(actual["pred_classes"], expected["pred_classes"])
+    for name, tolerance in TOLERANCES[format].items():
+        if name != "pred_masks":
+            torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=tolerance)
+
+
+def test_bad_format_and_opset_are_named(tmp_path):
+    cfg = build_export_cfg(CONFIG, OVERRIDES)
+    model = build_model(cfg).eval()
+    image = torch.zeros(3, *SIZE, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="'savedmodel'"):
+        export_model(model, image, tmp_path / "model.pb", "savedmodel")
+    with pytest.raises(ValueError, match="opset must be >= 16.*got 13"):
+        export_model(model, image, tmp_path / "model.onnx", "onnx", opset=13)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", ["format", "missing weights", "empty weights", "wrong weights",
+                                  "missing sample"])
+def test_tool_names_bad_input(case, weights, tmp_path, capsys):
+    arguments = {"format": ["--format", "savedmodel"]}.get(case, ["--format", "torchscript"])
+    arguments += ["--output", str(tmp_path / "model.ts")]
+    if case == "missing sample":
+        arguments += ["--sample-image", str(tmp_path / "no_such_image.png")]
+    overrides = list(OVERRIDES)
+    path = {"missing weights": str(tmp_path / "no_such_model.pth"),
+            "empty weights": ""}.get(case, weights)
+    if case == "wrong weights":
+        overrides += ["MODEL.ROI_HEADS.NUM_CLASSES", "5"]
+    with pytest.raises(SystemExit) as exit_info:
+        load_tool().main(["--config-file", CONFIG, *arguments, *overrides, "MODEL.WEIGHTS", path])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err
+    expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",
+                "empty weights": "MODEL.WEIGHTS is empty", "wrong weights": "shape mismatches",
+                "missing sample": "no_such_image.png"}[case]
+    assert expected in error
+    if case == "wrong weights":
+        assert weights in error and "roi_heads.box_predictor.cls_score.weight" in error
+    assert not (tmp_path / "model.ts").exists()

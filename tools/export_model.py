@@ -1,0 +1,97 @@
+#!/usr/bin/env python
+"""Export a trained lambda_det model (e.g. a LambdaResNet Mask R-CNN) to TorchScript or ONNX.
+
+    python tools/export_model.py --config-file configs/Demo/lambda_r26_shapes.yaml \\
+        --format torchscript --output export/model.ts \\
+        MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth MODEL.DEVICE cpu
+    python tools/export_model.py --config-file lambda_r26_shapes --format onnx \\
+        --sample-image datasets/lambda_det_shapes_v1/val/00001.png \\
+        MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
+
+The model is traced (detectron2's TracingAdapter) on one sample image: ``--sample-image``, or a
+synthetic image (``--sample-size``, default the config's test size), resized by the config's
+test-time transform. The exported model is specialised to that size: it takes one (3, H, W)
+uint8 image of exactly the sample's size in ``INPUT.FORMAT`` channel order and returns
+``pred_boxes``, ``pred_classes``, ``pred_masks`` (M x M probabilities in each box), ``scores``
+and ``image_size``. ``lambda_det.export.ExportedModel`` runs an exported file and
+``lambda_det.export.outputs_to_instances`` turns its outputs into final detectron2 predictions.
+
+Mask R-CNN, Faster R-CNN and RetinaNet configs export (the last two without ``pred_masks``).
+ONNX uses torch's TorchScript-based exporter (``dynamo=False``; lambda_det/export.py says why)
+and opset 17 (``--opset``, 16 at least); it needs the onnx package, and onnxruntime to run.
+Trailing ``KEY VALUE`` pairs override the config, as in train_net.py; MODEL.WEIGHTS must name the
+trained checkpoint, and every weight of the model must be in it. The trace runs on MODEL.DEVICE:
+add ``MODEL.DEVICE cpu`` for a TorchScript file that runs on the CPU. After saving, the exported
+model is run on the sample and compared with the eager model (skipped for ONNX without
+onnxruntime); a difference above ``--tolerance`` exits with status 1.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout as a script
+
+from lambda_det.export import (  # noqa: E402  (importing lambda_det registers the backbones)
+    EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, build_export_cfg, eager_outputs,
+    export_model, load_trained_model, max_differences, sample_image)
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\n")[1:]))
+    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
+                        help="a config path, or a config name under configs/")
+    parser.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    parser.add_argument("--output", default=None,
+                        help="the file to write (default: OUTPUT_DIR/model.ts or model.onnx)")
+    parser.add_argument("--sample-image", default=None, metavar="FILE",
+                        help="the image to trace with (default: a synthetic image)")
+    parser.add_argument("--sample-size", type=int, nargs=2, default=None,
+                        metavar=("HEIGHT", "WIDTH"),
+                        help="size of the synthetic sample before the test-time resize")
+    parser.add_argument("--opset", type=int, default=ONNX_OPSET, help="ONNX opset (>= 16)")
+    parser.add_argument("--tolerance", type=float, default=1e-3,
+                        help="largest absolute difference from the eager model accepted")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.sample_image is not None and args.sample_size is not None:
+        parser.error("give --sample-image or --sample-size, not both")
+    try:
+        cfg = build_export_cfg(args.config_file, args.opts)
+        image = sample_image(cfg, args.sample_image, args.sample_size)
+        model = load_trained_model(cfg)
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
+    output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
+
+    try:
+        traced = export_model(model, image, output, args.format, opset=args.opset)
+    except (ImportError, ValueError) as error:  # onnx missing, opset too old
+        parser.error(str(error))
+    print(f"wrote {output} ({args.format}): input 'image', uint8 {tuple(image.shape)} in "
+          f"{cfg.INPUT.FORMAT} order (only this size); outputs {', '.join(traced.output_names)}")
+
+    try:
+        exported = ExportedModel(output)
+    except ImportError as error:
+        print(f"not verified: {error}")
+        return 0
+    differences = max_differences(eager_outputs(model, image), exported(image))
+    print("largest difference from the eager model on the sample: " +
+          ", ".join(f"{name} {value:.3g}" for name, value in differences.items()))
+    if max(differences.values()) > args.tolerance:
+        print(f"error: the exported model differs from the eager model by more than "
+              f"--tolerance {args.tolerance}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
