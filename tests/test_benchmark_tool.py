@@ -1,0 +1,58 @@
+"""tools/benchmark_lambda.py: every candidate it times builds and maps the feature map to its own
+shape, and a run writes its table, JSON and plot. (Its timings are not tested: docs/benchmarks.md.)
+"""
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from lambda_det import layers
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("benchmark_lambda",
+                                                  REPO_ROOT / "tools/benchmark_lambda.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_candidate_builds_and_keeps_the_shape():
+    pytest.importorskip("timm")
+    pytest.importorskip("lambda_networks")
+    tool = load_tool()
+    candidates = tool.layer_candidates(layers, 6, 10, 32, 2, cap_bytes=2**30, only=None)
+    names = [candidate.name for candidate in candidates]
+    for impl in layers.IMPLEMENTATIONS:
+        assert f"lambda_det {impl}" in names
+    for expected in (tool.TIMM, tool.LUCIDRAINS, "conv 3x3", "self-attention sdpa", "AFT-simple",
+                     "AFT-full", f"AFT-local s={tool.SCOPE}", f"AFT-conv h=8 s={tool.AFT_WINDOW}"):
+        assert expected in names
+    x = torch.randn(2, 32, 6, 10, requires_grad=True)
+    for candidate in candidates:
+        assert candidate.skip is None, candidate.name
+        module = candidate.build().train()
+        output = module(x)
+        assert output.shape == x.shape, candidate.name
+        output.square().mean().backward()
+
+
+def test_memory_cap_skips_with_the_reason():
+    tool = load_tool()
+    candidates = tool.layer_candidates(layers, 64, 64, 256, 2, cap_bytes=2**20,
+                                       only=["einsum", "explicit"])
+    assert [c.name for c in candidates] == ["lambda_det einsum", "self-attention explicit"]
+    assert all(c.skip and c.skip.startswith("too large") for c in candidates)
+
+
+def test_a_small_run_writes_table_json_and_plot(tmp_path):
+    tool = load_tool()
+    assert tool.main(["--shapes", "c5_224", "--only", "tiled", "conv 3x3", "AFT-simple",
+                      "--repetitions", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    timed = results["shapes"]["c5_224"]
+    assert "lambda_det tiled" in (tmp_path / "results.md").read_text()
+    assert "AFT-simple" in json.dumps(timed)
+    assert (tmp_path / "results.png").stat().st_size > 0
