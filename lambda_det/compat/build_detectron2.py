@@ -80,6 +80,13 @@ SOURCE_PATCHES: List[Tuple[str, str, str]] = [
         "except ImportError:\n"
         "    pass\n",
     ),
+    # torch warns on every training run that meshgrid will need `indexing`; "ij" is what
+    # detectron2 always got.
+    (
+        "detectron2/modeling/anchor_generator.py",
+        "    shift_y, shift_x = torch.meshgrid(shifts_y, shifts_x)\n",
+        '    shift_y, shift_x = torch.meshgrid(shifts_y, shifts_x, indexing="ij")\n',
+    ),
     (
         "detectron2/evaluation/coco_evaluation.py",
         "        self._use_fast_impl = use_fast_impl\n",
