@@ -284,7 +284,7 @@ class LambdaLayer(nn.Module):
         offsets = positions[None, :, :] - positions[:, None, :]  # n m D, context minus query
         in_context = torch.ones(offsets.shape[:2], dtype=torch.bool, device=device)  # n m
         for axis, radius in enumerate(self._context_radii(spatial)):
-            # Not in place: an in-place and has no ONNX symbolic in torch's exporter.
+            # Not in place: torch's ONNX exporter has no symbolic for an in-place and (&=).
             in_context = in_context & (offsets[..., axis].abs() <= radius)
         table = self.position_embedding.weight
         index = (offsets + self.position_embedding.radius).clamp(0, table.shape[-1] - 1)
