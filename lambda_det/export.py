@@ -45,10 +45,9 @@ from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN, build_model
 from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
-from lambda_det.config import get_cfg
 from lambda_det.data.mapper import build_mapper
 from lambda_det.engine.checkpoint import AtomicCheckpointer
-from lambda_det.engine.trainer import adapt_norms_to_device, resolve_config_file
+from lambda_det.engine.trainer import adapt_norms_to_device, load_cfg
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "build_export_cfg", "load_trained_model", "sample_image", "eager_outputs",
@@ -69,9 +68,7 @@ def build_export_cfg(config_file: str, opts: Sequence[str] = ()) -> CfgNode:
     ``config_file`` may be a path or a bare name under configs/. On the CPU, SyncBN becomes
     naiveSyncBN (identical at inference).
     """
-    cfg = get_cfg()
-    cfg.merge_from_file(resolve_config_file(config_file))
-    cfg.merge_from_list(list(opts))
+    cfg = load_cfg(config_file, opts)
     adapt_norms_to_device(cfg)
     cfg.freeze()
     return cfg

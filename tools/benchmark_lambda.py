@@ -358,7 +358,7 @@ def useful_flops(height: int, width: int, channels: int, batch: int) -> float:
 
 def benchmark_layers(args, device: torch.device) -> Dict[str, object]:
     layers = import_layers()
-    tiles = layers.lambda_conv.DEFAULT_TILE["cpu" if device.type == "cpu" else "cuda"]
+    tiles = layers.lambda_conv.DEFAULT_TILE[layers.lambda_conv.tuning_key(device.type)]
     if args.tile:
         tiles[2] = tuple(args.tile)
     autocast = torch.bfloat16 if args.dtype == "bf16" else None

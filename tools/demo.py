@@ -26,7 +26,7 @@ import lambda_det.data  # noqa: E402,F401
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.engine import DefaultPredictor  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
-from lambda_det.engine import resolve_config_file  # noqa: E402
+from lambda_det.engine import load_cfg, resolve_config_file  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
@@ -64,9 +64,7 @@ def main(argv=None) -> int:
     root = lambda_det.data.ensure_shapes_dataset()
     print(f"dataset: {root} (lambda_det_shapes_train / lambda_det_shapes_val)", flush=True)
 
-    cfg = lambda_det.get_cfg()
-    cfg.merge_from_file(config_file)
-    cfg.merge_from_list(args.opts)
+    cfg = load_cfg(config_file, args.opts)
     output = Path(cfg.OUTPUT_DIR)
     weights = output / "model_final.pth"
     if not args.force and weights.is_file() and (output / "eval_results.json").is_file():

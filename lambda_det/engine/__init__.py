@@ -3,8 +3,9 @@ from lambda_det.engine.checkpoint import AtomicCheckpointer, CorruptCheckpointEr
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.launch import launch
 from lambda_det.engine.trainer import (
-    Trainer, adapt_norms_to_device, argument_parser, build_cfg, resolve_config_file, setup_cfg)
+    Trainer, adapt_norms_to_device, argument_parser, build_cfg, load_cfg, resolve_config_file,
+    setup_cfg)
 
-__all__ = ["Trainer", "argument_parser", "build_cfg", "resolve_config_file", "setup_cfg",
-           "adapt_norms_to_device", "launch", "AtomicCheckpointer", "CorruptCheckpointError",
-           "DeterministicTrainLoader", "SeedEachIteration"]
+__all__ = ["Trainer", "argument_parser", "build_cfg", "load_cfg", "resolve_config_file",
+           "setup_cfg", "adapt_norms_to_device", "launch", "AtomicCheckpointer",
+           "CorruptCheckpointError", "DeterministicTrainLoader", "SeedEachIteration"]

@@ -6,7 +6,7 @@ import os
 import weakref
 from collections import OrderedDict
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from detectron2.config import CfgNode
 from detectron2.data import (
@@ -25,8 +25,8 @@ from lambda_det.data.checks import load_checked_dataset_dicts
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 
-__all__ = ["Trainer", "argument_parser", "build_cfg", "resolve_config_file", "setup_cfg", "CONFIG_ROOTS",
-           "adapt_norms_to_device", "write_json_atomically"]
+__all__ = ["Trainer", "argument_parser", "build_cfg", "load_cfg", "resolve_config_file",
+           "setup_cfg", "CONFIG_ROOTS", "adapt_norms_to_device", "write_json_atomically"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +73,21 @@ def adapt_norms_to_device(cfg: CfgNode) -> List[str]:
     return changed
 
 
+def load_cfg(config_file: Optional[str], opts: Sequence[str] = ()) -> CfgNode:
+    """lambda_det's defaults, then the file (a path or a bare name under configs/; none: only
+    the defaults), then ``KEY VALUE`` overrides. Not frozen."""
+    cfg = get_cfg()
+    if config_file:
+        cfg.merge_from_file(resolve_config_file(config_file))
+    cfg.merge_from_list(list(opts))
+    return cfg
+
+
 def build_cfg(args: argparse.Namespace) -> CfgNode:
     """lambda_det's config from ``--config(-file)`` and trailing overrides (not frozen)."""
-    cfg = get_cfg()
     if args.config_file:
         args.config_file = resolve_config_file(args.config_file)  # default_setup logs it
-        cfg.merge_from_file(args.config_file)
-    cfg.merge_from_list(args.opts)
-    return cfg
+    return load_cfg(args.config_file, args.opts)
 
 
 def setup_cfg(args: argparse.Namespace) -> CfgNode:

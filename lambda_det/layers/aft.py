@@ -69,12 +69,13 @@ What remains, all far outside the usual range:
   precision in ``conv + sum`` (inherent to the paper's form).
 """
 import math
-import warnings
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lambda_det.layers._tracing import static_sizes
 
 __all__ = ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]
 
@@ -88,13 +89,6 @@ _REPARAM_EPS = 1e-5
 def _check_int(name: str, value, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _sizes(tensor: torch.Tensor) -> Tuple[int, ...]:
-    """The sizes as ints; quietly under tracing, which specialises to its example's sizes anyway."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        return tuple(int(size) for size in tensor.shape)
 
 
 def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -116,10 +110,10 @@ def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     Returns:
         (B, C, T) in the queries' dtype, computed in float32 (float64 stays float64).
     """
-    length = _sizes(values)[-1]
-    if position_bias is not None and _sizes(position_bias) != (length, length):
+    length = static_sizes(values)[-1]
+    if position_bias is not None and static_sizes(position_bias) != (length, length):
         raise ValueError(f"position_bias must have shape ({length}, {length}) for {length} "
-                         f"positions, got {_sizes(position_bias)}")
+                         f"positions, got {static_sizes(position_bias)}")
     with torch.autocast(device_type=values.device.type, enabled=False):
         dtype = torch.promote_types(queries.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
         keys = keys.to(dtype)  # b c t'
@@ -167,13 +161,13 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     Returns:
         (B, heads, C, *spatial) in the queries' dtype, computed in float32 (float64 stays float64).
     """
-    batch, heads, channels, *spatial = _sizes(values)
+    batch, heads, channels, *spatial = static_sizes(values)
     spatial_dims = len(spatial)
-    heads_in_kernel, *window = _sizes(kernel)
+    heads_in_kernel, *window = static_sizes(kernel)
     if (kernel.dim() != 1 + spatial_dims or heads_in_kernel != heads
             or any(size % 2 == 0 for size in window)):
         raise ValueError(f"kernel must have shape (heads={heads}, s, ...) with {spatial_dims} odd "
-                         f"window sizes, got {_sizes(kernel)}")
+                         f"window sizes, got {static_sizes(kernel)}")
     # Offsets beyond size - 1 reach no position of this input: crop them (cheaper, same result).
     radii = tuple(min(size // 2, extent - 1) for size, extent in zip(window, spatial))
     crop = tuple(slice(size // 2 - r, size // 2 + r + 1) for size, r in zip(window, radii))
@@ -260,10 +254,7 @@ class _AFTMixer(nn.Module):
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
         if torch.jit.is_tracing():
-            # A trace is specialised to its example's size, so take the sizes as constants.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                return tuple(int(size) for size in x.shape[2:])
+            return static_sizes(x)[2:]
         name = type(self).__name__
         if x.dim() != 2 + self.spatial_dims:
             layout = "(B, C, H, W)" if self.spatial_dims == 2 else "(B, C, L)"

@@ -38,14 +38,15 @@ is set; the caller (:class:`~lambda_det.layers.LambdaLayer`) runs it outside aut
 import functools
 import itertools
 import math
-import warnings
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["tiled_position_output", "tiled_halo_entries", "tile_shape", "DEFAULT_TILE",
-           "CHUNK_ELEMENTS"]
+from lambda_det.layers._tracing import static_sizes
+
+__all__ = ["tiled_position_output", "tiled_halo_entries", "tile_shape", "tuning_key",
+           "DEFAULT_TILE", "CHUNK_ELEMENTS"]
 
 # Query tiles per device type and number of spatial axes, and the largest logits block (floats)
 # computed at once: measured fastest at the detection shapes (tools/benchmark_lambda.py,
@@ -58,6 +59,11 @@ DEFAULT_TILE: Dict[str, Dict[int, Tuple[int, ...]]] = {
 CHUNK_ELEMENTS: Dict[str, int] = {"cpu": 1 << 20, "cuda": 1 << 28}
 
 
+def tuning_key(device_type: str) -> str:
+    """The key of :data:`DEFAULT_TILE` and :data:`CHUNK_ELEMENTS` for this device type."""
+    return "cpu" if device_type == "cpu" else "cuda"
+
+
 def tile_shape(spatial: Sequence[int], tile: Sequence[int]) -> Tuple[int, ...]:
     """The tile actually used: ``tile`` clipped to the input size on each axis."""
     return tuple(min(t, size) for t, size in zip(tile, spatial))
@@ -66,7 +72,7 @@ def tile_shape(spatial: Sequence[int], tile: Sequence[int]) -> Tuple[int, ...]:
 def tiled_halo_entries(spatial: Sequence[int], radii: Sequence[int], dim_u: int,
                        device_type: str = "cpu") -> int:
     """C: the halo entries per tile that the tiled form works with on such an input."""
-    tiles = DEFAULT_TILE["cpu" if device_type == "cpu" else "cuda"]
+    tiles = DEFAULT_TILE[tuning_key(device_type)]
     tile = tile_shape(spatial, tiles[len(spatial)])
     return dim_u * math.prod(t + 2 * radius for t, radius in zip(tile, radii))
 
@@ -246,7 +252,7 @@ def _halos_by_gather(values: torch.Tensor, geometry: _Geometry, chunk: _Chunk) -
     tile, halo = geometry.tile, geometry.halo
     counts = [chunk.rows.stop - chunk.rows.start] + list(geometry.counts[1:])
     extents = [(n - 1) * t + c for n, t, c in zip(counts, tile, halo)]  # rows, P_2 + 2 rho_2 ..
-    images, dim_v = chunk.images.stop - chunk.images.start, _static_sizes(values)[-1]
+    images, dim_v = chunk.images.stop - chunk.images.start, static_sizes(values)[-1]
     # Flat position in the padded rows of halo entry c of tile n, row-major over both.
     position = torch.zeros(1, 1, dtype=torch.long, device=values.device)  # N C'
     for n, t, c, extent in zip(counts, tile, halo, extents):
@@ -427,15 +433,6 @@ class _TiledPositionOutput(torch.autograd.Function):
         return grad_queries, grad_window, grad_values, None, None
 
 
-def _static_sizes(tensor: torch.Tensor) -> Tuple[int, ...]:
-    """tensor.shape as Python ints (under torch.jit.trace the trace is specialised to them)."""
-    if not torch.jit.is_tracing():
-        return tuple(tensor.shape)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        return tuple(int(size) for size in tensor.shape)
-
-
 def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: torch.Tensor,
                           spatial: Sequence[int], tile: Sequence[int] = (),
                           chunk_elements: int = 0) -> torch.Tensor:
@@ -456,10 +453,10 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
         (b, h, v, n).
     """
     dims = len(spatial)
-    batch, heads, dim_k = _static_sizes(queries)[:3]
-    dim_v, dim_u = _static_sizes(values)[1:3]
-    radii = [(width - 1) // 2 for width in _static_sizes(window)[2:]]
-    device = "cpu" if queries.device.type == "cpu" else "cuda"
+    batch, heads, dim_k = static_sizes(queries)[:3]
+    dim_v, dim_u = static_sizes(values)[1:3]
+    radii = [(width - 1) // 2 for width in static_sizes(window)[2:]]
+    device = tuning_key(queries.device.type)
     tile = tile_shape(spatial, tile or DEFAULT_TILE[device][dims])
     chunk_elements = chunk_elements or CHUNK_ELEMENTS[device]
     counts = tuple(-(-size // t) for size, t in zip(spatial, tile))

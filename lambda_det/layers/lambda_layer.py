@@ -58,13 +58,13 @@ and the outputs are computed in float32 (large sums over m and r^2 overflow fp16
 precision); the result is returned in the input's dtype.
 """
 import math
-import warnings
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lambda_det.layers._tracing import static_sizes
 from lambda_det.layers.lambda_conv import tiled_halo_entries, tiled_position_output
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
@@ -251,11 +251,7 @@ class LambdaLayer(nn.Module):
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
         if torch.jit.is_tracing():
-            # A trace is specialised to its example's size (the embeddings and radii depend on
-            # it), so take the sizes as constants, quietly.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                return tuple(int(size) for size in x.shape[2:])
+            return static_sizes(x)[2:]
         if x.dim() != 2 + self.spatial_dims:
             layout = "(B, C, H, W)" if self.spatial_dims == 2 else "(B, C, L)"
             raise ValueError(f"LambdaLayer(spatial_dims={self.spatial_dims}) expects a {layout} "
