@@ -37,10 +37,19 @@ def random_inputs(spatial, radii, heads=3, dim_k=4, dim_v=5, dim_u=1, batch=2,
             normal(dim_k, dim_u, *[2 * radius + 1 for radius in radii]))
 
 
-def assert_matches_conv_form(spatial, radii, dim_u=1, tile=(), chunk_elements=0, **tolerance):
+def pooled_conv_form(queries, values, window, spatial):
+    """conv_form, then the strided lambda layer's average pool (3 wide, stride 2, padding 1)."""
+    batch, heads, dim_v = queries.shape[0], queries.shape[1], values.shape[1]
+    pool = F.avg_pool2d if len(spatial) == 2 else F.avg_pool1d
+    output = conv_form(queries, values, window, spatial).reshape(batch, heads * dim_v, *spatial)
+    return pool(output, 3, 2, 1).reshape(batch, heads, dim_v, -1)
+
+
+def assert_matches_conv_form(spatial, radii, dim_u=1, tile=(), chunk_elements=0, stride=1,
+                             **tolerance):
     queries, values, window = random_inputs(spatial, radii, dim_u=dim_u)
-    expected = conv_form(queries, values, window, spatial)
-    actual = tiled_position_output(queries, values, window, spatial, tile, chunk_elements)
+    expected = (conv_form if stride == 1 else pooled_conv_form)(queries, values, window, spatial)
+    actual = tiled_position_output(queries, values, window, spatial, tile, chunk_elements, stride)
     torch.testing.assert_close(actual, expected, **tolerance)
     weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2),
                           dtype=expected.dtype)
@@ -62,6 +71,16 @@ GEOMETRIES = {
     "sequence_default_tile": ((40,), (11,), 1, (), 0),
 }
 
+# Stride 2 (the pool folded into the tiles): tile and chunk are in pooled outputs.
+POOLED_GEOMETRIES = {
+    "odd_sizes_tile_does_not_divide": ((9, 7), (2, 1), 1, (2, 3), 0),
+    "even_sizes_row_chunks_u2": ((10, 12), (3, 3), 2, (2, 2), 1),
+    "map_smaller_than_scope": ((3, 4), (2, 3), 1, (), 0),
+    "one_row": ((1, 6), (0, 2), 1, (2, 2), 0),
+    "sequence_row_chunks_u2": ((15,), (4,), 2, (3,), 1),
+    "sequence_default_tile": ((41,), (11,), 1, (), 0),
+}
+
 
 @pytest.mark.parametrize("fold_tile_by_tile", [True, False], ids=["cpu_fold", "gather_fold"])
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
@@ -70,6 +89,15 @@ def test_tiled_equals_conv_form(name, fold_tile_by_tile, monkeypatch):
     monkeypatch.setattr(lambda_conv, "_fold_tile_by_tile", lambda device: fold_tile_by_tile)
     spatial, radii, dim_u, tile, chunk_elements = GEOMETRIES[name]
     assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("fold_tile_by_tile", [True, False], ids=["cpu_fold", "gather_fold"])
+@pytest.mark.parametrize("name", sorted(POOLED_GEOMETRIES))
+def test_pooled_tiles_equal_conv_form_then_average_pool(name, fold_tile_by_tile, monkeypatch):
+    monkeypatch.setattr(lambda_conv, "_fold_tile_by_tile", lambda device: fold_tile_by_tile)
+    spatial, radii, dim_u, tile, chunk_elements = POOLED_GEOMETRIES[name]
+    assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements, stride=2,
+                             rtol=1e-10, atol=1e-10)
 
 
 def test_float32_stays_within_1e4_of_float64_at_detection_depths():
@@ -110,6 +138,7 @@ def test_backward_keeps_inputs_not_logits():
 
 
 @pytest.mark.parametrize("kwargs,shape", [(dict(scope=5), (2, 8, 9, 7)),
+                                          (dict(scope=5, stride=2), (2, 8, 9, 6)),
                                           (dict(scope=7, dim_u=2, spatial_dims=1), (2, 8, 19))])
 def test_jit_trace_is_differentiable(kwargs, shape):
     # Traces build the halos with a gather instead of unfold (ONNX export needs that).

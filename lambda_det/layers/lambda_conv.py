@@ -26,6 +26,11 @@ r = 23 (8 x 8: 1.70); smaller tiles waste less but copy more halo. Border tiles 
 which is exactly the convolution's zero padding. The same code serves global context (rho =
 size - 1) and 1-D sequences.
 
+A strided lambda layer (stride 2: the layer at stride 1, then a 3-wide average pool with stride
+2) pools inside the tiles: a tile of pooled outputs takes the 3^dims stride-1 queries that each
+output averages as one query of depth 3^dims k, against a halo of 2 t + 1 + 2 rho per axis read
+with step 2 t (``stride=2`` of :func:`tiled_position_output`).
+
 Memory: backward keeps only the inputs (queries, the padded values, E_tile and its index); the
 logits and halos are rebuilt chunk by chunk in backward (one GEMM of K = k, a quarter of the
 work), so the extra memory is one chunk's logits and halos whatever the input size, and the
@@ -46,7 +51,7 @@ import torch.nn.functional as F
 from lambda_det.layers._tracing import static_sizes
 
 __all__ = ["tiled_position_output", "tiled_halo_entries", "tile_shape", "tuning_key",
-           "DEFAULT_TILE", "CHUNK_ELEMENTS"]
+           "DEFAULT_TILE", "POOLED_TILE", "CHUNK_ELEMENTS", "pooled_size"]
 
 # Query tiles per device type and number of spatial axes, and the largest logits block (floats)
 # computed at once: measured fastest at the detection shapes (tools/benchmark_lambda.py,
@@ -57,6 +62,11 @@ DEFAULT_TILE: Dict[str, Dict[int, Tuple[int, ...]]] = {
     "cuda": {1: (16,), 2: (4, 4)},
 }
 CHUNK_ELEMENTS: Dict[str, int] = {"cpu": 1 << 20, "cuda": 1 << 28}
+# Output tiles when the tiles also average-pool (stride 2); each reads a (2 t + 1 + 2 rho) halo.
+POOLED_TILE: Dict[str, Dict[int, Tuple[int, ...]]] = {
+    "cpu": {1: (8,), 2: (2, 2)},
+    "cuda": {1: (8,), 2: (2, 2)},
+}
 
 
 def tuning_key(device_type: str) -> str:
@@ -82,57 +92,67 @@ def _is_compiling() -> bool:
     return bool(compiler is not None and getattr(compiler, "is_compiling", lambda: False)())
 
 
-def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int,
+def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int, stride: int,
                      device: torch.device) -> torch.Tensor:
-    """Where each (query slot, halo entry) pair reads its embedding in the flat table.
+    """Where each (query slot, halo entry, pooled neighbour) reads its embedding in the flat table.
 
     The table is the window with one zero entry appended per u (see :func:`_embedding_block`);
-    pairs out of scope read that zero.
+    out-of-scope triples read that zero. With stride 1 a slot is one query (J = 1 neighbour); with
+    stride 2 a slot is one pooled output and its J = 3^dims neighbours are the stride-1 queries
+    it averages (see :func:`tiled_position_output`).
 
     Returns:
-        (T, C) int64, C = u * prod(tile + width - 1) (u outermost, halo positions row-major).
+        (T, C, J) int64, C = u * prod(halo) (u outermost, halo positions row-major), neighbours
+        row-major.
     """
-    halos = [t + w - 1 for t, w in zip(tile, widths)]
-    query_grid = torch.meshgrid(*[torch.arange(t, device=device) for t in tile], indexing="ij")
+    reach = 2 * stride - 1  # neighbours per axis that a slot averages: 1, or 3 at stride 2
+    halos = [stride * (t - 1) + reach - 1 + w for t, w in zip(tile, widths)]
+    slot_grid = torch.meshgrid(*[torch.arange(t, device=device) for t in tile], indexing="ij")
     halo_grid = torch.meshgrid(*[torch.arange(c, device=device) for c in halos], indexing="ij")
-    # Offset of halo entry c from query slot q, shifted to index the window: in [0, width).
-    flat_index = torch.zeros(1, 1, dtype=torch.long, device=device)  # T C'
-    in_scope = torch.ones(1, 1, dtype=torch.bool, device=device)  # T C'
+    neighbour_grid = torch.meshgrid(*[torch.arange(reach, device=device) for _ in tile],
+                                    indexing="ij")
+    # Offset of halo entry c from the query (slot q, neighbour j), shifted to index the window.
+    flat_index = torch.zeros(1, 1, 1, dtype=torch.long, device=device)  # T C' J
+    in_scope = torch.ones(1, 1, 1, dtype=torch.bool, device=device)  # T C' J
     for axis, width in enumerate(widths):
-        shift = halo_grid[axis].reshape(1, -1) - query_grid[axis].reshape(-1, 1)  # T C'
+        query = (stride * slot_grid[axis].reshape(-1, 1, 1)
+                 + neighbour_grid[axis].reshape(1, 1, -1))  # T 1 J, in halo coordinates - rho
+        shift = halo_grid[axis].reshape(1, -1, 1) - query  # T C' J
         in_scope = in_scope & (shift >= 0) & (shift < width)
         flat_index = flat_index * width + shift
     positions = math.prod(widths)
     flat_index = torch.where(in_scope, flat_index, torch.full_like(flat_index, positions))
-    per_u = torch.arange(dim_u, device=device).reshape(dim_u, 1, 1) * (positions + 1)  # u 1 1
-    return (per_u + flat_index).permute(1, 0, 2).reshape(flat_index.shape[0], -1)  # T C
+    per_u = torch.arange(dim_u, device=device).reshape(dim_u, 1, 1, 1) * (positions + 1)
+    slots, neighbours = flat_index.shape[0], flat_index.shape[2]
+    return (per_u + flat_index).permute(1, 0, 2, 3).reshape(slots, -1, neighbours)  # T C J
 
 
 @functools.lru_cache(maxsize=32)
 def _cached_embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int,
-                            device: torch.device) -> torch.Tensor:
+                            stride: int, device: torch.device) -> torch.Tensor:
     """:func:`_embedding_index`, built once per geometry (a normal tensor even when first
     asked for under inference_mode, so that a later training step can save it)."""
     with torch.inference_mode(False):
-        return _embedding_index(tile, widths, dim_u, device)
+        return _embedding_index(tile, widths, dim_u, stride, device)
 
 
 def _embedding_block(window: torch.Tensor, index: torch.Tensor, heads: int) -> torch.Tensor:
-    """E_tile: every (query slot, halo entry) pair's embedding, zero beyond the scope.
+    """E_tile: every (query slot, halo entry) pair's embeddings, zero beyond the scope.
 
     Args:
         window: (k, u, 2 rho_1 + 1, ...) the embeddings of the offsets in scope.
-        index: (T, C) from :func:`_embedding_index`.
+        index: (T, C, J) from :func:`_embedding_index`.
         heads: h; the block is repeated for each head, so that one GEMM serves all heads.
 
     Returns:
-        (h T, k, C), T = prod(tile) query slots, C = u prod(tile + 2 rho) halo entries; a view
-        of a contiguous (h T, C, k) tensor.
+        (h T, J k, C), T = query slots, C = halo entries, J = pooled neighbours (1 at stride 1);
+        a view of a contiguous (h T, C, J k) tensor.
     """
     dim_k, dim_u = window.shape[:2]
     # One zero entry per u after the window entries: out-of-scope pairs read it.
     table = F.pad(window.reshape(dim_k, dim_u, -1), (0, 1))  # k u (positions + 1)
-    return table.reshape(dim_k, -1).t()[index.repeat(heads, 1)].transpose(1, 2)  # (h T) k C
+    block = table.reshape(dim_k, -1).t()[index.repeat(heads, 1, 1)]  # (h T) C J k
+    return block.flatten(2).transpose(1, 2)  # (h T) (J k) C
 
 
 def _embedding_block_backward(grad_block: torch.Tensor, index: torch.Tensor,
@@ -140,16 +160,17 @@ def _embedding_block_backward(grad_block: torch.Tensor, index: torch.Tensor,
     """Adjoint of :func:`_embedding_block` (index_add, many times faster than index_put).
 
     Args:
-        grad_block: (h T, k, C).
+        grad_block: (h T, J k, C).
 
     Returns:
         (k, u, 2 rho_1 + 1, ...).
     """
     dim_k, dim_u = window_shape[:2]
-    slots, entries = index.shape
-    per_slot = grad_block.view(-1, slots, dim_k, entries).sum(0)  # T k C
+    slots, entries, neighbours = index.shape
+    per_slot = grad_block.view(-1, slots, neighbours, dim_k, entries).sum(0)  # T J k C
     grad_table = grad_block.new_zeros(dim_k, dim_u * (math.prod(window_shape[2:]) + 1))
-    grad_table.index_add_(1, index.reshape(-1), per_slot.transpose(0, 1).reshape(dim_k, -1))
+    grad_table.index_add_(1, index.reshape(-1),
+                          per_slot.permute(2, 0, 3, 1).reshape(dim_k, -1))  # k (T C J)
     return grad_table.view(dim_k, dim_u, -1)[:, :, :-1].reshape(window_shape)  # k u ..
 
 
@@ -167,7 +188,8 @@ class _Geometry(NamedTuple):
     heads: int
     dim_u: int
     tile: Tuple[int, ...]  # t per axis
-    halo: Tuple[int, ...]  # t + 2 rho per axis
+    halo: Tuple[int, ...]  # t + 2 rho per axis (stride 2: 2 t + 1 + 2 rho)
+    step: Tuple[int, ...]  # from one tile's halo to the next: t (stride 2: 2 t)
     counts: Tuple[int, ...]  # tiles per axis
     chunk_elements: int  # the largest logits block computed at once (floats)
 
@@ -210,8 +232,8 @@ class _Geometry(NamedTuple):
 
     def padded_rows(self, rows: slice) -> slice:
         """The rows of the padded grid that the halos of these tile rows cover."""
-        first = self.tile[0] * rows.start
-        return slice(first, first + self.tile[0] * (rows.stop - rows.start - 1) + self.halo[0])
+        first = self.step[0] * rows.start
+        return slice(first, first + self.step[0] * (rows.stop - rows.start - 1) + self.halo[0])
 
 
 def _halos(padded_values: torch.Tensor, geometry: _Geometry, chunk: _Chunk,
@@ -229,8 +251,8 @@ def _halos(padded_values: torch.Tensor, geometry: _Geometry, chunk: _Chunk,
     values = padded_values[chunk.images, :, geometry.padded_rows(chunk.rows)]  # i u rows .. v
     if torch.jit.is_tracing():
         return _halos_by_gather(values, geometry, chunk)  # tiles C v
-    for axis, (t, c) in enumerate(zip(geometry.tile, geometry.halo)):
-        values = values.unfold(2 + axis, c, t)  # a view: i u n_1 .. v c_1 ..
+    for axis, (step, c) in enumerate(zip(geometry.step, geometry.halo)):
+        values = values.unfold(2 + axis, c, step)  # a view: i u n_1 .. v c_1 ..
     order = ((0,) + tuple(range(2, 2 + dims)) + (1,) + tuple(range(3 + dims, 3 + 2 * dims))
              + (2 + dims,))
     values = values.permute(order)  # i n_1 .. u c_1 .. v
@@ -249,14 +271,14 @@ def _halos_by_gather(values: torch.Tensor, geometry: _Geometry, chunk: _Chunk) -
     Returns:
         (tiles, C, v).
     """
-    tile, halo = geometry.tile, geometry.halo
+    step, halo = geometry.step, geometry.halo
     counts = [chunk.rows.stop - chunk.rows.start] + list(geometry.counts[1:])
-    extents = [(n - 1) * t + c for n, t, c in zip(counts, tile, halo)]  # rows, P_2 + 2 rho_2 ..
+    extents = [(n - 1) * s + c for n, s, c in zip(counts, step, halo)]  # rows, P_2 + 2 rho_2 ..
     images, dim_v = chunk.images.stop - chunk.images.start, static_sizes(values)[-1]
     # Flat position in the padded rows of halo entry c of tile n, row-major over both.
     position = torch.zeros(1, 1, dtype=torch.long, device=values.device)  # N C'
-    for n, t, c, extent in zip(counts, tile, halo, extents):
-        along = (torch.arange(n, device=values.device).reshape(-1, 1) * t
+    for n, s, c, extent in zip(counts, step, halo, extents):
+        along = (torch.arange(n, device=values.device).reshape(-1, 1) * s
                  + torch.arange(c, device=values.device).reshape(1, -1))  # n c
         position = (position.unsqueeze(1).unsqueeze(3) * extent
                     + along.unsqueeze(0).unsqueeze(2)).flatten(2, 3).flatten(0, 1)  # N C'
@@ -278,7 +300,7 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
         grad_halos: (tiles, C, v), as :func:`_halos` returns for this chunk.
         grad_values: (b, u, P_1 + 2 rho_1, ..., v), accumulated into.
     """
-    dims, tile, halo = len(geometry.tile), geometry.tile, geometry.halo
+    dims, step, halo = len(geometry.tile), geometry.step, geometry.halo
     dim_u, dim_v = geometry.dim_u, grad_halos.shape[-1]
     if _fold_tile_by_tile(grad_values.device):
         # On the CPU, one strided add per tile is several times faster than unfold_backward.
@@ -287,7 +309,7 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
                                   range(chunk.rows.start, chunk.rows.stop),
                                   *[range(count) for count in geometry.counts[1:]])
         for index, (image, *position) in enumerate(tiles):
-            window = tuple(slice(p * t, p * t + c) for p, t, c in zip(position, tile, halo))
+            window = tuple(slice(p * s, p * s + c) for p, s, c in zip(position, step, halo))
             grad_values[(image, slice(None)) + window] += halos[index]  # u c.. v
         return
     # Elsewhere (GPU), two gather kernels instead of one launch per tile.
@@ -301,7 +323,7 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
     for axis in reversed(range(dims)):
         # The shape before this axis was unfolded: earlier axes unfolded, later ones not yet.
         sizes = [images, dim_u] + counts[:axis] + extents[axis:] + [dim_v] + list(halo[:axis])
-        grad = torch.ops.aten.unfold_backward(grad, sizes, 2 + axis, halo[axis], tile[axis])
+        grad = torch.ops.aten.unfold_backward(grad, sizes, 2 + axis, halo[axis], step[axis])
     region += grad  # i u rows .. v
 
 
@@ -433,40 +455,85 @@ class _TiledPositionOutput(torch.autograd.Function):
         return grad_queries, grad_window, grad_values, None, None
 
 
+def pooled_size(size: int) -> int:
+    """Output size of the 3-wide average pool with stride 2 and padding 1 along one axis."""
+    return (size + 1) // 2
+
+
+def _pooling_neighbours(queries: torch.Tensor, spatial: Sequence[int]) -> torch.Tensor:
+    """The stride-1 queries that each pooled output averages, divided by their count.
+
+    Args:
+        queries: (b, h, k, *spatial).
+
+    Returns:
+        (b, h, J, k, *pooled spatial), J = 3^dims neighbours row-major; zero beyond the borders
+        (the pool pads with zeros and always divides by 3^dims). Strided slices, not unfold:
+        they trace and export to ONNX.
+    """
+    dims = len(spatial)
+    padded = F.pad(queries, [1, 1] * dims)  # b h k (P + 2)..
+    outputs = [pooled_size(size) for size in spatial]
+    neighbours = [padded[(Ellipsis,) + tuple(slice(o, o + 2 * size - 1, 2)
+                                              for o, size in zip(offsets, outputs))]
+                  for offsets in itertools.product(range(3), repeat=dims)]
+    return torch.stack(neighbours, dim=2) / 3 ** dims  # b h J k ..
+
+
 def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: torch.Tensor,
                           spatial: Sequence[int], tile: Sequence[int] = (),
-                          chunk_elements: int = 0) -> torch.Tensor:
+                          chunk_elements: int = 0, stride: int = 1) -> torch.Tensor:
     """The position term of a lambda layer with the queries contracted first, as tiled GEMMs.
 
     Equal to ``einsum("bhkn,bvkn->bhvn", queries, conv(values, window))`` (the "conv" form, zero
-    padding at the borders); see the module docstring.
+    padding at the borders); see the module docstring. With ``stride=2``, equal to that followed
+    by the strided lambda layer's average pool (3 wide, stride 2, padding 1, zeros counted).
+
+    Decision (stride 2): the pool is folded into the GEMMs instead of run after them. The pool is
+    linear, so pooled_y[p] = sum_c (sum_{n near p} q[n] / 9 . R[c - n]) V[c]: a tile of t x t
+    outputs takes its 9 neighbours' queries as one query of depth 9 k (the logits GEMM's K) and
+    reads a (2 t + 1 + 2 rho)^2 halo with step 2 t. The output GEMM, which holds most of the
+    work, then runs once per output instead of once per stride-1 query: at a LambdaResNet's
+    strided c5 block (64 x 64 -> 32 x 32, d = 512) about half the FLOPs of pooling afterwards.
 
     Args:
         queries: (b, h, k, n), n = prod(spatial) positions in row-major order.
         values: (b, v, u, n).
         window: (k, u, 2 rho_1 + 1, ...) embeddings of the offsets in scope (odd sizes).
         spatial: (H, W) or (L,).
-        tile: query tile per axis (default: :data:`DEFAULT_TILE`), clipped to the input.
+        tile: output tile per axis (default: :data:`DEFAULT_TILE`, or :data:`POOLED_TILE` at
+            stride 2), clipped to the output size.
         chunk_elements: the most logits floats computed at once (default: :data:`CHUNK_ELEMENTS`).
+        stride: 1, or 2 to average-pool the result as a strided lambda layer does.
 
     Returns:
-        (b, h, v, n).
+        (b, h, v, n_out), n_out = n at stride 1, else the pooled positions ((H + 1) // 2 per axis).
     """
+    if stride not in (1, 2):
+        raise ValueError(f"stride must be 1 or 2, got {stride!r}")
     dims = len(spatial)
     batch, heads, dim_k = static_sizes(queries)[:3]
     dim_v, dim_u = static_sizes(values)[1:3]
     radii = [(width - 1) // 2 for width in static_sizes(window)[2:]]
     device = tuning_key(queries.device.type)
-    tile = tile_shape(spatial, tile or DEFAULT_TILE[device][dims])
+    outputs = list(spatial) if stride == 1 else [pooled_size(size) for size in spatial]
+    default_tile = DEFAULT_TILE if stride == 1 else POOLED_TILE
+    tile = tile_shape(outputs, tile or default_tile[device][dims])
     chunk_elements = chunk_elements or CHUNK_ELEMENTS[device]
-    counts = tuple(-(-size // t) for size, t in zip(spatial, tile))
+    counts = tuple(-(-size // t) for size, t in zip(outputs, tile))
     padded = [count * t for count, t in zip(counts, tile)]
-    halo = tuple(t + 2 * radius for t, radius in zip(tile, radii))
-    geometry = _Geometry(batch, heads, dim_u, tile, halo, counts, chunk_elements)
+    # The queries a tile's halo must cover reach rho + (stride - 1) past its outer queries.
+    reach = [radius + stride - 1 for radius in radii]
+    step = tuple(stride * t for t in tile)
+    halo = tuple(s - stride + 1 + 2 * r for s, r in zip(step, reach))
+    geometry = _Geometry(batch, heads, dim_u, tile, halo, step, counts, chunk_elements)
 
-    to_padded = [pad for size, p in zip(reversed(spatial), reversed(padded))
-                 for pad in (0, p - size)]
     queries = queries.reshape(batch, heads, dim_k, *spatial)  # b h k ..
+    if stride == 2:
+        queries = _pooling_neighbours(queries, spatial).flatten(2, 3)  # b h (J k) ..
+    dim_k = static_sizes(queries)[2]
+    to_padded = [pad for size, p in zip(reversed(outputs), reversed(padded))
+                 for pad in (0, p - size)]
     if any(to_padded):
         queries = F.pad(queries, to_padded)  # b h k P..
     split = [n for count, t in zip(counts, tile) for n in (count, t)]
@@ -477,11 +544,12 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
     widths = tuple(2 * radius + 1 for radius in radii)
     build_index = _embedding_index if torch.jit.is_tracing() or _is_compiling() else \
         _cached_embedding_index
-    index = build_index(tuple(tile), widths, dim_u, queries.device)  # T C
+    index = build_index(tuple(tile), widths, dim_u, stride, queries.device)  # T C J
     values = values.reshape(batch, dim_v, dim_u, *spatial)  # b v u ..
     values = values.permute([0, 2] + list(range(3, 3 + dims)) + [1])  # b u .. v
-    to_halo = [pad for size, p, radius in zip(reversed(spatial), reversed(padded), reversed(radii))
-               for pad in (radius, p - size + radius)]
+    # Zero padding: `reach` before each axis, and after it up to the last halo's end.
+    to_halo = [pad for size, count, s, c, r in zip(*[reversed(a) for a in (
+        spatial, counts, step, halo, reach)]) for pad in (r, (count - 1) * s + c - r - size)]
     values = F.pad(values, [0, 0] + to_halo).contiguous()  # b u (P + 2 rho).. v
 
     if torch.jit.is_tracing():
@@ -493,5 +561,5 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
     output = output.reshape(batch, *counts, heads, *tile, dim_v)  # b n_1 .. h t_1 .. v
     order = [0, 1 + dims, 2 + 2 * dims] + [i for a in range(dims) for i in (1 + a, 2 + dims + a)]
     output = output.permute(order).reshape(batch, heads, dim_v, *padded)  # b h v P..
-    crop = (slice(None),) * 3 + tuple(slice(0, size) for size in spatial)
+    crop = (slice(None),) * 3 + tuple(slice(0, size) for size in outputs)
     return output[crop].reshape(batch, heads, dim_v, -1)  # b h v n

@@ -37,6 +37,10 @@ Implementations (``impl``), with identical parameters and state_dict keys:
   tile's halo of context: time O(b n h (k + v) C) with C = u (t + 2 rho)^2 halo entries per tile
   (t = 4 on 2-D maps: C = 676 = 1.28 r^2 at r = 23), no (b, n, k, v) lambdas, and only its
   inputs kept for backward. Works for local and global context, 1-D and 2-D.
+  At stride 2 the tiles also do the average pool: the 9 stride-1 queries a pooled output
+  averages act as one query of depth 9 k, so the large output GEMM runs once per pooled output
+  (:func:`~lambda_det.layers.lambda_conv.tiled_position_output`; measured: the strided c5
+  lambda layer of a 1024 x 1024 LambdaResNet 1.2x faster than pooling afterwards).
 * ``"auto"``: ``"einsum"`` while n <= min(EINSUM_MAX_POSITIONS = 852, C / 3), ``"tiled"`` above.
   Measured (docs/benchmarks.md; CPU, 1 thread, batch 2, h=4, k=16, forward + backward ms,
   einsum / conv / tiled): local r=23, d=256: 14x14 18 / 26 / 26, 17x17 40 / 42 / 32,
@@ -65,7 +69,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lambda_det.layers._tracing import static_sizes
-from lambda_det.layers.lambda_conv import tiled_halo_entries, tiled_position_output
+from lambda_det.layers.lambda_conv import pooled_size, tiled_halo_entries, tiled_position_output
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
 __all__ = ["LambdaLayer", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS", "CONV_MAX_POSITIONS_CUDA"]
@@ -233,13 +237,15 @@ class LambdaLayer(nn.Module):
             queries = queries.to(dtype).reshape(batch, self.heads, self.dim_k, num_positions)  # b h k n
             keys = keys.to(dtype).reshape(batch, self.dim_k, self.dim_u, num_positions)  # b k u m
             values = values.to(dtype).reshape(batch, self.dim_v, self.dim_u, num_positions)  # b v u m
+            impl = self.resolve_impl(spatial, x.device.type)
             if context_mask is not None:
                 output = self._masked_output(queries, keys, values, spatial, context_mask)
+            elif impl == "tiled" and self.stride == 2:
+                output = self._pooled_output_tiled(queries, keys, values, spatial)
+                pooled = [pooled_size(size) for size in spatial]
+                return output.reshape(batch, self.out_channels, *pooled).to(x.dtype)
             else:
-                normalized_keys = keys.softmax(dim=-1)  # b k u m
-                content_lambda = torch.einsum("bkum,bvum->bkv", normalized_keys, values)
-                output = torch.einsum("bhkn,bkv->bhvn", queries, content_lambda)
-                impl = self.resolve_impl(spatial, x.device.type)
+                output = self._content_output(queries, keys, values)
                 if impl == "einsum":
                     output = output + self._position_output_einsum(queries, values, spatial)
                 elif impl == "conv":
@@ -287,6 +293,12 @@ class LambdaLayer(nn.Module):
         embeddings = table[(slice(None), slice(None)) + tuple(index.unbind(-1))]  # k u n m
         return embeddings * in_context.to(embeddings.dtype)
 
+    @staticmethod
+    def _content_output(queries, keys, values):
+        """lambda_c^T q for every query: keys softmax-normalised over all m (b, h, v, n)."""
+        content_lambda = torch.einsum("bkum,bvum->bkv", keys.softmax(dim=-1), values)
+        return torch.einsum("bhkn,bkv->bhvn", queries, content_lambda)
+
     def _position_output_einsum(self, queries, values, spatial):
         embeddings = self.relative_embeddings(spatial, values.device).to(values.dtype)  # k u n m
         position_lambdas = torch.einsum("kunm,bvum->bnkv", embeddings, values)
@@ -306,7 +318,20 @@ class LambdaLayer(nn.Module):
     def _position_output_tiled(self, queries, values, spatial):
         radii = self._context_radii(spatial)
         window = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
-        return tiled_position_output(queries, values, window, spatial)  # b h v n
+        return tiled_position_output(queries, values, window, spatial,
+                                     stride=self.stride)  # b h v n (n pooled at stride 2)
+
+    def _pooled_output_tiled(self, queries, keys, values, spatial):
+        """The whole output of a strided layer, average pool included, for impl "tiled".
+
+        The tiles pool as they go (see :func:`tiled_position_output`); the content term is
+        linear in the queries, so pooling the queries is the same pool. (b, h, v, n_pooled).
+        """
+        batch = queries.shape[0]
+        pooled_queries = self.pool(queries.reshape(batch, -1, *spatial))  # b (h k) ..
+        output = self._content_output(
+            pooled_queries.reshape(batch, self.heads, self.dim_k, -1), keys, values)
+        return output + self._position_output_tiled(queries, values, spatial)
 
     def _masked_output(self, queries, keys, values, spatial, context_mask):
         num_positions = values.shape[-1]
