@@ -82,19 +82,19 @@ POOLED_GEOMETRIES = {
 }
 
 
-@pytest.mark.parametrize("fold_tile_by_tile", [True, False], ids=["cpu_fold", "gather_fold"])
+@pytest.mark.parametrize("fold_in_groups", [True, False], ids=["grouped_fold", "unfold_backward"])
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
-def test_tiled_equals_conv_form(name, fold_tile_by_tile, monkeypatch):
-    # The GPU folds halo gradients with unfold_backward; the CPU adds tile by tile. Both here.
-    monkeypatch.setattr(lambda_conv, "_fold_tile_by_tile", lambda device: fold_tile_by_tile)
+def test_tiled_equals_conv_form(name, fold_in_groups, monkeypatch):
+    # The GPU folds halo gradients with unfold_backward; the CPU adds groups of tiles. Both here.
+    monkeypatch.setattr(lambda_conv, "_fold_in_groups", lambda device: fold_in_groups)
     spatial, radii, dim_u, tile, chunk_elements = GEOMETRIES[name]
     assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("fold_tile_by_tile", [True, False], ids=["cpu_fold", "gather_fold"])
+@pytest.mark.parametrize("fold_in_groups", [True, False], ids=["grouped_fold", "unfold_backward"])
 @pytest.mark.parametrize("name", sorted(POOLED_GEOMETRIES))
-def test_pooled_tiles_equal_conv_form_then_average_pool(name, fold_tile_by_tile, monkeypatch):
-    monkeypatch.setattr(lambda_conv, "_fold_tile_by_tile", lambda device: fold_tile_by_tile)
+def test_pooled_tiles_equal_conv_form_then_average_pool(name, fold_in_groups, monkeypatch):
+    monkeypatch.setattr(lambda_conv, "_fold_in_groups", lambda device: fold_in_groups)
     spatial, radii, dim_u, tile, chunk_elements = POOLED_GEOMETRIES[name]
     assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements, stride=2,
                              rtol=1e-10, atol=1e-10)
