@@ -332,11 +332,16 @@ def machine_description(device: torch.device) -> Dict[str, object]:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         for line in lscpu.splitlines():
             key, _, value = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket",
-                               "L3 cache"):
+            if key.strip() in ("Model name", "CPU family", "Model", "CPU(s)", "Thread(s) per core",
+                               "Core(s) per socket", "L3 cache"):
                 info[f"lscpu {key.strip()}"] = value.strip()
+            elif key.strip() == "Flags":
+                # The same "AMD EPYC" name covers hosts with and without AVX-512, on which
+                # oneDNN's convolutions and MKL's GEMMs speed up by different amounts.
+                info["avx512f"] = "avx512f" in value.split()
     except (OSError, subprocess.CalledProcessError):
         pass
+    info["torch cpu capability"] = torch.backends.cpu.get_cpu_capability()
     for package in ("timm", "lambda_networks", "fvcore"):
         try:
             info[package] = __import__(package).__version__
