@@ -56,3 +56,17 @@ def test_a_small_run_writes_table_json_and_plot(tmp_path):
     assert "lambda_det tiled" in (tmp_path / "results.md").read_text()
     assert "AFT-simple" in json.dumps(timed)
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
+    # An explicit --repetitions equal to the layer default once got replaced by the backbone's.
+    tool = load_tool()
+    assert tool.main(["--backbone", "--depth", "26", "--image", "64", "--repetitions", "7",
+                      "--warmup", "0", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    lambda_row, baseline_row = results["rows"]
+    assert len(lambda_row["times_s"]) == len(baseline_row["times_s"]) == 7
+    ratios = sorted(a / b for a, b in zip(lambda_row["times_s"], baseline_row["times_s"]))
+    assert lambda_row["ratio_to_baseline"] == pytest.approx(ratios[3])
+    assert baseline_row["ratio_to_baseline"] == pytest.approx(1.0)
+    assert "x baseline time" in (tmp_path / "results.md").read_text()

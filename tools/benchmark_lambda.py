@@ -536,7 +536,12 @@ def benchmark_backbone(args, device: torch.device) -> Dict[str, object]:
             candidate.module.train()
         except ImportError:
             pass
+        # Per round, this backbone's time over the baseline's (the last model): the machine's
+        # speed drifts between rounds, and a ratio within a round cancels most of the drift.
+        baseline = candidates[-1]
+        ratios = [mine / theirs for mine, theirs in zip(candidate.times, baseline.times)]
         rows.append({"name": candidate.name, "median_s": median(candidate.times),
+                     "ratio_to_baseline": median(ratios) if ratios else None,
                      "times_s": candidate.times, "note": candidate.error or "",
                      "parameters": candidate.parameters, "fvcore_flops": flops,
                      "peak_bytes": memory.get("peak"), "saved_bytes": memory.get("saved")})
@@ -550,12 +555,13 @@ def benchmark_backbone(args, device: torch.device) -> Dict[str, object]:
 def format_backbone(results: Dict[str, object]) -> str:
     lines = [f"### Backbones at {results['image']}x{results['image']}, batch 1, forward + backward "
              f"(sgemm {results['gemm_gflops']['sgemm']:.0f} GFLOP/s in the same run)", "",
-             "| backbone | median s | params (M) | fvcore GFLOPs (fwd) | peak MiB | saved MiB "
-             "| note |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             "| backbone | median s | x baseline time (median of per-round ratios) | params (M) "
+             "| fvcore GFLOPs (fwd) | peak MiB | saved MiB | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in results["rows"]:
         lines.append(
-            f"| {row['name']} | {_cell(row['median_s'], '.2f')} | {row['parameters'] / 1e6:.1f} "
+            f"| {row['name']} | {_cell(row['median_s'], '.2f')} "
+            f"| {_cell(row['ratio_to_baseline'], '.3f')} | {row['parameters'] / 1e6:.1f} "
             f"| {_cell(row['fvcore_flops'] and row['fvcore_flops'] / 1e9, '.1f')} "
             f"| {_cell(row['peak_bytes'] and row['peak_bytes'] / 2**20, '.0f')} "
             f"| {_cell(row['saved_bytes'] and row['saved_bytes'] / 2**20, '.0f')} "
@@ -572,8 +578,10 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="+", metavar="WORD",
                         help="time only the candidates whose name contains one of these words")
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--repetitions", type=int, default=7, help="timed rounds (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
+    parser.add_argument("--repetitions", type=int,
+                        help="timed rounds (median); default 7 for layers, 5 for backbones")
+    parser.add_argument("--warmup", type=int,
+                        help="untimed rounds first; default 2 for layers, 1 for backbones")
     parser.add_argument("--memory-cap-gib", type=float, default=4.0,
                         help="skip candidates whose n x n tensors would need more than this")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
@@ -599,11 +607,11 @@ def main(argv=None) -> int:
     out = args.out or ROOT / "output" / "benchmark_lambda" / f"{mode}_{device.type}_{args.dtype}"
     out.mkdir(parents=True, exist_ok=True)
 
+    if args.repetitions is None:
+        args.repetitions = 5 if args.backbone else 7
+    if args.warmup is None:
+        args.warmup = 1 if args.backbone else 2
     if args.backbone:
-        if args.repetitions == parser.get_default("repetitions"):
-            args.repetitions = 3
-        if args.warmup == parser.get_default("warmup"):
-            args.warmup = 1
         results = benchmark_backbone(args, device)
         tables = format_backbone(results)
     else:
