@@ -70,3 +70,15 @@ def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
     assert lambda_row["ratio_to_baseline"] == pytest.approx(ratios[3])
     assert baseline_row["ratio_to_baseline"] == pytest.approx(1.0)
     assert "x baseline time" in (tmp_path / "results.md").read_text()
+
+
+def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
+    tool = load_tool()
+    assert tool.main(["--blocks", "--depth", "26", "--image", "64", "--repetitions", "2",
+                      "--warmup", "0", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(row["name"], row["count"], row["input"]) for row in rows] == [
+        ("c4 block", 1, [1, 1024, 4, 4]), ("c5 first block (stride 2)", 1, [1, 1024, 4, 4]),
+        ("c5 block", 1, [1, 2048, 2, 2])]
+    assert all(len(row["lambda_times_s"]) == len(row["conv_times_s"]) == 2 for row in rows)
+    assert "c5 first block (stride 2)" in (tmp_path / "results.md").read_text()

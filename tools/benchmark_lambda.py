@@ -7,6 +7,7 @@ self-attention on the same feature map, and the Attention Free Transformer's mix
     python tools/benchmark_lambda.py                                  # CPU, fp32, all shapes
     python tools/benchmark_lambda.py --device cuda --dtype bf16       # a GPU, under bf16 autocast
     python tools/benchmark_lambda.py --backbone                       # LambdaResNet-101 vs baseline
+    python tools/benchmark_lambda.py --blocks                         # its lambda blocks vs conv
 
 Layer mode times forward + backward of one layer in train mode (batch statistics in BN, the
 gradient of the input and of every parameter), batch 2, h=4, k=16, u=1, scope 23 (r=23 for timm
@@ -49,6 +50,11 @@ Backbone mode (--backbone): LambdaResNet-101 (the paper's placement) against pla
 (its ResNet-RS-101 baseline) at 1024 x 1024, batch 1, train mode: forward + backward time of the
 sum of res2..res5, peak and saved memory as above, parameters, and forward FLOPs counted by
 fvcore (one fused multiply-add = one FLOP, fvcore's convention) as the model runs.
+
+Blocks mode (--blocks): the three kinds of lambda block in that backbone (c4, the strided first
+block of c5, the other c5 blocks; whole bottlenecks, batch 1, train mode) each against the conv
+block it replaces, round robin, with the median per-round ratio and what the difference adds up
+to over the backbone's blocks of that kind.
 
 Outputs, under --out: results.md (the tables), results.json (everything, with the machine
 description), results.png (time and memory per shape).
@@ -316,6 +322,15 @@ def run_round_robin(candidates: List[Candidate], steps: Dict[str, Callable[[], N
                 candidate.times.append(elapsed)
 
 
+def paired_ratio(times: List[float], baseline_times: List[float]) -> Optional[float]:
+    """Median over rounds of time / baseline time in the same round.
+
+    The machine's speed drifts between rounds; a ratio within a round cancels most of it.
+    """
+    ratios = [mine / theirs for mine, theirs in zip(times, baseline_times)]
+    return median(ratios) if ratios else None
+
+
 def median(values: List[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
@@ -536,12 +551,8 @@ def benchmark_backbone(args, device: torch.device) -> Dict[str, object]:
             candidate.module.train()
         except ImportError:
             pass
-        # Per round, this backbone's time over the baseline's (the last model): the machine's
-        # speed drifts between rounds, and a ratio within a round cancels most of the drift.
-        baseline = candidates[-1]
-        ratios = [mine / theirs for mine, theirs in zip(candidate.times, baseline.times)]
         rows.append({"name": candidate.name, "median_s": median(candidate.times),
-                     "ratio_to_baseline": median(ratios) if ratios else None,
+                     "ratio_to_baseline": paired_ratio(candidate.times, candidates[-1].times),
                      "times_s": candidate.times, "note": candidate.error or "",
                      "parameters": candidate.parameters, "fvcore_flops": flops,
                      "peak_bytes": memory.get("peak"), "saved_bytes": memory.get("saved")})
@@ -550,6 +561,64 @@ def benchmark_backbone(args, device: torch.device) -> Dict[str, object]:
             "machine": machine_description(device),
             "gemm_gflops": {yardstick.name: yardstick.flops / median(yardstick.times) / 1e9},
             "rows": rows}
+
+
+def block_kinds(depth: int, image: int) -> List[Dict[str, object]]:
+    """The kinds of lambda block in LambdaResNet-<depth> (paper placement) at image x image, and
+    how many of each it has: lambda blocks of c4, the strided first block of c5, the rest of c5."""
+    from lambda_det.modeling.lambda_resnet import BLOCKS_PER_STAGE, PAPER_LAMBDA_BLOCKS_C4
+    c4, c5 = image // 16, image // 32
+    return [
+        {"name": "c4 block", "count": len(PAPER_LAMBDA_BLOCKS_C4[depth]),
+         "block": dict(in_channels=1024, out_channels=1024, width=256, stride=1),
+         "input": (1, 1024, c4, c4)},
+        {"name": "c5 first block (stride 2)", "count": 1,
+         "block": dict(in_channels=1024, out_channels=2048, width=512, stride=2),
+         "input": (1, 1024, c4, c4)},
+        {"name": "c5 block", "count": BLOCKS_PER_STAGE[depth][3] - 1,
+         "block": dict(in_channels=2048, out_channels=2048, width=512, stride=1),
+         "input": (1, 2048, c5, c5)},
+    ]
+
+
+def benchmark_blocks(args, device: torch.device) -> Dict[str, object]:
+    """Each kind of lambda block against the conv block it replaces, as in the backbone."""
+    from lambda_det.modeling.blocks import Bottleneck  # imports detectron2
+    autocast = torch.bfloat16 if args.dtype == "bf16" else None
+    rows = []
+    for kind in block_kinds(args.depth, args.image):
+        torch.manual_seed(0)
+        x = torch.randn(kind["input"], device=device, requires_grad=True)
+        candidates, steps = [], {}
+        for mixer in ("lambda", "conv"):
+            candidate = Candidate(f"{kind['name']}, {mixer}", lambda: None)
+            candidate.module = Bottleneck(**kind["block"], mixer=mixer,
+                                          lambda_kwargs={"impl": args.impl}).to(device).train()
+            steps[candidate.name] = Step(candidate.module, x, autocast)
+            candidates.append(candidate)
+        run_round_robin(candidates, steps, device, args.warmup, args.repetitions)
+        lambda_s, conv_s = (median(candidate.times) for candidate in candidates)
+        rows.append({"name": kind["name"], "count": kind["count"],
+                     "input": list(kind["input"]), "lambda_s": lambda_s, "conv_s": conv_s,
+                     "ratio": paired_ratio(candidates[0].times, candidates[1].times),
+                     "lambda_times_s": candidates[0].times, "conv_times_s": candidates[1].times})
+    return {"mode": "blocks", "device": str(device), "dtype": args.dtype, "image": args.image,
+            "depth": args.depth, "repetitions": args.repetitions,
+            "machine": machine_description(device), "rows": rows}
+
+
+def format_blocks(results: Dict[str, object]) -> str:
+    lines = [f"### LambdaResNet-{results['depth']} lambda blocks vs conv blocks at "
+             f"{results['image']}x{results['image']}, batch 1, forward + backward", "",
+             "| block | input | in backbone | lambda ms | conv ms | x conv time (per-round "
+             "median) | lambda - conv, all such blocks (ms) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for row in results["rows"]:
+        extra = row["count"] * (row["lambda_s"] - row["conv_s"]) * 1000
+        lines.append(f"| {row['name']} | {'x'.join(map(str, row['input'][1:]))} | {row['count']} "
+                     f"| {row['lambda_s'] * 1000:.1f} | {row['conv_s'] * 1000:.1f} "
+                     f"| {row['ratio']:.3f} | {extra:+.0f} |")
+    return "\n".join(lines)
 
 
 def format_backbone(results: Dict[str, object]) -> str:
@@ -592,6 +661,8 @@ def main(argv=None) -> int:
                              "for CUDA graphs); warm-up rounds then include the compilation")
     parser.add_argument("--backbone", action="store_true",
                         help="LambdaResNet vs its ResNet-RS baseline instead of single layers")
+    parser.add_argument("--blocks", action="store_true",
+                        help="each kind of lambda block of the backbone against its conv block")
     parser.add_argument("--depth", type=int, default=101)
     parser.add_argument("--image", type=int, default=1024)
     parser.add_argument("--impl", default="auto", help="lambda layer impl in backbone mode")
@@ -603,7 +674,7 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no GPU")
-    mode = "backbone" if args.backbone else "layer"
+    mode = "backbone" if args.backbone else "blocks" if args.blocks else "layer"
     out = args.out or ROOT / "output" / "benchmark_lambda" / f"{mode}_{device.type}_{args.dtype}"
     out.mkdir(parents=True, exist_ok=True)
 
@@ -614,6 +685,9 @@ def main(argv=None) -> int:
     if args.backbone:
         results = benchmark_backbone(args, device)
         tables = format_backbone(results)
+    elif args.blocks:
+        results = benchmark_blocks(args, device)
+        tables = format_blocks(results)
     else:
         results = benchmark_layers(args, device)
         tables = "\n\n".join(format_shape_table(name, shape)
@@ -626,7 +700,7 @@ def main(argv=None) -> int:
     (out / "results.md").write_text(markdown)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(markdown)
-    print(f"wrote {out}/results.md, results.json" + ("" if args.backbone else ", results.png"))
+    print(f"wrote {out}/results.md, results.json" + ("" if mode != "layer" else ", results.png"))
     return 0
 
 
