@@ -193,10 +193,12 @@ def test_exported_model_refuses_other_sizes_and_dtypes(torchscript_file):
 @pytest.mark.filterwarnings("ignore:.*operator of advanced indexing")
 @pytest.mark.parametrize("impl", ["einsum", "conv", "tiled"])
 @pytest.mark.parametrize("scope", [3, None])
-def test_lambda_layer_exports_to_onnx(impl, scope, tmp_path):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_lambda_layer_exports_to_onnx(impl, scope, stride, tmp_path):
     pytest.importorskip("onnx")
     onnxruntime = pytest.importorskip("onnxruntime")
-    layer = LambdaLayer(16, 16, heads=4, dim_k=8, scope=scope, impl=impl, max_size=16).eval()
+    layer = LambdaLayer(16, 16, heads=4, dim_k=8, scope=scope, stride=stride, impl=impl,
+                        max_size=16).eval()
     x = torch.randn(2, 16, 12, 10)
     path = tmp_path / "lambda.onnx"
     torch.onnx.export(layer, (x,), str(path), dynamo=False, opset_version=17)
