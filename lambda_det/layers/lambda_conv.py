@@ -347,7 +347,8 @@ def _tiled_forward(queries: torch.Tensor, block: torch.Tensor, padded_values: to
     """y_pos chunk by chunk, with plain differentiable ops (autograd keeps every logits block).
 
     Args:
-        queries: (h, T, b, N, k): head, query slot, batch, tile, depth.
+        queries: (h, T, b, N, k): head, query slot, batch, tile, depth (J k when the tiles
+            pool, J neighbours per slot; k stands for it everywhere below).
         block: (h T, k, C) from :func:`_embedding_block`.
         padded_values: (b, u, P_1 + 2 rho_1, ..., v), P = tiles x tile size along each axis.
 
