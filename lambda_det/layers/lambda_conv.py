@@ -145,14 +145,14 @@ def _embedding_block(window: torch.Tensor, index: torch.Tensor, heads: int) -> t
         heads: h; the block is repeated for each head, so that one GEMM serves all heads.
 
     Returns:
-        (h T, J k, C), T = query slots, C = halo entries, J = pooled neighbours (1 at stride 1);
-        a view of a contiguous (h T, C, J k) tensor.
+        (h T, k J, C), T = query slots, C = halo entries, J = pooled neighbours (1 at stride 1);
+        a view of a contiguous (h T, C, k J) tensor.
     """
     dim_k, dim_u = window.shape[:2]
     # One zero entry per u after the window entries: out-of-scope pairs read it.
     table = F.pad(window.reshape(dim_k, dim_u, -1), (0, 1))  # k u (positions + 1)
     block = table.reshape(dim_k, -1).t()[index.repeat(heads, 1, 1)]  # (h T) C J k
-    return block.flatten(2).transpose(1, 2)  # (h T) (J k) C
+    return block.transpose(2, 3).flatten(2).transpose(1, 2)  # (h T) (k J) C
 
 
 def _embedding_block_backward(grad_block: torch.Tensor, index: torch.Tensor,
@@ -160,17 +160,17 @@ def _embedding_block_backward(grad_block: torch.Tensor, index: torch.Tensor,
     """Adjoint of :func:`_embedding_block` (index_add, many times faster than index_put).
 
     Args:
-        grad_block: (h T, J k, C).
+        grad_block: (h T, k J, C).
 
     Returns:
         (k, u, 2 rho_1 + 1, ...).
     """
     dim_k, dim_u = window_shape[:2]
     slots, entries, neighbours = index.shape
-    per_slot = grad_block.view(-1, slots, neighbours, dim_k, entries).sum(0)  # T J k C
+    per_slot = grad_block.view(-1, slots, dim_k, neighbours, entries).sum(0)  # T k J C
     grad_table = grad_block.new_zeros(dim_k, dim_u * (math.prod(window_shape[2:]) + 1))
     grad_table.index_add_(1, index.reshape(-1),
-                          per_slot.permute(2, 0, 3, 1).reshape(dim_k, -1))  # k (T C J)
+                          per_slot.permute(1, 0, 3, 2).reshape(dim_k, -1))  # k (T C J)
     return grad_table.view(dim_k, dim_u, -1)[:, :, :-1].reshape(window_shape)  # k u ..
 
 
@@ -347,7 +347,7 @@ def _tiled_forward(queries: torch.Tensor, block: torch.Tensor, padded_values: to
     """y_pos chunk by chunk, with plain differentiable ops (autograd keeps every logits block).
 
     Args:
-        queries: (h, T, b, N, k): head, query slot, batch, tile, depth (J k when the tiles
+        queries: (h, T, b, N, k): head, query slot, batch, tile, depth (k J when the tiles
             pool, J neighbours per slot; k stands for it everywhere below).
         block: (h T, k, C) from :func:`_embedding_block`.
         padded_values: (b, u, P_1 + 2 rho_1, ..., v), P = tiles x tile size along each axis.
@@ -471,23 +471,22 @@ def pooled_size(size: int) -> int:
 
 
 def _pooling_neighbours(queries: torch.Tensor, spatial: Sequence[int]) -> torch.Tensor:
-    """The stride-1 queries that each pooled output averages, divided by their count.
+    """The stride-1 queries that each pooled output averages, as one query per output.
 
     Args:
         queries: (b, h, k, *spatial).
 
     Returns:
-        (b, h, J, k, *pooled spatial), J = 3^dims neighbours row-major; zero beyond the borders
-        (the pool pads with zeros and always divides by 3^dims). Strided slices, not unfold:
-        they trace and export to ONNX.
+        (b, h, k J, *pooled spatial), J = 3^dims neighbours (row-major, inner); zero beyond the
+        borders, which is the pool's zero padding. One im2col (col2im in backward): it exports
+        to ONNX, and a GPU runs it as one kernel.
     """
-    dims = len(spatial)
-    padded = F.pad(queries, [1, 1] * dims)  # b h k (P + 2)..
-    outputs = [pooled_size(size) for size in spatial]
-    neighbours = [padded[(Ellipsis,) + tuple(slice(o, o + 2 * size - 1, 2)
-                                              for o, size in zip(offsets, outputs))]
-                  for offsets in itertools.product(range(3), repeat=dims)]
-    return torch.stack(neighbours, dim=2) / 3 ** dims  # b h J k ..
+    dims, (batch, heads, dim_k) = len(spatial), queries.shape[:3]
+    flat = (1,) * (2 - dims)  # a sequence is a 1-row image
+    images = queries.reshape(batch * heads, dim_k, *flat, *spatial)
+    columns = F.unfold(images, flat + (3,) * dims, padding=(0,) * (2 - dims) + (1,) * dims,
+                       stride=flat + (2,) * dims)  # (b h) (k J) n_pooled
+    return columns.reshape(batch, heads, dim_k * 3 ** dims, *[pooled_size(n) for n in spatial])
 
 
 def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: torch.Tensor,
@@ -540,7 +539,8 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
 
     queries = queries.reshape(batch, heads, dim_k, *spatial)  # b h k ..
     if stride == 2:
-        queries = _pooling_neighbours(queries, spatial).flatten(2, 3)  # b h (J k) ..
+        queries = _pooling_neighbours(queries, spatial)  # b h (k J) ..
+        window = window / 3 ** dims  # the pool's mean
     dim_k = static_sizes(queries)[2]
     to_padded = [pad for size, p in zip(reversed(outputs), reversed(padded))
                  for pad in (0, p - size)]
