@@ -462,24 +462,31 @@ def _cell(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
+def _markdown_table(title: str, header: List[str], rows: List[List[str]],
+                    left: int = 1) -> str:
+    """A titled markdown table: the first ``left`` columns and a last "note" left-aligned."""
+    align = ["---" if i < left or name == "note" else "---:" for i, name in enumerate(header)]
+    lines = [title, "", *("| " + " | ".join(cells) + " |" for cells in [header] + [align] + rows)]
+    return "\n".join(lines)
+
+
 def format_shape_table(name: str, shape: Dict[str, object]) -> str:
     gemm = ", ".join(f"{key} {value:.0f} GFLOP/s" for key, value in shape["gemm_gflops"].items())
-    lines = [f"### {name}: {shape['height']}x{shape['width']}x{shape['channels']} "
-             f"(auto -> {shape['auto_impl']}; {gemm} in the same run)", "",
-             "| implementation | median ms | x faster than timm | x faster than lucidrains "
-             "| useful GFLOP/s | % of sgemm | peak MiB | saved MiB | note |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = []
     for row in shape["rows"]:
         mib = [None if row[key] is None else row[key] / 2**20
                for key in ("peak_bytes", "saved_bytes")]
-        lines.append(
-            f"| {row['name']} | {_cell(row['median_s'] and 1000 * row['median_s'], '.1f')} "
-            f"| {_cell(row.get('speedup_vs_timm'), '.2f')} "
-            f"| {_cell(row.get('speedup_vs_lucidrains'), '.2f')} "
-            f"| {_cell(row.get('useful_gflops'), '.1f')} "
-            f"| {_cell(row.get('percent_of_sgemm'), '.0f')} "
-            f"| {_cell(mib[0], '.1f')} | {_cell(mib[1], '.1f')} | {row['note']} |")
-    return "\n".join(lines)
+        rows.append([row["name"], _cell(row["median_s"] and 1000 * row["median_s"], ".1f"),
+                     _cell(row.get("speedup_vs_timm"), ".2f"),
+                     _cell(row.get("speedup_vs_lucidrains"), ".2f"),
+                     _cell(row.get("useful_gflops"), ".1f"),
+                     _cell(row.get("percent_of_sgemm"), ".0f"),
+                     _cell(mib[0], ".1f"), _cell(mib[1], ".1f"), row["note"]])
+    return _markdown_table(
+        f"### {name}: {shape['height']}x{shape['width']}x{shape['channels']} "
+        f"(auto -> {shape['auto_impl']}; {gemm} in the same run)",
+        ["implementation", "median ms", "x faster than timm", "x faster than lucidrains",
+         "useful GFLOP/s", "% of sgemm", "peak MiB", "saved MiB", "note"], rows)
 
 
 def format_machine(results: Dict[str, object]) -> str:
@@ -608,34 +615,29 @@ def benchmark_blocks(args, device: torch.device) -> Dict[str, object]:
 
 
 def format_blocks(results: Dict[str, object]) -> str:
-    lines = [f"### LambdaResNet-{results['depth']} lambda blocks vs conv blocks at "
-             f"{results['image']}x{results['image']}, batch 1, forward + backward", "",
-             "| block | input | in backbone | lambda ms | conv ms | x conv time (per-round "
-             "median) | lambda - conv, all such blocks (ms) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for row in results["rows"]:
-        extra = row["count"] * (row["lambda_s"] - row["conv_s"]) * 1000
-        lines.append(f"| {row['name']} | {'x'.join(map(str, row['input'][1:]))} | {row['count']} "
-                     f"| {row['lambda_s'] * 1000:.1f} | {row['conv_s'] * 1000:.1f} "
-                     f"| {row['ratio']:.3f} | {extra:+.0f} |")
-    return "\n".join(lines)
+    rows = [[row["name"], "x".join(map(str, row["input"][1:])), str(row["count"]),
+             f"{row['lambda_s'] * 1000:.1f}", f"{row['conv_s'] * 1000:.1f}", f"{row['ratio']:.3f}",
+             f"{row['count'] * (row['lambda_s'] - row['conv_s']) * 1000:+.0f}"]
+            for row in results["rows"]]
+    return _markdown_table(
+        f"### LambdaResNet-{results['depth']} lambda blocks vs conv blocks at "
+        f"{results['image']}x{results['image']}, batch 1, forward + backward",
+        ["block", "input", "in backbone", "lambda ms", "conv ms",
+         "x conv time (per-round median)", "lambda - conv, all such blocks (ms)"], rows, left=2)
 
 
 def format_backbone(results: Dict[str, object]) -> str:
-    lines = [f"### Backbones at {results['image']}x{results['image']}, batch 1, forward + backward "
-             f"(sgemm {results['gemm_gflops']['sgemm']:.0f} GFLOP/s in the same run)", "",
-             "| backbone | median s | x baseline time (median of per-round ratios) | params (M) "
-             "| fvcore GFLOPs (fwd) | peak MiB | saved MiB | note |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
-    for row in results["rows"]:
-        lines.append(
-            f"| {row['name']} | {_cell(row['median_s'], '.2f')} "
-            f"| {_cell(row['ratio_to_baseline'], '.3f')} | {row['parameters'] / 1e6:.1f} "
-            f"| {_cell(row['fvcore_flops'] and row['fvcore_flops'] / 1e9, '.1f')} "
-            f"| {_cell(row['peak_bytes'] and row['peak_bytes'] / 2**20, '.0f')} "
-            f"| {_cell(row['saved_bytes'] and row['saved_bytes'] / 2**20, '.0f')} "
-            f"| {row['note']} |")
-    return "\n".join(lines)
+    rows = [[row["name"], _cell(row["median_s"], ".2f"), _cell(row["ratio_to_baseline"], ".3f"),
+             f"{row['parameters'] / 1e6:.1f}",
+             _cell(row["fvcore_flops"] and row["fvcore_flops"] / 1e9, ".1f"),
+             _cell(row["peak_bytes"] and row["peak_bytes"] / 2**20, ".0f"),
+             _cell(row["saved_bytes"] and row["saved_bytes"] / 2**20, ".0f"), row["note"]]
+            for row in results["rows"]]
+    return _markdown_table(
+        f"### Backbones at {results['image']}x{results['image']}, batch 1, forward + backward "
+        f"(sgemm {results['gemm_gflops']['sgemm']:.0f} GFLOP/s in the same run)",
+        ["backbone", "median s", "x baseline time (median of per-round ratios)", "params (M)",
+         "fvcore GFLOPs (fwd)", "peak MiB", "saved MiB", "note"], rows)
 
 
 def main(argv=None) -> int:

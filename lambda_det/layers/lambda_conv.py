@@ -227,6 +227,10 @@ class _Geometry(NamedTuple):
         images, rows = chunk
         return (images.stop - images.start) * (rows.stop - rows.start) * self.tiles_per_row
 
+    def chunk_counts(self, chunk: _Chunk) -> List[int]:
+        """Tiles per axis within each of the chunk's images."""
+        return [chunk.rows.stop - chunk.rows.start] + list(self.counts[1:])
+
     def largest_chunk(self) -> int:
         return max(self.size(chunk) for chunk in self.chunks())
 
@@ -272,7 +276,7 @@ def _halos_by_gather(values: torch.Tensor, geometry: _Geometry, chunk: _Chunk) -
         (tiles, C, v).
     """
     step, halo = geometry.step, geometry.halo
-    counts = [chunk.rows.stop - chunk.rows.start] + list(geometry.counts[1:])
+    counts = geometry.chunk_counts(chunk)
     extents = [(n - 1) * s + c for n, s, c in zip(counts, step, halo)]  # rows, P_2 + 2 rho_2 ..
     images, dim_v = chunk.images.stop - chunk.images.start, static_sizes(values)[-1]
     # Flat position in the padded rows of halo entry c of tile n, row-major over both.
@@ -309,7 +313,7 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
     dims, step, halo = len(geometry.tile), geometry.step, geometry.halo
     region = grad_values[chunk.images, :, geometry.padded_rows(chunk.rows)]  # i u rows .. v
     images, extents = region.shape[0], list(region.shape[2:-1])
-    counts = [chunk.rows.stop - chunk.rows.start] + list(geometry.counts[1:])
+    counts = geometry.chunk_counts(chunk)
     grad = grad_halos.view(images, *counts, geometry.dim_u, *halo, grad_halos.shape[-1])
     order = ((0, 1 + dims) + tuple(range(1, 1 + dims)) + (2 + 2 * dims,)
              + tuple(range(2 + dims, 2 + 2 * dims)))

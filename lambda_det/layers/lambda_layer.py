@@ -337,11 +337,11 @@ class LambdaLayer(nn.Module):
         position_lambdas = position_lambdas.reshape(batch, self.dim_v, self.dim_k, num_positions)
         return torch.einsum("bhkn,bvkn->bhvn", queries, position_lambdas)
 
-    def _position_output_tiled(self, queries, values, spatial):
+    def _position_output_tiled(self, queries, values, spatial, stride=1):
         radii = self._context_radii(spatial)
         window = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
         return tiled_position_output(queries, values, window, spatial,
-                                     stride=self.stride)  # b h v n (n pooled at stride 2)
+                                     stride=stride)  # b h v n (n pooled at stride 2)
 
     def _pooled_output_tiled(self, queries, keys, values, spatial):
         """The whole output of a strided layer, average pool included, for impl "tiled".
@@ -352,7 +352,7 @@ class LambdaLayer(nn.Module):
         batch = queries.shape[0]
         pooled_queries = self.pool(queries.reshape(batch, -1, *spatial))  # b (h k) ..
         return self._add_content_output(
-            self._position_output_tiled(queries, values, spatial),
+            self._position_output_tiled(queries, values, spatial, stride=2),
             pooled_queries.reshape(batch, self.heads, self.dim_k, -1), keys, values)
 
     def _masked_output(self, queries, keys, values, spatial, context_mask):
