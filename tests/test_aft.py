@@ -450,6 +450,16 @@ def test_bad_inputs_name_the_value():
                                          r"window sizes, got \(2, 4, 3\)"):
         aft_conv_mix(torch.randn(1, 2, 3, 5, 5), torch.randn(1, 2, 5, 5),
                      torch.randn(1, 2, 3, 5, 5), torch.zeros(2, 4, 3))
+    with pytest.raises(ValueError, match=r"keys must have the values' shape \(B, C, T\) = "
+                                         r"\(1, 2, 4\), got \(1, 2, 5\)"):
+        aft_mix(torch.randn(1, 2, 4), torch.randn(1, 2, 5), torch.randn(1, 2, 4))
+    with pytest.raises(ValueError, match=r"keys must have shape \(B, heads, ...\) = \(1, 2, 5, 5\) "
+                                         r"\(one channel per head\), got \(1, 3, 5, 5\)"):
+        aft_conv_mix(torch.randn(1, 2, 3, 5, 5), torch.randn(1, 3, 5, 5),
+                     torch.randn(1, 2, 3, 5, 5), torch.zeros(2, 3, 3))
+    with pytest.raises(ValueError, match=r"queries must have the values' shape"):
+        aft_conv_mix(torch.randn(1, 2, 4, 5, 5), torch.randn(1, 2, 5, 5),
+                     torch.randn(1, 2, 3, 5, 5), torch.zeros(2, 3, 3))
 
 
 @pytest.mark.parametrize("cls,kwargs", [

@@ -180,3 +180,26 @@ def test_index_cached_under_inference_mode_still_trains():
     x = torch.randn(2, 8, 11, 9, requires_grad=True)
     layer.train()(x).sum().backward()
     assert x.grad is not None and layer.position_embedding.weight.grad is not None
+
+
+def _bad_tiled_arguments():
+    queries, values, window = random_inputs((5, 4), (1, 1), heads=2, dim_k=3, dim_u=2)
+    return {
+        "even window": (dict(window=torch.randn(3, 2, 4, 3)), r"window must be \(k=3, u=2\) "
+                        r"followed by 2 odd sizes, got \(3, 2, 4, 3\)"),
+        "window's u": (dict(window=torch.randn(3, 1, 3, 3)), r"got \(3, 1, 3, 3\)"),
+        "spatial vs n": (dict(spatial=(5, 5)), r"queries must be \(b, h, k, n\) with n = 25"),
+        "values' batch": (dict(values=values[:1]), r"values must be \(b, v, u, n\) with b = 2"),
+        "zero tile": (dict(tile=(0, 2)), r"tile must be 2 integers >= 1, got \(0, 2\)"),
+        "negative chunk": (dict(chunk_elements=-5), "chunk_elements must be an integer >= 0, "
+                                                    "got -5"),
+        "stride": (dict(stride=3), "stride must be 1 or 2, got 3"),
+    }, dict(queries=queries, values=values, window=window, spatial=(5, 4))
+
+
+@pytest.mark.parametrize("case", sorted(_bad_tiled_arguments()[0]))
+def test_bad_arguments_name_the_value(case):
+    cases, arguments = _bad_tiled_arguments()
+    change, message = cases[case]
+    with pytest.raises(ValueError, match=message):
+        tiled_position_output(**{**arguments, **change})

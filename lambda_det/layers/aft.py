@@ -75,6 +75,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lambda_det.layers._checks import check_choice, check_int, check_layer_input
 from lambda_det.layers._tracing import static_sizes
 
 __all__ = ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]
@@ -84,11 +85,6 @@ _AVG_POOL = {1: nn.AvgPool1d, 2: nn.AvgPool2d}
 _CONV_FUNCTION = {1: F.conv1d, 2: F.conv2d}
 # Gain/shift reparameterisation of AFT-conv: std = sqrt(var + eps), so a 1x1 window (std 0) works.
 _REPARAM_EPS = 1e-5
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -110,7 +106,12 @@ def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     Returns:
         (B, C, T) in the queries' dtype, computed in float32 (float64 stays float64).
     """
-    length = static_sizes(values)[-1]
+    shape = static_sizes(values)
+    for name, tensor in (("queries", queries), ("keys", keys)):
+        if static_sizes(tensor) != shape:
+            raise ValueError(f"{name} must have the values' shape (B, C, T) = {shape}, got "
+                             f"{static_sizes(tensor)}")
+    length = shape[-1]
     if position_bias is not None and static_sizes(position_bias) != (length, length):
         raise ValueError(f"position_bias must have shape ({length}, {length}) for {length} "
                          f"positions, got {static_sizes(position_bias)}")
@@ -162,6 +163,12 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         (B, heads, C, *spatial) in the queries' dtype, computed in float32 (float64 stays float64).
     """
     batch, heads, channels, *spatial = static_sizes(values)
+    if static_sizes(queries) != static_sizes(values):
+        raise ValueError(f"queries must have the values' shape (B, heads, C, ...) = "
+                         f"{static_sizes(values)}, got {static_sizes(queries)}")
+    if static_sizes(keys) != (batch, heads, *spatial):
+        raise ValueError(f"keys must have shape (B, heads, ...) = {(batch, heads, *spatial)} "
+                         f"(one channel per head), got {static_sizes(keys)}")
     spatial_dims = len(spatial)
     heads_in_kernel, *window = static_sizes(kernel)
     if (kernel.dim() != 1 + spatial_dims or heads_in_kernel != heads
@@ -219,11 +226,9 @@ class _AFTMixer(nn.Module):
         hidden_dim = out_channels if hidden_dim is None else hidden_dim
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
                             ("hidden_dim", hidden_dim)):
-            _check_int(name, value, 1)
-        if stride not in (1, 2):
-            raise ValueError(f"stride must be 1 or 2, got {stride!r}")
-        if spatial_dims not in (1, 2):
-            raise ValueError(f"spatial_dims must be 1 or 2, got {spatial_dims!r}")
+            check_int(name, value, 1)
+        check_choice("stride", stride, (1, 2))
+        check_choice("spatial_dims", spatial_dims, (1, 2))
         if causal and spatial_dims != 1:
             raise ValueError(f"causal=True needs sequences (spatial_dims=1), got "
                              f"spatial_dims={spatial_dims}")
@@ -253,17 +258,7 @@ class _AFTMixer(nn.Module):
                 nn.init.zeros_(projection.bias)
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
-        if torch.jit.is_tracing():
-            return static_sizes(x)[2:]
-        name = type(self).__name__
-        if x.dim() != 2 + self.spatial_dims:
-            layout = "(B, C, H, W)" if self.spatial_dims == 2 else "(B, C, L)"
-            raise ValueError(f"{name}(spatial_dims={self.spatial_dims}) expects a {layout} tensor, "
-                             f"got shape {tuple(x.shape)}")
-        if x.shape[1] != self.in_channels:
-            raise ValueError(f"{name} expects {self.in_channels} input channels, got {x.shape[1]} "
-                             f"(input shape {tuple(x.shape)})")
-        spatial = tuple(int(size) for size in x.shape[2:])
+        spatial = check_layer_input(type(self).__name__, x, self.spatial_dims, self.in_channels)
         self._check_spatial(spatial)
         return spatial
 
@@ -302,8 +297,8 @@ class _FactorizedBiasMixer(_AFTMixer):
     def __init__(self, in_channels: int, out_channels: Optional[int], hidden_dim: Optional[int],
                  max_size: int, position_dim: int, causal: bool, stride: int, spatial_dims: int,
                  bias: bool):
-        _check_int("max_size", max_size, 1)
-        _check_int("position_dim", position_dim, 1)
+        check_int("max_size", max_size, 1)
+        check_int("position_dim", position_dim, 1)
         super().__init__(in_channels, out_channels, hidden_dim, None, stride, spatial_dims, bias,
                          causal)
         self.max_size = max_size
@@ -314,7 +309,8 @@ class _FactorizedBiasMixer(_AFTMixer):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Projections as the base class; u, v ~ N(0, 10^-2) (the paper's CIFAR-10 setup)."""
+        """Projections as the base class; u, v ~ N(0, std 0.1), i.e. variance 10^-2 (the
+        paper's CIFAR-10 setup)."""
         super().reset_parameters()
         nn.init.normal_(self.position_u, std=0.1)
         nn.init.normal_(self.position_v, std=0.1)
@@ -381,7 +377,8 @@ class AFTFull(_FactorizedBiasMixer):
         bias: whether the query, value and output projections have a bias (K never has one).
 
     Parameters: ``position_u``, ``position_v`` of shape (max_size ** spatial_dims, position_dim),
-    initialised N(0, 10^-2). Cost: O(T^2 (d + d')) time, O(T^2 + T d) memory.
+    initialised normal with std 0.1 (variance 10^-2). Cost: O(T^2 (d + d')) time, O(T^2 + T d)
+    memory.
     """
 
     def __init__(
@@ -435,7 +432,7 @@ class AFTLocal(_FactorizedBiasMixer):
         spatial_dims: int = 2,
         bias: bool = True,
     ):
-        _check_int("window_size", window_size, 0)
+        check_int("window_size", window_size, 0)
         super().__init__(in_channels, out_channels, hidden_dim, max_size, position_dim, causal,
                          stride, spatial_dims, bias)
         self.window_size = window_size
@@ -516,8 +513,9 @@ class AFTConv(_AFTMixer):
         spatial_dims: 2 for (B, C, H, W) maps, 1 for (B, C, L) sequences.
         bias: whether the query, value and output projections have a bias (K never has one).
 
-    Parameters: ``position_weight`` (h, s, s) ~ N(0, 1), the raw bias, ``position_gain`` (h,) and
-    ``position_shift`` (h,), both 0 at init (so the layer starts as AFT-simple).
+    Parameters: ``position_weight`` (h, s, s), or (h, s) for sequences, ~ N(0, 1), the raw bias;
+    ``position_gain`` (h,) and ``position_shift`` (h,), both 0 at init (so the layer starts as
+    AFT-simple).
     """
 
     def __init__(
@@ -532,7 +530,7 @@ class AFTConv(_AFTMixer):
         spatial_dims: int = 2,
         bias: bool = True,
     ):
-        _check_int("heads", heads, 1)
+        check_int("heads", heads, 1)
         if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1 \
                 or window_size % 2 == 0:
             raise ValueError(f"window_size must be an odd integer >= 1, got {window_size!r}")

@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lambda_det.layers._tracing import static_sizes
+from lambda_det.layers._checks import check_choice, check_int, check_layer_input
 from lambda_det.layers.lambda_conv import pooled_size, tiled_halo_entries, tiled_position_output
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
@@ -96,7 +96,8 @@ class LambdaLayer(nn.Module):
         scope: odd size r of the local context (lambda convolution), or None for global context.
         stride: 1, or 2 for the paper's downsampling (the layer at stride 1, then 3x3 average
             pooling with stride 2 and padding 1).
-        impl: "auto", "einsum" or "conv" (see the module docstring).
+        impl: "auto", "einsum", "conv" or "tiled" (see the module docstring). "tiled" (so
+            "auto" on most inputs) is differentiable once: no double backward.
         position_embedding: a :class:`RelativePositionEmbedding` to share with other layers
             (paper Table 4). Its dim_k, dim_u, spatial_dims and, for a local scope, its radius
             (scope // 2) must match this layer. Default: a new one of its own.
@@ -105,7 +106,8 @@ class LambdaLayer(nn.Module):
         norm_layer: builds the norm on queries and values from a channel count (default
             BatchNorm), e.g. detectron2's ``lambda c: get_norm("SyncBN", c)``.
 
-    Init (paper F.2): W_Q ~ N(0, (k * d_in)^-1/2), W_K and W_V ~ N(0, d_in^-1/2) (fan-in), R ~ N(0, 1).
+    Init (paper F.2), normal with standard deviations: W_Q (k * d_in)^-1/2, W_K and W_V d_in^-1/2
+    (fan-in), R 1.
     A model that runs its own init over all modules should call :meth:`reset_parameters` after it.
     """
 
@@ -130,21 +132,19 @@ class LambdaLayer(nn.Module):
         for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
                             ("heads", heads), ("dim_k", dim_k), ("dim_u", dim_u),
                             ("max_size", max_size)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(name, value, 1)
         if out_channels % heads:
             raise ValueError(
                 f"out_channels={out_channels} is not divisible by heads={heads}: each head "
                 f"outputs out_channels / heads value channels")
-        if scope is not None and (not isinstance(scope, int) or scope < 1 or scope % 2 == 0):
+        if scope is not None and (not isinstance(scope, int) or isinstance(scope, bool)
+                                  or scope < 1 or scope % 2 == 0):
             raise ValueError(f"scope must be an odd integer >= 1 (or None for global context), "
                              f"got {scope!r}")
-        if stride not in (1, 2):
-            raise ValueError(f"stride must be 1 or 2, got {stride!r}")
+        check_choice("stride", stride, (1, 2))
         if impl != "auto" and impl not in IMPLEMENTATIONS:
             raise ValueError(f"impl must be 'auto' or one of {IMPLEMENTATIONS}, got {impl!r}")
-        if spatial_dims not in (1, 2):
-            raise ValueError(f"spatial_dims must be 1 or 2, got {spatial_dims!r}")
+        check_choice("spatial_dims", spatial_dims, (1, 2))
 
         self.in_channels = in_channels
         self.out_channels = out_channels
@@ -156,6 +156,7 @@ class LambdaLayer(nn.Module):
         self.stride = stride
         self.impl = impl
         self.spatial_dims = spatial_dims
+        self.max_size = max_size
 
         conv = _CONV[spatial_dims]
         norm_layer = norm_layer or _BATCH_NORM[spatial_dims]
@@ -187,6 +188,11 @@ class LambdaLayer(nn.Module):
                     f"shared position_embedding has {name}={getattr(embedding, name)}, but this "
                     f"layer needs {name}={value} (dim_k={self.dim_k}, dim_u={self.dim_u}, "
                     f"scope={self.scope})")
+        if self.scope is None and embedding.radius < self.max_size - 1:
+            raise ValueError(
+                f"shared position_embedding has radius={embedding.radius}, but this global layer "
+                f"with max_size={self.max_size} needs offsets up to {self.max_size - 1}: pass "
+                f"max_size <= {embedding.radius + 1}, or share a larger table")
 
     def reset_parameters(self) -> None:
         """The paper's init (F.2); BN starts as identity (gamma 1, beta 0)."""
@@ -265,16 +271,7 @@ class LambdaLayer(nn.Module):
         return self.query_norm(queries), keys, self.value_norm(values)
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
-        if torch.jit.is_tracing():
-            return static_sizes(x)[2:]
-        if x.dim() != 2 + self.spatial_dims:
-            layout = "(B, C, H, W)" if self.spatial_dims == 2 else "(B, C, L)"
-            raise ValueError(f"LambdaLayer(spatial_dims={self.spatial_dims}) expects a {layout} "
-                             f"tensor, got shape {tuple(x.shape)}")
-        if x.shape[1] != self.in_channels:
-            raise ValueError(f"LambdaLayer expects {self.in_channels} input channels, got "
-                             f"{x.shape[1]} (input shape {tuple(x.shape)})")
-        spatial = tuple(int(size) for size in x.shape[2:])
+        spatial = check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels)
         if self.scope is None and max(spatial) - 1 > self.position_embedding.radius:
             raise ValueError(
                 f"global LambdaLayer: input size {spatial} exceeds the "
@@ -349,11 +346,11 @@ class LambdaLayer(nn.Module):
         The tiles pool as they go (see :func:`tiled_position_output`); the content term is
         linear in the queries, so pooling the queries is the same pool. (b, h, v, n_pooled).
         """
-        batch = queries.shape[0]
-        pooled_queries = self.pool(queries.reshape(batch, -1, *spatial))  # b (h k) ..
+        batch, pooled = queries.shape[0], math.prod(pooled_size(size) for size in spatial)
+        pooled_queries = self.pool(queries.reshape(batch, self.heads * self.dim_k, *spatial))
         return self._add_content_output(
             self._position_output_tiled(queries, values, spatial, stride=2),
-            pooled_queries.reshape(batch, self.heads, self.dim_k, -1), keys, values)
+            pooled_queries.reshape(batch, self.heads, self.dim_k, pooled), keys, values)
 
     def _masked_output(self, queries, keys, values, spatial, context_mask):
         num_positions = values.shape[-1]

@@ -4,6 +4,8 @@ from typing import Sequence, Tuple
 import torch
 from torch import nn
 
+from lambda_det.layers._checks import check_choice, check_int
+
 __all__ = ["RelativePositionEmbedding"]
 
 
@@ -29,10 +31,8 @@ class RelativePositionEmbedding(nn.Module):
     def __init__(self, dim_k: int, dim_u: int = 1, radius: int = 11, spatial_dims: int = 2):
         super().__init__()
         for name, value, minimum in (("dim_k", dim_k, 1), ("dim_u", dim_u, 1), ("radius", radius, 0)):
-            if not isinstance(value, int) or value < minimum:
-                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-        if spatial_dims not in (1, 2):
-            raise ValueError(f"spatial_dims must be 1 or 2, got {spatial_dims!r}")
+            check_int(name, value, minimum)
+        check_choice("spatial_dims", spatial_dims, (1, 2))
         self.dim_k = dim_k
         self.dim_u = dim_u
         self.radius = radius

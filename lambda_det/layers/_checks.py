@@ -1,0 +1,36 @@
+"""Argument and input checks the layers share: errors that name the bad value."""
+from typing import Tuple
+
+import torch
+
+from lambda_det.layers._tracing import static_sizes
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """``value`` is an int (not a bool) >= minimum, or a ValueError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_choice(name: str, value, choices: Tuple[int, ...]) -> None:
+    """``value`` is one of the int ``choices`` (not a bool), or a ValueError naming it."""
+    if isinstance(value, bool) or value not in choices:
+        raise ValueError(f"{name} must be {' or '.join(map(str, choices))}, got {value!r}")
+
+
+def check_layer_input(layer: str, x: torch.Tensor, spatial_dims: int,
+                      in_channels: int) -> Tuple[int, ...]:
+    """The spatial sizes of a (B, C, H, W) or (B, C, L) input, as ints.
+
+    Also while tracing: a trace is specialised to its example, so a wrong example must fail
+    here rather than export a model that silently computes something else.
+    """
+    shape = static_sizes(x)
+    if len(shape) != 2 + spatial_dims:
+        layout = "(B, C, H, W)" if spatial_dims == 2 else "(B, C, L)"
+        raise ValueError(f"{layer}(spatial_dims={spatial_dims}) expects a {layout} tensor, "
+                         f"got shape {tuple(shape)}")
+    if shape[1] != in_channels:
+        raise ValueError(f"{layer} expects {in_channels} input channels, got {shape[1]} "
+                         f"(input shape {tuple(shape)})")
+    return tuple(shape[2:])
