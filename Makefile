@@ -5,10 +5,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_PACKAGES ?= torch==2.14.1 torchvision==0.29.1
-# Rebuilt when the package's install recipe changes.
+# Rebuilt when the package's install recipe or TORCH_PACKAGES changes.
 INSTALLED := $(VENV)/.lambda_det-installed
+TORCH_CHOICE := $(VENV)/.torch-packages
 
-.PHONY: help venv test demo clean-venv
+.PHONY: help venv test demo clean-venv always
 
 help:
 	@echo "make test   run the test suite (sets up $(VENV)/ on first use)"
@@ -16,7 +17,13 @@ help:
 
 venv: $(INSTALLED)
 
-$(INSTALLED): setup.py lambda_det/compat/build_detectron2.py lambda_det/compat/detectron2_C_stub.py
+# Rewritten only when TORCH_PACKAGES differs from the last install's, so that a change reinstalls.
+$(TORCH_CHOICE): always
+	@mkdir -p $(VENV)
+	@echo '$(TORCH_PACKAGES)' | cmp -s - $@ || echo '$(TORCH_PACKAGES)' > $@
+
+$(INSTALLED): setup.py lambda_det/compat/build_detectron2.py lambda_det/compat/detectron2_C_stub.py \
+		$(TORCH_CHOICE)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet $(TORCH_PACKAGES)

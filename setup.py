@@ -38,8 +38,9 @@ setup(
     packages=find_packages(include=["lambda_det", "lambda_det.*"]),
     include_package_data=True,
     install_requires=[
-        "torch>=1.10",
-        "torchvision>=0.11",
+        # torch.onnx.export(dynamo=...) needs 2.5; tested with 2.14 (CPU) and 2.11 (CUDA).
+        "torch>=2.5",
+        "torchvision>=0.20",
         detectron2_requirement(),
         "fvcore>=0.1.5",
         "iopath>=0.1.7",

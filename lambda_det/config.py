@@ -51,7 +51,8 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     node.AFT_WINDOW_SIZE = 7
 
     # Large-scale jitter (paper F.3): train on random [MIN_SCALE, MAX_SCALE] x IMAGE_SIZE resizes,
-    # cropped or padded to IMAGE_SIZE^2; test with the longest side at IMAGE_SIZE.
+    # cropped or padded to IMAGE_SIZE^2. Training only: the test size is detectron2's
+    # INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (1024 / 1024 in the paper configs).
     lsj = cfg.INPUT.LSJ = CN()
     lsj.ENABLED = False
     lsj.IMAGE_SIZE = 1024

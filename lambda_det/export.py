@@ -46,7 +46,7 @@ from detectron2.modeling import GeneralizedRCNN, build_model
 from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
-from lambda_det.engine.checkpoint import AtomicCheckpointer
+from lambda_det.engine.checkpoint import load_trained_weights
 from lambda_det.engine.trainer import adapt_norms_to_device, load_cfg
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
@@ -74,31 +74,6 @@ def build_export_cfg(config_file: str, opts: Sequence[str] = ()) -> CfgNode:
     return cfg
 
 
-class _StrictCheckpointer(AtomicCheckpointer):
-    """Refuses a checkpoint that leaves weights of the model missing or skips mismatched shapes.
-
-    Detectron2 only logs both (and trains on), but an export of a half-random model is useless.
-    """
-
-    def _load_model(self, checkpoint):
-        incompatible = super()._load_model(checkpoint)
-        missing = [key for key in incompatible.missing_keys
-                   if not key.endswith("num_batches_tracked")]
-        mismatched = [f"{key} {tuple(saved)} vs {tuple(model)}"
-                      for key, saved, model in incompatible.incorrect_shapes]
-        if missing or mismatched:
-            raise ValueError(
-                f"checkpoint {self._weights!r} does not fit the model built from the config "
-                f"(is it the config it was trained with, overrides included?): "
-                f"{len(missing)} missing keys {missing[:5]}, {len(mismatched)} shape mismatches "
-                f"(checkpoint vs model) {mismatched[:5]}")
-        return incompatible
-
-    def load(self, path: str, *args, **kwargs):
-        self._weights = path
-        return super().load(path, *args, **kwargs)
-
-
 def load_trained_model(cfg: CfgNode) -> nn.Module:
     """The model of ``cfg`` in eval mode, with every weight loaded from ``cfg.MODEL.WEIGHTS``.
 
@@ -106,14 +81,8 @@ def load_trained_model(cfg: CfgNode) -> nn.Module:
         ValueError: MODEL.WEIGHTS is empty, or the checkpoint does not fit the model.
         FileNotFoundError: MODEL.WEIGHTS names a local file that does not exist.
     """
-    weights = cfg.MODEL.WEIGHTS
-    if not weights:
-        raise ValueError("MODEL.WEIGHTS is empty: pass the trained checkpoint to export, e.g. "
-                         "MODEL.WEIGHTS output/model_final.pth")
-    if "://" not in weights and not os.path.isfile(weights):
-        raise FileNotFoundError(f"MODEL.WEIGHTS file {weights!r} does not exist")
     model = build_model(cfg)
-    _StrictCheckpointer(model).load(weights, checkpointables=[])
+    load_trained_weights(model, cfg.MODEL.WEIGHTS)
     return model.eval()
 
 
@@ -124,8 +93,7 @@ def sample_image(cfg: CfgNode, path: Optional[PathLike] = None,
     Args:
         path: an image file; default a synthetic one (uniform noise from ``seed``).
         size: (height, width) of the synthetic image before the resize; default the square the
-            test transform keeps as it is (``INPUT.LSJ.IMAGE_SIZE`` with LSJ, else
-            ``INPUT.MIN_SIZE_TEST``).
+            test transform keeps as it is (``INPUT.MIN_SIZE_TEST``).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -136,9 +104,7 @@ def sample_image(cfg: CfgNode, path: Optional[PathLike] = None,
         image = detection_utils.read_image(str(path), format=cfg.INPUT.FORMAT)  # H W C
     else:
         if size is None:
-            lsj = cfg.INPUT.get("LSJ", None)
-            side = lsj.IMAGE_SIZE if lsj is not None and lsj.ENABLED else cfg.INPUT.MIN_SIZE_TEST
-            size = (side, side)
+            size = (cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MIN_SIZE_TEST)
         height, width = (int(s) for s in size)
         if height < 1 or width < 1:
             raise ValueError(f"sample size must be positive, got {tuple(size)}")

@@ -1,6 +1,8 @@
 """Shared test helpers. Everything runs on the CPU with small shapes."""
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -33,6 +35,14 @@ def tiny_detection_batch(sizes=((64, 96), (96, 64)), with_sem_seg: bool = False)
             record["sem_seg"] = torch.randint(0, 4, (height, width))
         batch.append(record)
     return batch
+
+
+def load_tool(name: str) -> ModuleType:
+    """A script of tools/ (e.g. "benchmark_lambda"), imported as a module to call its functions."""
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def subprocess_env() -> dict:

@@ -1,28 +1,23 @@
 """tools/benchmark_lambda.py: every candidate it times builds and maps the feature map to its own
 shape, and a run writes its table, JSON and plot. (Its timings are not tested: docs/benchmarks.md.)
 """
-import importlib.util
 import json
 
 import pytest
 import torch
 
-from conftest import REPO_ROOT
+from conftest import load_tool
 from lambda_det import layers
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("benchmark_lambda",
-                                                  REPO_ROOT / "tools/benchmark_lambda.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_benchmark_tool():
+    return load_tool("benchmark_lambda")
 
 
 def test_every_candidate_builds_and_keeps_the_shape():
     pytest.importorskip("timm")
     pytest.importorskip("lambda_networks")
-    tool = load_tool()
+    tool = load_benchmark_tool()
     candidates = tool.layer_candidates(layers, 6, 10, 32, 2, cap_bytes=2**30, only=None)
     names = [candidate.name for candidate in candidates]
     for impl in layers.IMPLEMENTATIONS:
@@ -30,6 +25,8 @@ def test_every_candidate_builds_and_keeps_the_shape():
     for expected in (tool.TIMM, tool.LUCIDRAINS, "conv 3x3", "self-attention sdpa", "AFT-simple",
                      "AFT-full", f"AFT-local s={tool.SCOPE}", f"AFT-conv h=8 s={tool.AFT_WINDOW}"):
         assert expected in names
+    with pytest.raises(ValueError, match=r"--only \['nosuch'\] matches none of the candidates"):
+        tool.layer_candidates(layers, 6, 10, 32, 2, cap_bytes=2**30, only=["nosuch"])
     x = torch.randn(2, 32, 6, 10, requires_grad=True)
     for candidate in candidates:
         assert candidate.skip is None, candidate.name
@@ -40,7 +37,7 @@ def test_every_candidate_builds_and_keeps_the_shape():
 
 
 def test_memory_cap_skips_with_the_reason():
-    tool = load_tool()
+    tool = load_benchmark_tool()
     candidates = tool.layer_candidates(layers, 64, 64, 256, 2, cap_bytes=2**20,
                                        only=["einsum", "explicit"])
     assert [c.name for c in candidates] == ["lambda_det einsum", "self-attention explicit"]
@@ -48,7 +45,7 @@ def test_memory_cap_skips_with_the_reason():
 
 
 def test_a_small_run_writes_table_json_and_plot(tmp_path):
-    tool = load_tool()
+    tool = load_benchmark_tool()
     assert tool.main(["--shapes", "c5_224", "--only", "tiled", "conv 3x3", "AFT-simple",
                       "--repetitions", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
@@ -60,7 +57,7 @@ def test_a_small_run_writes_table_json_and_plot(tmp_path):
 
 def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
     # An explicit --repetitions equal to the layer default once got replaced by the backbone's.
-    tool = load_tool()
+    tool = load_benchmark_tool()
     assert tool.main(["--backbone", "--depth", "26", "--image", "64", "--repetitions", "7",
                       "--warmup", "0", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
@@ -73,7 +70,7 @@ def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
 
 
 def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
-    tool = load_tool()
+    tool = load_benchmark_tool()
     assert tool.main(["--blocks", "--depth", "26", "--image", "64", "--repetitions", "2",
                       "--warmup", "0", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]

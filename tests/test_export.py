@@ -4,7 +4,6 @@ One small LambdaResNet-26 Mask R-CNN (random weights, every detection kept) is c
 exported once per format on a 64 x 96 sample: ONNX by the tool from an image file, TorchScript
 through the library. ONNX tests need onnx and onnxruntime (the "dev" extra) and skip without them.
 """
-import importlib.util
 
 import cv2
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 import torch
 
 import lambda_det  # noqa: F401  (before detectron2: imports it without deprecation noise)
-from conftest import REPO_ROOT
+from conftest import load_tool
 from detectron2.modeling import build_model
 from lambda_det.engine import AtomicCheckpointer
 from lambda_det.export import (
@@ -25,7 +24,8 @@ OVERRIDES = [
     "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",
     "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0",  # keep every detection: outputs are never empty
     "MODEL.RPN.PRE_NMS_TOPK_TEST", "100", "MODEL.RPN.POST_NMS_TOPK_TEST", "50",
-    "TEST.DETECTIONS_PER_IMAGE", "20", "INPUT.LSJ.IMAGE_SIZE", "96", "MODEL.DEVICE", "cpu",
+    "TEST.DETECTIONS_PER_IMAGE", "20", "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96",
+    "MODEL.DEVICE", "cpu",
 ]
 SIZE = (64, 96)  # kept as it is by the test-time resize (longest side 96)
 DETECTIONS = 20
@@ -46,15 +46,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def load_tool():
-    """tools/export_model.py as a module (tools/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(
-        "export_model_tool", REPO_ROOT / "tools" / "export_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +107,7 @@ def torchscript_file(model, images, tmp_path_factory):
 def onnx_file(cfg, weights, image_file, tmp_path_factory):
     pytest.importorskip("onnx")
     path = tmp_path_factory.mktemp("export") / "model.onnx"
-    status = load_tool().main(["--config-file", CONFIG, "--format", "onnx", "--output", str(path),
+    status = load_tool("export_model").main(["--config-file", CONFIG, "--format", "onnx", "--output", str(path),
                                "--sample-image", str(image_file), *OVERRIDES,
                                "MODEL.WEIGHTS", weights])
     assert status == 0
@@ -140,7 +131,7 @@ def test_sample_image_is_resized_like_the_test_loader(cfg, image_file):
     from_file = sample_image(cfg, image_file)
     assert from_file.dtype == torch.uint8 and from_file.shape == (3, *SIZE)
     assert from_file[:, 20, 40].tolist() == [0, 0, 255]  # BGR, as cfg.INPUT.FORMAT
-    # Longest side to INPUT.LSJ.IMAGE_SIZE (96): 128 x 192 -> 64 x 96.
+    # Longest side to INPUT.MAX_SIZE_TEST (96): 128 x 192 -> 64 x 96.
     assert sample_image(cfg, size=(128, 192)).shape == (3, *SIZE)
     assert sample_image(cfg).shape == (3, 96, 96)
 
@@ -216,7 +207,8 @@ def test_retinanet_exports(format, tmp_path):
     cfg = build_export_cfg("lambda_r101_retinanet", [
         "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.FPN.OUT_CHANNELS", "32", "MODEL.DEVICE", "cpu",
-        "INPUT.LSJ.IMAGE_SIZE", "96", "MODEL.RETINANET.SCORE_THRESH_TEST", "0.0",
+        "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96",
+        "MODEL.RETINANET.SCORE_THRESH_TEST", "0.0",
         "TEST.DETECTIONS_PER_IMAGE", str(DETECTIONS)])
     torch.manual_seed(0)
     model = build_model(cfg).eval()
@@ -259,7 +251,7 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
     if case == "wrong weights":
         overrides += ["MODEL.ROI_HEADS.NUM_CLASSES", "5"]
     with pytest.raises(SystemExit) as exit_info:
-        load_tool().main(["--config-file", CONFIG, *arguments, *overrides, "MODEL.WEIGHTS", path])
+        load_tool("export_model").main(["--config-file", CONFIG, *arguments, *overrides, "MODEL.WEIGHTS", path])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",

@@ -45,6 +45,7 @@ def test_paper_placement_of_lambda_blocks():
     assert all(block.mixer_kind == "lambda" for block in model.res5)
     assert resolve_placement(50, "ccll")["res4"] == set(range(1, 7))
     assert not any(resolve_placement(50, "none").values())
+    assert resolve_placement(50, "Paper") == resolve_placement(50, "paper")  # like the letters
 
 
 def test_resnet_rs_details():
@@ -108,7 +109,7 @@ def test_aft_conv_blocks_go_where_the_placement_puts_lambda_blocks():
     assert torch.count_nonzero(model.res5[1].mixer.position_gain) == 0
     outputs = model(torch.randn(1, 3, 64, 64))
     outputs["res5"].sum().backward()
-    with pytest.raises(ValueError, match="res2 width 16 .* not divisible by heads=3"):
+    with pytest.raises(ValueError, match="res2 width 16 .* not divisible by aft_heads=3"):
         lambda_resnet(50, placement="LLLL", mixer="aft_conv", width_multiplier=0.25, aft_heads=3)
     with pytest.raises(ValueError, match="mixer must be 'lambda' or 'aft_conv', got 'mlp'"):
         lambda_resnet(50, mixer="mlp")
@@ -121,6 +122,11 @@ def test_classifier_head_and_shared_embeddings():
     assert len(layers) == 4 and len({id(layer.position_embedding.weight) for layer in layers}) == 1
     logits = model(torch.randn(2, 3, 64, 64))["linear"]
     assert logits.shape == (2, 10)
+    # The shared table stays trainable while a trained stage (res5 here) uses it.
+    shared = layers[0].position_embedding.weight
+    assert model.freeze(4) is model and shared.requires_grad
+    assert not any(p.requires_grad for p in model.res4.parameters() if p is not shared)
+    assert not model.freeze(5).res5[0].conv1.weight.requires_grad and not shared.requires_grad
 
 
 def test_freeze_at_and_norms():
@@ -141,6 +147,10 @@ def test_freeze_at_and_norms():
      "res2 width 19 .* not divisible by heads=4"),
     (dict(depth=50, heads=3), ValueError, "res4 width 256 .* not divisible by heads=3"),
     (dict(depth=50, colour="red"), TypeError, "unknown LambdaResNet arguments \\['colour'\\]"),
+    (dict(depth=50, heads=0), ValueError, "heads must be an integer >= 1, got 0"),
+    (dict(depth=50, mixer="aft_conv", aft_heads=0), ValueError,
+     "aft_heads must be an integer >= 1, got 0"),
+    (dict(depth=50, norm="BNN"), ValueError, "norm must be a detectron2 norm .* got 'BNN'"),
 ])
 def test_bad_arguments_name_the_value(kwargs, error, message):
     with pytest.raises(error, match=message):

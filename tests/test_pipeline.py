@@ -12,7 +12,8 @@ import torch
 
 import lambda_det
 import lambda_det.data  # noqa: F401
-from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
+from detectron2.data import transforms as T
 from detectron2.engine import DefaultTrainer
 from detectron2.modeling import build_model
 from lambda_det.data import build_lsj_augmentations, build_mapper
@@ -117,10 +118,13 @@ def test_lsj_crops_pads_and_recomputes_boxes(tmp_path):
             assert torch.allclose(instances.gt_boxes.tensor, mask_box)
         sizes.add(int((out["image"] != 128).any(0).sum()))
     assert len(sizes) > 1  # different scales each time
-    test_augmentations = build_lsj_augmentations(1024, 0.1, 2.0, is_train=False)
-    assert test_augmentations[0].get_transform(np.zeros((480, 640, 3))).new_w == 1024
+    # Evaluation keeps detectron2's test resize, whatever LSJ.IMAGE_SIZE is.
+    (test_resize,) = build_mapper(cfg, is_train=False).augmentations.augs
+    assert isinstance(test_resize, T.ResizeShortestEdge)
+    resized = test_resize.get_transform(np.zeros((480, 640, 3)))
+    assert resized.new_w == cfg.INPUT.MAX_SIZE_TEST == 256
     with pytest.raises(ValueError, match="got 2.0 and 0.1"):
-        build_lsj_augmentations(64, 2.0, 0.1, is_train=True)
+        build_lsj_augmentations(64, 2.0, 0.1)
 
 
 def test_shapes_dataset_is_deterministic_and_covers_every_size(tmp_path):
@@ -164,6 +168,32 @@ def test_results_load_from_metrics_json_and_bad_files_are_named(tmp_path):
         load_results(str(broken))
     with pytest.raises(FileNotFoundError, match="no results file at .*missing.json"):
         load_results(str(tmp_path / "missing.json"))
+    two = tmp_path / "two" / "eval_results.json"
+    two.parent.mkdir()
+    two.write_text(json.dumps({"config": "", "results": {
+        "val_a": {"bbox": {"AP": 1.0}}, "val_b": {"bbox": {"AP": 2.0}}}}))
+    with pytest.raises(ValueError, match=r"results for the datasets \['val_a', 'val_b'\]"):
+        load_results(str(two))
+    assert load_results(str(two), dataset="val_b") == {"bbox": {"AP": 2.0}}
+
+
+def test_demo_names_the_config_differences_of_a_finished_run():
+    demo = load_tool("demo")
+    saved = "SEED: 0\nMODEL:\n  DEVICE: cpu\n  WEIGHTS: ''\n"
+    assert demo.config_differences(saved, saved) == []
+    wanted = "SEED: 1\nMODEL:\n  DEVICE: cpu\n  WEIGHTS: ''\n  NEW: 2\n"
+    assert demo.config_differences(saved, wanted) == ["MODEL.NEW: None -> 2", "SEED: 0 -> 1"]
+
+
+def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
+    for run in ("a", "b"):
+        (tmp_path / run / "out").mkdir(parents=True)
+        (tmp_path / run / "out" / "metrics.json").write_text('{"bbox/AP": 1.0}\n')
+    with pytest.raises(SystemExit):
+        load_tool("ap_table").main([str(tmp_path / "a" / "out"), str(tmp_path / "b" / "out")])
+    assert "two runs are named 'out'" in capsys.readouterr().err
+    assert load_tool("ap_table").main([f"a={tmp_path / 'a' / 'out'}",
+                                     f"b={tmp_path / 'b' / 'out'}"]) == 0
 
 
 def run_tool(script: str, *args: str, datasets_root: Path, timeout: int = 900):
@@ -200,3 +230,11 @@ def test_train_net_trains_evaluates_and_reports_ap_by_size(tmp_path, datasets_ro
                      "OUTPUT_DIR", str(tmp_path / "eval"), datasets_root=datasets_root)
     assert again.returncode == 0, again.stderr[-3000:]
     assert load_results(str(tmp_path / "eval")) == results
+    # Neither a second training nor an evaluation without weights replaces the finished run.
+    retrain = run_tool("train_net.py", "--config", "lambda_r26_shapes", *TINY_TRAINING,
+                       "OUTPUT_DIR", str(output), datasets_root=datasets_root)
+    assert retrain.returncode != 0 and "already holds a run" in retrain.stderr
+    unweighted = run_tool("train_net.py", "--config", "lambda_r26_shapes", "--eval-only",
+                          *TINY_TRAINING, "OUTPUT_DIR", str(output), datasets_root=datasets_root)
+    assert unweighted.returncode != 0 and "MODEL.WEIGHTS is empty" in unweighted.stderr
+    assert load_results(str(output)) == results

@@ -20,7 +20,9 @@ from detectron2.engine import HookBase
 from detectron2.modeling import build_model
 from detectron2.utils.events import EventStorage
 from lambda_det.data.checks import load_checked_dataset_dicts
-from lambda_det.engine import AtomicCheckpointer, CorruptCheckpointError, Trainer
+from lambda_det.engine import (
+    AtomicCheckpointer, CorruptCheckpointError, Trainer, load_weights_for_evaluation,
+    prepare_output_dir)
 from lambda_det.engine import checkpoint as checkpoint_module
 from lambda_det.modeling import lambda_resnet
 
@@ -244,11 +246,58 @@ def test_unusual_images_train_and_infer(tmp_path):
     (("MODEL.LAMBDA_RESNET.PLACEMENT", "LLXL"), "got 'LLXL'"),
     (("MODEL.LAMBDA_RESNET.SCOPE", 4), "scope must be an odd integer >= 1.*got 4"),
     (("MODEL.LAMBDA_RESNET.HEADS", 3), "not divisible by heads=3"),
+    (("MODEL.LAMBDA_RESNET.HEADS", 0), "heads must be an integer >= 1, got 0"),
+    (("MODEL.LAMBDA_RESNET.NORM", "BNN"), "norm must be a detectron2 norm .* got 'BNN'"),
+    (("MODEL.LAMBDA_RESNET.OUT_FEATURES", ["res3", "res4", "res5"]),
+     r"MODEL.FPN.IN_FEATURES \['res2', 'res3', 'res4', 'res5'\] needs \['res2'\], which "
+     r"MODEL.LAMBDA_RESNET.OUT_FEATURES \['res3', 'res4', 'res5'\] does not output"),
 ])
 def test_bad_configs_are_named(tmp_path, override, message):
     cfg = tiny_cfg(tmp_path, **{override[0]: override[1]})
     with pytest.raises(ValueError, match=message):
         build_model(cfg)
+
+
+def test_bad_log_period_is_named(tmp_path, shapes):
+    with pytest.raises(ValueError, match="SOLVER.LOG_PERIOD must be an integer >= 1 .*got 0"):
+        Trainer(tiny_cfg(tmp_path, **{"SOLVER.LOG_PERIOD": 0}))
+
+
+RUN_RECORDS = ("last_checkpoint", "metrics.json", "eval_results.json")
+
+
+def test_training_over_a_run_needs_resume_or_overwrite(tmp_path):
+    for name in RUN_RECORDS:
+        (tmp_path / name).write_text("model_0000009.pth" if name == "last_checkpoint" else "{}")
+    with pytest.raises(FileExistsError, match=r"already holds a run \(last checkpoint "
+                                              r"model_0000009.pth\): pass --resume .* --overwrite"):
+        prepare_output_dir(str(tmp_path), resume=False, overwrite=False)
+    prepare_output_dir(str(tmp_path), resume=True, overwrite=False)  # continues it: kept
+    assert all((tmp_path / name).is_file() for name in RUN_RECORDS)
+    prepare_output_dir(str(tmp_path), resume=False, overwrite=True)  # starts over: no mixing
+    assert not any((tmp_path / name).exists() for name in RUN_RECORDS)
+    prepare_output_dir(str(tmp_path), resume=False, overwrite=False)  # nothing left to protect
+
+
+def test_evaluation_loads_every_weight_or_refuses(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    trained = build_model(cfg)
+    with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty"):
+        load_weights_for_evaluation(build_model(cfg), cfg, resume=False)
+    with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty"):  # nothing to resume either
+        load_weights_for_evaluation(build_model(cfg), cfg, resume=True)
+    AtomicCheckpointer(trained, save_dir=str(tmp_path)).save("model_0000004")
+    evaluated = build_model(cfg)
+    assert load_weights_for_evaluation(evaluated, cfg, resume=True).endswith("model_0000004.pth")
+    for loaded, saved in zip(evaluated.state_dict().values(), trained.state_dict().values()):
+        assert torch.equal(loaded, saved)
+    # A checkpoint without the backbone would give detectron2 a half-random model to evaluate.
+    state = {key: value for key, value in trained.state_dict().items()
+             if not key.startswith("backbone.")}
+    torch.save({"model": state}, tmp_path / "heads_only.pth")
+    cfg.MODEL.WEIGHTS = str(tmp_path / "heads_only.pth")
+    with pytest.raises(ValueError, match="does not fit the model .* missing keys"):
+        load_weights_for_evaluation(build_model(cfg), cfg, resume=False)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,7 +5,7 @@
         --baseline r152_mask_rcnn --paper --plot ap_by_size.png
 
 A run is a training OUTPUT_DIR, its eval_results.json or its metrics.json; name a row with
-NAME=PATH (default: the folder name).
+NAME=PATH (default: the folder name; two runs cannot share a name).
 """
 import argparse
 import os
@@ -26,17 +26,21 @@ def run_name(spec: str):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="[NAME=]PATH")
     parser.add_argument("--baseline", help="row name to show differences against")
     parser.add_argument("--paper", action="store_true", help="add the paper's Table 14 rows")
     parser.add_argument("--plot", metavar="PNG", help="also write a bar chart here")
     parser.add_argument("--output", metavar="MD", help="also write the table here")
+    parser.add_argument("--dataset", help="the test dataset to report, for runs that evaluated "
+                                          "several")
     args = parser.parse_args(argv)
     runs = {}
     for spec in args.runs:
         name, path = run_name(spec)
-        runs[name] = load_results(path)
+        if name in runs:
+            parser.error(f"two runs are named {name!r} ({spec}): name the rows with NAME=PATH")
+        runs[name] = load_results(path, args.dataset)
     table = format_ap_table(runs, baseline=args.baseline, paper=args.paper)
     print(table)
     if args.output:

@@ -193,7 +193,10 @@ def layer_candidates(layers, height: int, width: int, channels: int, batch: int,
     candidates.append(Candidate("self-attention sdpa", lambda: GlobalSelfAttention(channels,
                                                                                   fused=True)))
     if only:
+        names = [c.name for c in candidates]
         candidates = [c for c in candidates if any(word in c.name for word in only)]
+        if not candidates:
+            raise ValueError(f"--only {only} matches none of the candidates {names}")
     return candidates
 
 
@@ -641,7 +644,7 @@ def format_backbone(results: Dict[str, object]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32",
                         help="bf16 runs every forward under torch.autocast(bfloat16)")
@@ -668,8 +671,8 @@ def main(argv=None) -> int:
     parser.add_argument("--depth", type=int, default=101)
     parser.add_argument("--image", type=int, default=1024)
     parser.add_argument("--impl", default="auto", help="lambda layer impl in backbone mode")
-    parser.add_argument("--out", type=Path, help="output folder (default: "
-                        "output/benchmark_lambda/<mode>_<device>_<dtype>)")
+    parser.add_argument("--out", type=Path, help="output folder (default: a new "
+                        "output/benchmark_lambda/<mode>_<device>_<dtype>_<date-time>)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -677,7 +680,9 @@ def main(argv=None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no GPU")
     mode = "backbone" if args.backbone else "blocks" if args.blocks else "layer"
-    out = args.out or ROOT / "output" / "benchmark_lambda" / f"{mode}_{device.type}_{args.dtype}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # a rerun never overwrites an earlier run's results
+    out = args.out or (ROOT / "output" / "benchmark_lambda"
+                       / f"{mode}_{device.type}_{args.dtype}_{stamp}")
     out.mkdir(parents=True, exist_ok=True)
 
     if args.repetitions is None:

@@ -4,12 +4,14 @@ the CPU, evaluate it with COCO AP by object size, print the table and draw its p
 
     python tools/demo.py                 # reuses a finished run in the output folder
     python tools/demo.py --force         # trains again
-    python tools/demo.py --config configs/Demo/aft_r26_shapes.yaml
+    python tools/demo.py --config configs/Demo/aft_conv_r26_shapes.yaml
 
 Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.json,
-ap_table.md, ap_by_size.png and predictions.png.
+ap_table.md, ap_by_size.png and predictions.png. A finished run made with another config (other
+overrides) is not reused: it needs --force to be trained over, or another OUTPUT_DIR.
 """
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout as a script
@@ -26,7 +29,7 @@ import lambda_det.data  # noqa: E402,F401
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.engine import DefaultPredictor  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
-from lambda_det.engine import load_cfg, resolve_config_file  # noqa: E402
+from lambda_det.engine import adapt_norms_to_device, load_cfg, resolve_config_file  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
@@ -51,8 +54,20 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
     return path
 
 
+def config_differences(saved: str, wanted: str) -> list:
+    """``KEY: saved -> wanted`` for every config key whose value differs between two dumps."""
+    def flat(node, prefix=""):
+        if not isinstance(node, dict):
+            return {prefix[:-1]: node}
+        return {key: value for name, child in node.items()
+                for key, value in flat(child, f"{prefix}{name}.").items()}
+    old, new = flat(yaml.safe_load(saved)), flat(yaml.safe_load(wanted))
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a Demo config (path or name)")
     parser.add_argument("--force", action="store_true", help="train even if a finished run exists")
     parser.add_argument("--name", default=None, help="row name in the AP table")
@@ -65,13 +80,20 @@ def main(argv=None) -> int:
     print(f"dataset: {root} (lambda_det_shapes_train / lambda_det_shapes_val)", flush=True)
 
     cfg = load_cfg(config_file, args.opts)
+    adapt_norms_to_device(cfg)  # as train_net.py does, so that the config dumps compare
     output = Path(cfg.OUTPUT_DIR)
-    weights = output / "model_final.pth"
-    if not args.force and weights.is_file() and (output / "eval_results.json").is_file():
+    weights, record = output / "model_final.pth", output / "eval_results.json"
+    if not args.force and weights.is_file() and record.is_file():
+        differences = config_differences(json.loads(record.read_text())["config"], cfg.dump())
+        if differences:
+            raise SystemExit(
+                f"the finished run in {output} was made with another config ("
+                + "; ".join(differences[:5]) + "): pass --force (FORCE=1 with make) to train "
+                "over it, or set another OUTPUT_DIR")
         print(f"reusing the finished run in {output} (--force, or FORCE=1 with make, trains again)")
     else:
         command = [sys.executable, str(REPO / "tools/train_net.py"), "--config-file", config_file,
-                   *args.opts]
+                   *(["--overwrite"] if args.force else []), *args.opts]
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True)
 

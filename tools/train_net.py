@@ -8,21 +8,25 @@
 ``--num-gpus/--num-machines/--machine-rank/--dist-url`` go to detectron2's ``launch`` (with
 ``MODEL.DEVICE cpu``, ``--num-gpus N`` starts N gloo CPU processes instead); trailing
 ``KEY VALUE`` pairs override the config. A bare config name is looked up under configs/.
+
+Unlike detectron2's script, it keeps finished runs: training into an OUTPUT_DIR that holds one
+needs ``--resume`` (continue) or ``--overwrite`` (start over), and ``--eval-only`` needs weights
+that fit the model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``).
 """
 import torch
 
-import lambda_det  # noqa: F401  (registers the backbones, the datasets and the config hint)
-import lambda_det.data  # noqa: F401
+import lambda_det  # noqa: F401  (registers the backbones and the config hint)
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.engine import (
-    AtomicCheckpointer, Trainer, argument_parser, build_cfg, launch, setup_cfg)
+    Trainer, argument_parser, build_cfg, launch, load_weights_for_evaluation, prepare_output_dir,
+    setup_cfg)
 
 
 def main(args):
     cfg = setup_cfg(args)
     if args.eval_only:
         model = Trainer.build_model(cfg)
-        AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR).resume_or_load(
-            cfg.MODEL.WEIGHTS, resume=args.resume)
+        load_weights_for_evaluation(model, cfg, resume=args.resume)
         return Trainer.test(cfg, model)
     trainer = Trainer(cfg)
     trainer.resume_or_load(resume=args.resume)
@@ -33,6 +37,9 @@ if __name__ == "__main__":
     args = argument_parser().parse_args()
     print("Command Line Args:", args)
     # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA and NCCL).
-    cpu = build_cfg(args).MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
+    cfg = build_cfg(args)
+    if not args.eval_only:  # before any process starts
+        prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume, overwrite=args.overwrite)
+    cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
     launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
            dist_url=args.dist_url, args=(args,), cpu=cpu)

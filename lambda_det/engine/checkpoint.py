@@ -7,7 +7,8 @@ import torch
 
 from detectron2.checkpoint import DetectionCheckpointer
 
-__all__ = ["AtomicCheckpointer", "CorruptCheckpointError"]
+__all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "StrictCheckpointer",
+           "load_trained_weights"]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -52,3 +53,44 @@ class AtomicCheckpointer(DetectionCheckpointer):
             raise CorruptCheckpointError(
                 f"checkpoint {filename} is truncated or corrupt and cannot be loaded "
                 f"({type(error).__name__}: {error})") from error
+
+
+class StrictCheckpointer(AtomicCheckpointer):
+    """Refuses a checkpoint that leaves weights of the model missing or skips mismatched shapes.
+
+    Detectron2 only logs both and goes on with a half-random model, which is what training from
+    a backbone checkpoint wants, but evaluating or exporting such a model is useless.
+    """
+
+    def _load_model(self, checkpoint):
+        incompatible = super()._load_model(checkpoint)
+        missing = [key for key in incompatible.missing_keys
+                   if not key.endswith("num_batches_tracked")]
+        mismatched = [f"{key} {tuple(saved)} vs {tuple(model)}"
+                      for key, saved, model in incompatible.incorrect_shapes]
+        if missing or mismatched:
+            raise ValueError(
+                f"checkpoint {self._weights!r} does not fit the model built from the config "
+                f"(is it the config it was trained with, overrides included?): "
+                f"{len(missing)} missing keys {missing[:5]}, {len(mismatched)} shape mismatches "
+                f"(checkpoint vs model) {mismatched[:5]}")
+        return incompatible
+
+    def load(self, path: str, *args, **kwargs):
+        self._weights = path
+        return super().load(path, *args, **kwargs)
+
+
+def load_trained_weights(model, weights: str) -> None:
+    """Load every weight of ``model`` from the checkpoint ``weights`` (a path or a URL).
+
+    Raises:
+        ValueError: ``weights`` is empty, or the checkpoint does not fit the model.
+        FileNotFoundError: ``weights`` names a local file that does not exist.
+    """
+    if not weights:
+        raise ValueError("MODEL.WEIGHTS is empty: pass the trained checkpoint, e.g. "
+                         "MODEL.WEIGHTS output/model_final.pth")
+    if "://" not in weights and not os.path.isfile(weights):
+        raise FileNotFoundError(f"MODEL.WEIGHTS file {weights!r} does not exist")
+    StrictCheckpointer(model).load(weights, checkpointables=[])

@@ -22,11 +22,12 @@ from lambda_det.config import get_cfg
 from detectron2.engine.hooks import PeriodicWriter
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_checked_dataset_dicts
-from lambda_det.engine.checkpoint import AtomicCheckpointer
+from lambda_det.engine.checkpoint import AtomicCheckpointer, load_trained_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 
 __all__ = ["Trainer", "argument_parser", "build_cfg", "load_cfg", "resolve_config_file",
-           "setup_cfg", "CONFIG_ROOTS", "adapt_norms_to_device", "write_json_atomically"]
+           "setup_cfg", "CONFIG_ROOTS", "adapt_norms_to_device", "write_json_atomically",
+           "prepare_output_dir", "load_weights_for_evaluation"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,54 @@ def write_json_atomically(path: str, data) -> None:
     os.replace(temporary, path)
 
 
+# What a run leaves in OUTPUT_DIR that a new run from iteration 0 would mix with its own.
+_RUN_RECORDS = ("last_checkpoint", "metrics.json", "eval_results.json")
+
+
+def prepare_output_dir(output_dir: str, resume: bool, overwrite: bool) -> None:
+    """Refuse to train from scratch over the run that ``output_dir`` already holds.
+
+    Detectron2 would start again at iteration 0, replace the run's checkpoints one by one and
+    append to its metrics.json. Decision: that takes ``overwrite``, which first removes the old
+    run's records (:data:`_RUN_RECORDS`; its model_*.pth are replaced as the new run saves).
+
+    Raises:
+        FileExistsError: ``output_dir`` has a last_checkpoint, and neither ``resume`` nor
+            ``overwrite`` is set.
+    """
+    last_checkpoint = os.path.join(output_dir, "last_checkpoint")
+    if resume or not os.path.isfile(last_checkpoint):
+        return
+    if not overwrite:
+        with open(last_checkpoint) as f:
+            latest = f.read().strip()
+        raise FileExistsError(
+            f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
+            f"--resume to continue it, another OUTPUT_DIR to keep it, or --overwrite to start "
+            f"over in it")
+    for name in _RUN_RECORDS:
+        try:
+            os.remove(os.path.join(output_dir, name))
+        except FileNotFoundError:  # never written, or another machine removed it first
+            pass
+    logger.info("--overwrite: removed the previous run's %s in %s", ", ".join(_RUN_RECORDS),
+                output_dir)
+
+
+def load_weights_for_evaluation(model, cfg: CfgNode, resume: bool) -> str:
+    """Load the weights to evaluate: OUTPUT_DIR's last checkpoint with ``resume`` (when there
+    is one), else ``MODEL.WEIGHTS``. Every weight must load (unlike detectron2, which evaluates
+    a half-random model after a warning, and writes its results over the run's). Returns the file.
+    """
+    weights = cfg.MODEL.WEIGHTS
+    if resume:
+        checkpointer = AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR)
+        if checkpointer.has_checkpoint():
+            weights = checkpointer.get_checkpoint_file()
+    load_trained_weights(model, weights)
+    return weights
+
+
 class Trainer(DefaultTrainer):
     """Detectron2's ``DefaultTrainer`` with:
 
@@ -152,7 +201,11 @@ class Trainer(DefaultTrainer):
         if self.cfg.DATALOADER.get("DETERMINISTIC", False):
             hooks.insert(0, SeedEachIteration(self.cfg.SEED))
         if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
-            hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
+            period = self.cfg.SOLVER.LOG_PERIOD
+            if not isinstance(period, int) or period < 1:
+                raise ValueError(f"SOLVER.LOG_PERIOD must be an integer >= 1 (iterations), "
+                                 f"got {period!r}")
+            hooks[-1] = PeriodicWriter(self.build_writers(), period=period)
         return hooks
 
     def state_dict(self):
@@ -212,8 +265,12 @@ def _plain(results):
 
 def argument_parser() -> argparse.ArgumentParser:
     """detectron2's ``default_argument_parser`` plus ``--config NAME`` (an alias of --config-file
-    that also accepts a bare name found under configs/)."""
+    that also accepts a bare name found under configs/) and ``--overwrite``
+    (see :func:`prepare_output_dir`)."""
     parser = default_argument_parser()
+    parser.add_argument("--overwrite", action="store_true",
+                        help="train from scratch in an OUTPUT_DIR that holds a run (its "
+                             "last_checkpoint, metrics.json and eval_results.json are removed)")
     parser.add_argument("--config", dest="config_file", metavar="NAME",
                         help="config file, or a bare name under configs/ (e.g. "
                              "lambda_r152_mask_rcnn.yaml)")

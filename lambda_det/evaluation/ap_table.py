@@ -31,13 +31,18 @@ PAPER_TABLE_14: Dict[str, Results] = {
 }
 
 
-def load_results(path: str) -> Results:
-    """Results of one run from a run folder, an ``eval_results.json`` or a ``metrics.json``."""
+def load_results(path: str, dataset: Optional[str] = None) -> Results:
+    """Results of one run from a run folder, an ``eval_results.json`` or a ``metrics.json``.
+
+    Args:
+        dataset: which test dataset's results, when the run evaluated several (eval_results.json
+            only; metrics.json keeps the last one).
+    """
     path = Path(path)
     if path.is_dir():
         for name in ("eval_results.json", "metrics.json"):
             if (path / name).is_file():
-                return load_results(str(path / name))
+                return load_results(str(path / name), dataset)
         raise FileNotFoundError(f"{path} has neither eval_results.json nor metrics.json")
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
@@ -66,7 +71,12 @@ def load_results(path: str) -> Results:
     # {dataset: {task: metrics}} from DefaultTrainer.test, or {task: metrics} for one dataset.
     if any(task in per_dataset for task, _ in TASKS):
         return per_dataset
-    return next(iter(per_dataset.values()))
+    if dataset is None and len(per_dataset) == 1:
+        return next(iter(per_dataset.values()))
+    if dataset not in per_dataset:
+        raise ValueError(f"{path} has results for the datasets {sorted(per_dataset)}: name one "
+                         f"(got dataset={dataset!r})")
+    return per_dataset[dataset]
 
 
 def _number(value: Optional[float]) -> str:

@@ -40,6 +40,17 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     )
 
 
+def _fpn_in_features(cfg, bottom_up: LambdaResNet):
+    """MODEL.FPN.IN_FEATURES, checked against what the LambdaResNet outputs."""
+    in_features = list(cfg.MODEL.FPN.IN_FEATURES)
+    outputs = list(cfg.MODEL.LAMBDA_RESNET.OUT_FEATURES)
+    missing = [name for name in in_features if name not in bottom_up.output_shape()]
+    if missing:
+        raise ValueError(f"MODEL.FPN.IN_FEATURES {in_features} needs {missing}, which "
+                         f"MODEL.LAMBDA_RESNET.OUT_FEATURES {outputs} does not output")
+    return in_features
+
+
 @BACKBONE_REGISTRY.register()
 def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     """The LambdaResNet alone (e.g. for C4-style heads): outputs MODEL.LAMBDA_RESNET.OUT_FEATURES."""
@@ -49,9 +60,10 @@ def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNet:
 @BACKBONE_REGISTRY.register()
 def build_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6 by max-pooling: the R-CNN family's backbone."""
+    bottom_up = lambda_resnet_from_config(cfg, input_shape)
     return FPN(
-        bottom_up=lambda_resnet_from_config(cfg, input_shape),
-        in_features=cfg.MODEL.FPN.IN_FEATURES,
+        bottom_up=bottom_up,
+        in_features=_fpn_in_features(cfg, bottom_up),
         out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
         norm=cfg.MODEL.FPN.NORM,
         top_block=LastLevelMaxPool(),
@@ -65,7 +77,7 @@ def build_retinanet_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> F
     bottom_up = lambda_resnet_from_config(cfg, input_shape)
     return FPN(
         bottom_up=bottom_up,
-        in_features=cfg.MODEL.FPN.IN_FEATURES,
+        in_features=_fpn_in_features(cfg, bottom_up),
         out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
         norm=cfg.MODEL.FPN.NORM,
         top_block=LastLevelP6P7(bottom_up.output_shape()["res5"].channels,

@@ -4,7 +4,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from detectron2.layers import ShapeSpec
+from detectron2.layers import ShapeSpec, get_norm
 import fvcore.nn.weight_init as weight_init
 from detectron2.modeling import Backbone
 from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding
@@ -59,13 +59,13 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
         raise ValueError(f"depth must be one of {sorted(BLOCKS_PER_STAGE)}, got {depth!r}")
     blocks = dict(zip(STAGES, BLOCKS_PER_STAGE[depth]))
     every = {stage: range(1, count + 1) for stage, count in blocks.items()}
-    if isinstance(placement, str):
+    if isinstance(placement, str):  # case-insensitive, like the letters
         letters = placement.upper()
-        if placement == "paper":
+        if letters == "PAPER":
             chosen = {"res4": PAPER_LAMBDA_BLOCKS_C4[depth], "res5": every["res5"]}
-        elif placement == "c4":
+        elif letters == "C4":
             chosen = {"res4": every["res4"], "res5": every["res5"]}
-        elif placement == "none":
+        elif letters == "NONE":
             chosen = {}
         elif len(letters) == 4 and set(letters) <= {"C", "L"}:
             chosen = {stage: every[stage] for stage, letter in zip(STAGES, letters) if letter == "L"}
@@ -91,6 +91,16 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
                     f"{blocks[stage]} blocks at depth {depth} (indices are 1-based)")
         resolved[stage] = frozenset(indices)
     return resolved
+
+
+def _check_norm(norm) -> None:
+    """A norm detectron2's ``get_norm`` can build, or a ValueError that names it."""
+    try:
+        get_norm(norm, 32)
+    except KeyError:
+        raise ValueError(f"norm must be a detectron2 norm (\"BN\", \"SyncBN\", \"naiveSyncBN\", "
+                         f"\"FrozenBN\", \"GN\", ...; \"\" for none) or a callable, got {norm!r}"
+                         ) from None
 
 
 class LambdaResNet(Backbone):
@@ -137,7 +147,11 @@ class LambdaResNet(Backbone):
         lambda_blocks = resolve_placement(depth, placement)
         self.depth = depth
         self.num_classes = num_classes
+        heads_option = "heads" if mixer == "lambda" else "aft_heads"
         heads = lambda_kwargs.get("heads", 4) if mixer == "lambda" else aft_heads
+        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
+            raise ValueError(f"{heads_option} must be an integer >= 1, got {heads!r}")
+        _check_norm(norm)
         aft_kwargs = {"heads": aft_heads, "window_size": aft_window_size}
 
         stem_width = int(64 * width_multiplier)
@@ -158,7 +172,7 @@ class LambdaResNet(Backbone):
             width = int(64 * width_multiplier * 2 ** stage_index)
             if lambda_blocks[name] and width % heads:
                 raise ValueError(f"{name} width {width} (width_multiplier={width_multiplier}) is "
-                                 f"not divisible by heads={heads}")
+                                 f"not divisible by {heads_option}={heads}")
             blocks = []
             for block_index in range(1, count + 1):
                 stride = 2 if block_index == 1 and stage_index > 0 else 1
@@ -204,7 +218,11 @@ class LambdaResNet(Backbone):
             nn.init.zeros_(self.linear.bias)
 
     def freeze(self, freeze_at: int = 0) -> "LambdaResNet":
-        """Freeze the stem (freeze_at >= 1) and the first freeze_at - 1 stages, as detectron2 does."""
+        """Freeze the stem (freeze_at >= 1) and the first freeze_at - 1 stages, as detectron2 does.
+
+        Decision: a position embedding shared across stages (share_position_embeddings) is
+        frozen only when every stage that uses it is.
+        """
         if not isinstance(freeze_at, int) or not 0 <= freeze_at <= 5:
             raise ValueError(f"freeze_at must be an integer in [0, 5], got {freeze_at!r}")
         if freeze_at >= 1:
@@ -213,6 +231,11 @@ class LambdaResNet(Backbone):
             if freeze_at >= stage_index:
                 for block in getattr(self, name):
                     block.freeze()
+        for stage_index, name in enumerate(STAGES, start=2):
+            if freeze_at < stage_index:
+                for module in getattr(self, name).modules():
+                    if isinstance(module, LambdaLayer):
+                        module.position_embedding.weight.requires_grad_(True)
         return self
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
