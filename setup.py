@@ -10,6 +10,7 @@ Detectron2 has no wheels on PyPI. If no detectron2 is importable, run
 the ``pb1-detectron2`` source package). A detectron2 you built yourself is used as it is.
 """
 import importlib.metadata
+import re
 from pathlib import Path
 
 from setuptools import find_packages, setup
@@ -29,7 +30,8 @@ def detectron2_requirement() -> str:
 
 setup(
     name="lambda_det",
-    version="0.1.0",
+    version=re.search(r'__version__ = "(.+)"',
+                      Path(__file__).with_name("lambda_det").joinpath("__init__.py").read_text())[1],
     description="LambdaNetworks (lambda layers, LambdaResNets) and AFT backbones for Detectron2",
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",

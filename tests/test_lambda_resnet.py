@@ -8,31 +8,30 @@ from detectron2.config import get_cfg as get_detectron2_cfg
 from detectron2.modeling import BACKBONE_REGISTRY, build_model
 from detectron2.utils.events import EventStorage
 from lambda_det.layers import LambdaLayer
-from lambda_det.modeling import BLOCKS_PER_STAGE, LambdaResNet, lambda_resnet, resolve_placement
+from lambda_det.modeling import (
+    BLOCKS_PER_STAGE, PAPER_PARAMETERS, LambdaResNet, lambda_resnet, resolve_placement)
 
 
 def parameters_in_millions(model: torch.nn.Module) -> float:
     return sum(p.numel() for p in model.parameters()) / 1e6
 
 
-# Paper Table 12 (ResNet-50 placements, c2..c5) and Table 13, 1000-class head, k=16 h=4 u=1 r=23.
-TABLE_12 = {"CCCC": 25.6, "LCCC": 25.5, "LLCC": 25.0, "LLLC": 21.7, "LLLL": 15.0, "CLLL": 15.1,
-            "CCLL": 15.4, "CCCL": 18.8}
-TABLE_13 = {(101, "none", False): 44.6, (101, "none", True): 63.6, (101, "paper", False): 36.9,
-            (101, "c4", False): 26.0, (152, "none", False): 60.2, (152, "none", True): 86.6,
-            (152, "paper", False): 51.4, (152, "c4", False): 35.1}
+TABLE_12 = sorted(key for key in PAPER_PARAMETERS if key[0] == 50)
+TABLE_13 = sorted(key for key in PAPER_PARAMETERS if key[0] != 50)
 
 
-@pytest.mark.parametrize("placement", sorted(TABLE_12))
-def test_parameter_counts_match_table_12(placement):
-    model = lambda_resnet(50, placement=placement, num_classes=1000)
-    assert parameters_in_millions(model) == pytest.approx(TABLE_12[placement], rel=0.02)
+@pytest.mark.parametrize("depth,placement,se", TABLE_12)
+def test_parameter_counts_match_table_12(depth, placement, se):
+    model = lambda_resnet(depth, placement=placement, num_classes=1000)
+    assert parameters_in_millions(model) == pytest.approx(PAPER_PARAMETERS[depth, placement, se],
+                                                          rel=0.02)
 
 
-@pytest.mark.parametrize("depth,placement,se", sorted(TABLE_13))
+@pytest.mark.parametrize("depth,placement,se", TABLE_13)
 def test_parameter_counts_match_table_13(depth, placement, se):
     model = lambda_resnet(depth, placement=placement, se=se, num_classes=1000)
-    assert parameters_in_millions(model) == pytest.approx(TABLE_13[depth, placement, se], rel=0.05)
+    assert parameters_in_millions(model) == pytest.approx(PAPER_PARAMETERS[depth, placement, se],
+                                                          rel=0.05)
 
 
 def test_paper_placement_of_lambda_blocks():

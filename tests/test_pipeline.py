@@ -72,6 +72,20 @@ def test_paper_recipe_is_resolved_exactly(relative):
     assert DefaultTrainer.auto_scale_workers(cfg, 64).SOLVER.IMS_PER_BATCH == 256
 
 
+@pytest.mark.parametrize("relative", [name for name in SHIPPED_CONFIGS
+                                      if name.startswith("COCO-Detection")])
+def test_detection_configs_follow_the_paper_schedule(relative):
+    cfg = load_config(relative)
+    paper = load_config("COCO-InstanceSegmentation/lambda_r101_mask_rcnn.yaml")
+    for node in ("SOLVER", "INPUT.LSJ", "INPUT.MIN_SIZE_TEST", "INPUT.MAX_SIZE_TEST",
+                 "MODEL.WEIGHTS", "MODEL.BACKBONE.FREEZE_AT", "MODEL.LAMBDA_RESNET.NORM",
+                 "MODEL.LAMBDA_RESNET.DEPTH", "MODEL.LAMBDA_RESNET.PLACEMENT", "MODEL.FPN.NORM"):
+        ours, theirs = cfg, paper
+        for part in node.split("."):
+            ours, theirs = ours[part], theirs[part]
+        assert ours == theirs, node
+
+
 def test_table_14_configs_differ_only_in_the_backbone():
     dumps = {}
     for relative in PAPER_CONFIGS:

@@ -162,7 +162,9 @@ class Trainer(DefaultTrainer):
     """Detectron2's ``DefaultTrainer`` with:
 
     * the LSJ mapper when ``INPUT.LSJ.ENABLED``;
-    * COCO evaluation (AP by object size) also written to ``OUTPUT_DIR/eval_results.json``;
+    * COCO evaluation (boxes and masks, AP by object size) also written to
+      ``OUTPUT_DIR/eval_results.json``; other metrics (PQ, mIoU) need a subclass that overrides
+      ``build_evaluator``, as in detectron2's tools/train_net.py;
     * checkpoints written atomically (:class:`AtomicCheckpointer`), with the optimizer state
       (detectron2 0.6 leaves it out, so ``--resume`` restarted momentum from zero);
     * CPU data-parallel training over gloo (detectron2 0.6 passes GPU device ids to DDP);

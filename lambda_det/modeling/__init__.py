@@ -3,8 +3,9 @@ from lambda_det.modeling.build import (
     build_lambda_resnet_backbone, build_lambda_resnet_fpn_backbone,
     build_retinanet_lambda_resnet_fpn_backbone)
 from lambda_det.modeling.lambda_resnet import (
-    BLOCKS_PER_STAGE, PAPER_LAMBDA_BLOCKS_C4, LambdaResNet, lambda_resnet, resolve_placement)
+    BLOCKS_PER_STAGE, PAPER_LAMBDA_BLOCKS_C4, PAPER_PARAMETERS, LambdaResNet, lambda_resnet,
+    resolve_placement)
 
 __all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "BLOCKS_PER_STAGE",
-           "PAPER_LAMBDA_BLOCKS_C4", "build_lambda_resnet_backbone",
+           "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "build_lambda_resnet_backbone",
            "build_lambda_resnet_fpn_backbone", "build_retinanet_lambda_resnet_fpn_backbone"]

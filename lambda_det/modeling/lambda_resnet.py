@@ -1,5 +1,5 @@
 """LambdaResNets (LambdaNetworks, Bello 2021, F.2 and Table 19) as a detectron2 ``Backbone``."""
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Union
+from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -11,7 +11,7 @@ from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding
 from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
 
 __all__ = ["LambdaResNet", "lambda_resnet", "BLOCKS_PER_STAGE", "PAPER_LAMBDA_BLOCKS_C4",
-           "resolve_placement"]
+           "PAPER_PARAMETERS", "resolve_placement"]
 
 STAGES = ("res2", "res3", "res4", "res5")
 
@@ -38,6 +38,17 @@ PAPER_LAMBDA_BLOCKS_C4: Dict[int, Sequence[int]] = {
     270: (8, 16, 24, 32, 40, 48),
     350: (10, 20, 30, 40, 50, 60),
     420: (10, 20, 30, 40, 50, 60, 70, 80),
+}
+
+# Parameters (millions) of the paper's classifiers (1000 classes; k=16, h=4, u=1, scope 23), by
+# (depth, placement, se): Table 12 (ResNet-50, lambda layers in the stages marked L) and Table 13.
+PAPER_PARAMETERS: Dict[Tuple[int, str, bool], float] = {
+    **{(50, placement, False): count for placement, count in (
+        ("CCCC", 25.6), ("LCCC", 25.5), ("LLCC", 25.0), ("LLLC", 21.7), ("LLLL", 15.0),
+        ("CLLL", 15.1), ("CCLL", 15.4), ("CCCL", 18.8))},
+    (101, "none", False): 44.6, (101, "none", True): 63.6, (101, "paper", False): 36.9,
+    (101, "c4", False): 26.0, (152, "none", False): 60.2, (152, "none", True): 86.6,
+    (152, "paper", False): 51.4, (152, "c4", False): 35.1,
 }
 
 LAMBDA_LAYER_OPTIONS = ("heads", "dim_k", "dim_u", "scope", "impl", "max_size")
@@ -259,10 +270,7 @@ class LambdaResNet(Backbone):
                 for name in self._out_features if name != "linear"}
 
 
-def lambda_resnet(depth: int, *, placement: Placement = "paper", se: bool = False,
-                  num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
-                  norm: str = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
-                  **lambda_layer_kwargs) -> LambdaResNet:
+def lambda_resnet(depth: int, **kwargs) -> LambdaResNet:
     """Build a LambdaResNet (or, with ``placement="none"``, its ResNet-RS baseline).
 
     Examples::
@@ -271,8 +279,6 @@ def lambda_resnet(depth: int, *, placement: Placement = "paper", se: bool = Fals
         lambda_resnet(101, placement="none", se=True)        # ResNet-101 + SE baseline
         lambda_resnet(50, placement="CCLL", num_classes=1000)  # Table 12 row
 
-    See :class:`LambdaResNet` for the arguments.
+    See :class:`LambdaResNet` for the arguments (keywords only after the depth).
     """
-    return LambdaResNet(depth, placement=placement, se=se, num_classes=num_classes,
-                        out_features=out_features, norm=norm, freeze_at=freeze_at,
-                        width_multiplier=width_multiplier, **lambda_layer_kwargs)
+    return LambdaResNet(depth, **kwargs)
