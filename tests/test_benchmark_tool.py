@@ -79,3 +79,13 @@ def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
         ("c5 block", 1, [1, 2048, 2, 2])]
     assert all(len(row["lambda_times_s"]) == len(row["conv_times_s"]) == 2 for row in rows)
     assert "c5 first block (stride 2)" in (tmp_path / "results.md").read_text()
+
+
+def test_count_kernels_counts_compute_ops_not_views():
+    tool = load_tool("count_kernels")
+    layer = layers.LambdaLayer(8, heads=2, dim_k=4, scope=3, impl="conv")
+    forward, backward, names = tool.count_kernels(layer, torch.randn(1, 8, 5, 5, requires_grad=True))
+    assert forward > 0 and backward > 0 and forward + backward == sum(names.values())
+    assert names["convolution"] == 2 and names["convolution_backward"] == 2  # projection, lambdas
+    assert not set(names) & tool.NO_KERNEL
+    assert tool.main(["--size", "8", "--channels", "16"]) == 0
