@@ -60,7 +60,8 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     lsj.MAX_SCALE = 2.0
 
     # Every iteration a function of (SEED, iteration): bit-exact --resume on the CPU, and the
-    # same global batches for any number of processes (lambda_det.engine.deterministic).
+    # same global batches for any number of processes (lambda_det.engine.deterministic; uniform
+    # sampling: SAMPLER_TRAIN and ASPECT_RATIO_GROUPING do not apply).
     cfg.DATALOADER.DETERMINISTIC = False
     # How often the metric writers (metrics.json, the console) run; detectron2 fixes it at 20.
     cfg.SOLVER.LOG_PERIOD = 20

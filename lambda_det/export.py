@@ -46,6 +46,7 @@ from detectron2.modeling import GeneralizedRCNN, build_model
 from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
+from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.checkpoint import load_trained_weights
 from lambda_det.engine.trainer import adapt_norms_to_device, load_cfg
 
@@ -228,16 +229,15 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
     traced = trace_model(model, image)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    temporary = output.with_name(output.name + ".tmp")  # never a half-written model
-    if format == "torchscript":
-        extra_files = {METADATA_NAME: json.dumps(traced.metadata())}
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*torch\.jit\.save.* is deprecated",
-                                    category=FutureWarning)
-            torch.jit.save(traced.module, str(temporary), _extra_files=extra_files)
-    else:
-        _save_onnx(traced, temporary, opset)
-    os.replace(temporary, output)
+    with atomic_path(output) as temporary:  # never a half-written model
+        if format == "torchscript":
+            extra_files = {METADATA_NAME: json.dumps(traced.metadata())}
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r".*torch\.jit\.save.* is deprecated",
+                                        category=FutureWarning)
+                torch.jit.save(traced.module, temporary, _extra_files=extra_files)
+        else:
+            _save_onnx(traced, Path(temporary), opset)
     return traced
 
 
@@ -245,9 +245,11 @@ _ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
 
 
 class ExportedModel:
-    """An exported file loaded for inference on the CPU (ONNX through onnxruntime).
+    """An exported file loaded for inference: TorchScript on the device it was traced on (the
+    trace holds that device as a constant), ONNX on the CPU through onnxruntime.
 
-    Calling it with a (3, H, W) image of the exported size and dtype returns the outputs by name.
+    Calling it with a (3, H, W) image of the exported size and dtype returns the outputs by name,
+    on the CPU.
     """
 
     def __init__(self, path: PathLike):
@@ -273,7 +275,7 @@ class ExportedModel:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated",
                                         category=FutureWarning)
-                self._module = torch.jit.load(path, map_location="cpu", _extra_files=extra_files)
+                self._module = torch.jit.load(path, _extra_files=extra_files)
             if not extra_files[METADATA_NAME]:
                 raise ValueError(f"{path!r} is not a TorchScript file written by lambda_det.export "
                                  f"(it has no {METADATA_NAME})")
@@ -293,7 +295,7 @@ class ExportedModel:
             raise ValueError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
         if self._module is not None:
             with torch.no_grad():
-                outputs = self._module(image)
+                outputs = [output.cpu() for output in self._module(image)]
         else:
             feed = {self._input_name: np.ascontiguousarray(image.cpu().numpy())}
             outputs = [torch.from_numpy(value) for value in self._session.run(None, feed)]
@@ -317,13 +319,14 @@ def outputs_to_instances(outputs: Mapping[str, torch.Tensor], height: int,
 
 def max_differences(expected: Mapping[str, torch.Tensor],
                     actual: Mapping[str, torch.Tensor]) -> Dict[str, float]:
-    """Per output name, the largest absolute difference (inf where the shapes or names differ)."""
+    """Per output name, the largest absolute difference (inf where the shapes or names differ,
+    nan where either side has a NaN)."""
     differences = {}
     for name in sorted(set(expected) | set(actual)):
         if name not in expected or name not in actual:
             differences[name] = float("inf")
             continue
-        reference, value = torch.as_tensor(expected[name]), torch.as_tensor(actual[name])
+        reference, value = (torch.as_tensor(outputs[name]).cpu() for outputs in (expected, actual))
         if reference.shape != value.shape:
             differences[name] = float("inf")
         elif reference.numel() == 0:

@@ -5,6 +5,8 @@ exported once per format on a 64 x 96 sample: ONNX by the tool from an image fil
 through the library. ONNX tests need onnx and onnxruntime (the "dev" extra) and skip without them.
 """
 
+import math
+
 import cv2
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from conftest import load_tool
 from detectron2.modeling import build_model
 from lambda_det.engine import AtomicCheckpointer
 from lambda_det.export import (
-    ExportedModel, build_export_cfg, eager_outputs, export_model, load_trained_model,
+    ExportedModel, build_export_cfg, eager_outputs, export_model, load_trained_model, max_differences,
     outputs_to_instances, sample_image)
 from lambda_det.layers import LambdaLayer
 
@@ -261,3 +263,11 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
     if case == "wrong weights":
         assert weights in error and "roi_heads.box_predictor.cls_score.weight" in error
     assert not (tmp_path / "model.ts").exists()
+
+
+def test_max_differences_flags_nan_and_mismatches():
+    expected = {"scores": torch.tensor([0.5, 0.25]), "image_size": torch.tensor([4, 6])}
+    assert max_differences(expected, dict(expected)) == {"image_size": 0.0, "scores": 0.0}
+    differences = max_differences(expected, {"scores": torch.tensor([0.5, float("nan")])})
+    assert math.isnan(differences["scores"]) and differences["image_size"] == float("inf")
+    assert not all(value <= 1e-3 for value in differences.values())  # what export_model checks

@@ -141,6 +141,25 @@ def test_lsj_crops_pads_and_recomputes_boxes(tmp_path):
         build_lsj_augmentations(64, 2.0, 0.1)
 
 
+def test_shapes_registration_follows_detectron2_datasets_when_registered(tmp_path, monkeypatch):
+    from detectron2.data import MetadataCatalog
+    from lambda_det.data import register_shapes_datasets
+
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(tmp_path))
+    register_shapes_datasets()
+    metadata = MetadataCatalog.get("lambda_det_shapes_val")
+    assert metadata.json_file.startswith(str(tmp_path)) and metadata.image_root.startswith(
+        str(tmp_path))
+    monkeypatch.undo()
+    register_shapes_datasets()
+    assert not MetadataCatalog.get("lambda_det_shapes_val").json_file.startswith(str(tmp_path))
+    stale = tmp_path / "stale"
+    (stale / "leftover").mkdir(parents=True)
+    with pytest.raises(OSError, match=f"cannot create the shapes dataset at {stale}: the folder "
+                                      f"exists but is not a complete dataset"):
+        lambda_det.data.ensure_shapes_dataset(stale)
+
+
 def test_shapes_dataset_is_deterministic_and_covers_every_size(tmp_path):
     first = json.loads(generate_split(tmp_path / "a", "val").read_text())
     second = json.loads(generate_split(tmp_path / "b", "val").read_text())

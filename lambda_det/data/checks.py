@@ -4,10 +4,12 @@ Detectron2 reports a missing image or a malformed annotation from inside a data-
 possibly hours into training; a missing dataset folder as a bare FileNotFoundError. These checks
 run once, when the train loader is built.
 """
+import difflib
+import math
 import os
 from typing import List, Sequence
 
-from detectron2.data import get_detection_dataset_dicts
+from detectron2.data import DatasetCatalog, get_detection_dataset_dicts
 from detectron2.structures import BoxMode
 
 __all__ = ["load_checked_dataset_dicts", "check_dataset_dicts", "MISSING_DATASET_HINT"]
@@ -24,6 +26,13 @@ def load_checked_dataset_dicts(names: Sequence[str], filter_empty: bool = True,
 
     Images without annotations are dropped by detectron2 when ``filter_empty`` (it logs how many).
     """
+    registered = DatasetCatalog.list()
+    for name in names:
+        if name not in registered:
+            close = difflib.get_close_matches(name, registered, n=3)
+            raise KeyError(f"dataset {name!r} is not registered"
+                           + (f"; did you mean {' or '.join(map(repr, close))}?" if close else
+                              " (register it with detectron2's DatasetCatalog first)"))
     try:
         dicts = get_detection_dataset_dicts(list(names), filter_empty=filter_empty)
     except FileNotFoundError as error:
@@ -53,9 +62,10 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
                 if key not in annotation:
                     raise ValueError(f"an annotation of {file_name} has no {key!r}{where}")
             box = list(annotation["bbox"])
-            if len(box) != 4:
-                raise ValueError(f"an annotation of {file_name} has bbox={box}, not 4 numbers"
-                                 f"{where}")
+            if len(box) != 4 or not all(isinstance(x, (int, float)) and math.isfinite(x)
+                                        for x in box):
+                raise ValueError(f"an annotation of {file_name} has bbox={box}, not 4 finite "
+                                 f"numbers{where}")
             mode = annotation.get("bbox_mode", BoxMode.XYWH_ABS)
             x0, y0, x1, y1 = BoxMode.convert(box, mode, BoxMode.XYXY_ABS)
             if x1 < x0 or y1 < y0:

@@ -1,8 +1,9 @@
 """The bundled dataset: synthetic shapes in COCO format, generated on first use from a fixed seed.
 
-Three classes (circle, square, triangle) of random colours on textured backgrounds. Every image
-gets objects from each COCO size bucket (area < 32^2, 32^2..96^2, > 96^2), so APs, APm and APl are
-all defined. Objects do not overlap, so each mask is exactly its polygon.
+Three classes (circle, square, triangle) of random colours on textured backgrounds. Each split
+has many objects in every COCO size bucket (area < 32^2, 32^2..96^2, > 96^2; not every image has
+all three), so APs, APm and APl are all defined. Objects do not overlap, so each mask is exactly
+its polygon.
 
 Registered in detectron2's catalogs as ``lambda_det_shapes_train`` (256 images) and
 ``lambda_det_shapes_val`` (48 images), under ``$DETECTRON2_DATASETS/lambda_det_shapes_v1``
@@ -130,27 +131,38 @@ def ensure_shapes_dataset(root: Path = None) -> Path:
         (staging / "COMPLETE").write_text(VERSION)
         try:
             staging.rename(root)
-        except OSError:  # another process finished first
+        except OSError as error:  # another process finished first, or a stale folder is there
             if not (root / "COMPLETE").is_file():
-                raise
+                raise OSError(f"cannot create the shapes dataset at {root}: the folder exists "
+                              f"but is not a complete dataset (no COMPLETE file); delete it and "
+                              f"run again ({error})") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root
 
 
-def _load(split: str, name: str) -> List[dict]:
-    root = ensure_shapes_dataset()
+def _load(split: str, name: str, root: Path) -> List[dict]:
+    ensure_shapes_dataset(root)
     return load_coco_json(str(root / f"{split}.json"), str(root / split), name)
 
 
 def register_shapes_datasets() -> None:
-    """Register ``lambda_det_shapes_{train,val}``; the files are generated when first loaded."""
+    """Register ``lambda_det_shapes_{train,val}``; the files are generated when first loaded.
+
+    The folder is fixed here, from ``$DETECTRON2_DATASETS`` at registration (as detectron2's
+    builtin datasets are), so the images that are loaded and the json_file that COCOEvaluator
+    reads are always the same files. Calling it again after DETECTRON2_DATASETS changed moves
+    the registration to the new folder.
+    """
+    root = shapes_root()
     for split in SHAPES_SPLITS:
         name = f"lambda_det_shapes_{split}"
         if name in DatasetCatalog.list():
-            continue
-        DatasetCatalog.register(name, lambda split=split, name=name: _load(split, name))
-        root = shapes_root()
+            if MetadataCatalog.get(name).get("image_root") == str(root / split):
+                continue
+            DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
+        DatasetCatalog.register(name, lambda split=split, name=name: _load(split, name, root))
         MetadataCatalog.get(name).set(
             thing_classes=list(SHAPES_CLASSES), evaluator_type="coco",
             json_file=str(root / f"{split}.json"), image_root=str(root / split))

@@ -1,6 +1,7 @@
 """Training entry points (tools/train_net.py is a thin script over these)."""
 from lambda_det.engine.checkpoint import (
-    AtomicCheckpointer, CorruptCheckpointError, StrictCheckpointer, load_trained_weights)
+    AtomicCheckpointer, CorruptCheckpointError, StrictCheckpointer, UnsafeCheckpointError,
+    load_trained_weights)
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.launch import launch
 from lambda_det.engine.trainer import (
@@ -9,6 +10,7 @@ from lambda_det.engine.trainer import (
 
 __all__ = ["Trainer", "argument_parser", "build_cfg", "load_cfg", "resolve_config_file",
            "setup_cfg", "adapt_norms_to_device", "launch", "AtomicCheckpointer",
-           "CorruptCheckpointError", "StrictCheckpointer", "load_trained_weights",
+           "CorruptCheckpointError", "StrictCheckpointer", "UnsafeCheckpointError",
+           "load_trained_weights",
            "load_weights_for_evaluation", "prepare_output_dir", "DeterministicTrainLoader",
            "SeedEachIteration"]

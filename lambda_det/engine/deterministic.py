@@ -12,6 +12,11 @@ sampling draws from the global torch RNG, so a resumed run drifts from an uninte
 
 A checkpoint holds the model, optimizer, scheduler and iteration, so resuming at i reproduces
 iteration i bit for bit on the CPU. The loader maps in the training process (no workers).
+
+It replaces detectron2's sampler, so ``DATALOADER.SAMPLER_TRAIN`` (e.g. repeat-factor sampling)
+and ``ASPECT_RATIO_GROUPING`` do not apply: every image is drawn uniformly. "The same batches"
+holds for a fixed ``SOLVER.IMS_PER_BATCH``; with ``REFERENCE_WORLD_SIZE`` set, detectron2
+rescales the batch with the number of processes, and so the batches.
 """
 import copy
 import random

@@ -22,6 +22,7 @@ from lambda_det.config import get_cfg
 from detectron2.engine.hooks import PeriodicWriter
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, load_trained_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 
@@ -104,10 +105,8 @@ def setup_cfg(args: argparse.Namespace) -> CfgNode:
 
 def write_json_atomically(path: str, data) -> None:
     """Write JSON so that a crash mid-write never leaves a truncated file behind."""
-    temporary = f"{path}.tmp"
-    with open(temporary, "w") as f:
+    with atomic_path(path) as temporary, open(temporary, "w") as f:
         json.dump(data, f, indent=2)
-    os.replace(temporary, path)
 
 
 # What a run leaves in OUTPUT_DIR that a new run from iteration 0 would mix with its own.
