@@ -6,6 +6,7 @@ through the library. ONNX tests need onnx and onnxruntime (the "dev" extra) and 
 """
 
 import math
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -241,7 +242,7 @@ def test_bad_format_and_opset_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["format", "missing weights", "empty weights", "wrong weights",
-                                  "missing sample"])
+                                  "truncated weights", "missing sample"])
 def test_tool_names_bad_input(case, weights, tmp_path, capsys):
     arguments = {"format": ["--format", "savedmodel"]}.get(case, ["--format", "torchscript"])
     arguments += ["--output", str(tmp_path / "model.ts")]
@@ -252,12 +253,17 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
             "empty weights": ""}.get(case, weights)
     if case == "wrong weights":
         overrides += ["MODEL.ROI_HEADS.NUM_CLASSES", "5"]
+    if case == "truncated weights":
+        path = str(tmp_path / "truncated.pth")
+        Path(path).write_bytes(Path(weights).read_bytes()[:1000])
     with pytest.raises(SystemExit) as exit_info:
-        load_tool("export_model").main(["--config-file", CONFIG, *arguments, *overrides, "MODEL.WEIGHTS", path])
+        load_tool("export_model").main(["--config-file", CONFIG, *arguments, *overrides,
+                                        "MODEL.WEIGHTS", path])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",
                 "empty weights": "MODEL.WEIGHTS is empty", "wrong weights": "shape mismatches",
+                "truncated weights": "truncated.pth is truncated or corrupt",
                 "missing sample": "no_such_image.png"}[case]
     assert expected in error
     if case == "wrong weights":

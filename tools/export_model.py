@@ -32,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
+from lambda_det.engine import CorruptCheckpointError, UnsafeCheckpointError  # noqa: E402
 from lambda_det.export import (  # noqa: E402  (importing lambda_det registers the backbones)
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, build_export_cfg, eager_outputs,
     export_model, load_trained_model, max_differences, sample_image)
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         cfg = build_export_cfg(args.config_file, args.opts)
         image = sample_image(cfg, args.sample_image, args.sample_size)
         model = load_trained_model(cfg)
-    except (FileNotFoundError, ValueError) as error:
+    except (FileNotFoundError, ValueError, CorruptCheckpointError, UnsafeCheckpointError) as error:
         parser.error(str(error))
     output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
 
