@@ -34,12 +34,16 @@ def main(args):
 
 
 if __name__ == "__main__":
-    args = argument_parser().parse_args()
+    parser = argument_parser()
+    args = parser.parse_args()
     print("Command Line Args:", args)
     # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA and NCCL).
     cfg = build_cfg(args)
     if not args.eval_only:  # before any process starts
-        prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume, overwrite=args.overwrite)
+        try:
+            prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume, overwrite=args.overwrite)
+        except FileExistsError as error:
+            parser.error(str(error))
     cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
     launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
            dist_url=args.dist_url, args=(args,), cpu=cpu)
