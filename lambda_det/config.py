@@ -18,9 +18,23 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
 
     Idempotent: a node that is already there is left as it is.
     """
-    if "LAMBDA_RESNET" in cfg.MODEL:
-        return cfg
-    node = cfg.MODEL.LAMBDA_RESNET = CN()
+    if "LAMBDA_RESNET" not in cfg.MODEL:
+        cfg.MODEL.LAMBDA_RESNET = _lambda_resnet_node()
+    if "LSJ" not in cfg.INPUT:
+        cfg.INPUT.LSJ = _lsj_node()
+    # Every iteration a function of (SEED, iteration): bit-exact --resume on the CPU, and the
+    # same global batches for any number of processes (lambda_det.engine.deterministic; uniform
+    # sampling: SAMPLER_TRAIN and ASPECT_RATIO_GROUPING do not apply).
+    if "DETERMINISTIC" not in cfg.DATALOADER:
+        cfg.DATALOADER.DETERMINISTIC = False
+    # How often the metric writers (metrics.json, the console) run; detectron2 fixes it at 20.
+    if "LOG_PERIOD" not in cfg.SOLVER:
+        cfg.SOLVER.LOG_PERIOD = 20
+    return cfg
+
+
+def _lambda_resnet_node() -> CN:
+    node = CN()
     # One of 26, 50, 101, 152, 200, 270, 350, 420.
     node.DEPTH = 50
     # "paper" (Table 19: listed c4 blocks + all c5), "c4" (all of c4 and c5), "none" (ResNet-RS
@@ -49,23 +63,19 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     node.MIXER = "lambda"
     node.AFT_HEADS = 8
     node.AFT_WINDOW_SIZE = 7
+    return node
 
+
+def _lsj_node() -> CN:
     # Large-scale jitter (paper F.3): train on random [MIN_SCALE, MAX_SCALE] x IMAGE_SIZE resizes,
     # cropped or padded to IMAGE_SIZE^2. Training only: the test size is detectron2's
     # INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (1024 / 1024 in the paper configs).
-    lsj = cfg.INPUT.LSJ = CN()
+    lsj = CN()
     lsj.ENABLED = False
     lsj.IMAGE_SIZE = 1024
     lsj.MIN_SCALE = 0.1
     lsj.MAX_SCALE = 2.0
-
-    # Every iteration a function of (SEED, iteration): bit-exact --resume on the CPU, and the
-    # same global batches for any number of processes (lambda_det.engine.deterministic; uniform
-    # sampling: SAMPLER_TRAIN and ASPECT_RATIO_GROUPING do not apply).
-    cfg.DATALOADER.DETERMINISTIC = False
-    # How often the metric writers (metrics.json, the console) run; detectron2 fixes it at 20.
-    cfg.SOLVER.LOG_PERIOD = 20
-    return cfg
+    return lsj
 
 
 def get_cfg() -> CN:

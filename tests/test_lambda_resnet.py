@@ -172,6 +172,10 @@ def test_forgotten_add_config_says_how_to_fix_it(tmp_path):
     cfg.merge_from_file(str(config))
     assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101
     assert "build_lambda_resnet_fpn_backbone" in BACKBONE_REGISTRY
+    # Adding again keeps what is there and adds only what is missing.
+    del cfg.INPUT["LSJ"]
+    lambda_det.add_lambda_resnet_config(cfg)
+    assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101 and cfg.INPUT.LSJ.IMAGE_SIZE == 1024
 
 
 def small_lambda_cfg(base: str, backbone: str):

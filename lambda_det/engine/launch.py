@@ -54,7 +54,8 @@ def _free_port() -> int:
 def _cpu_worker(local_rank, main_func, world_size, num_processes, num_machines, machine_rank,
                 dist_url, args, timeout):
     # Processes share the machine's cores; more threads than cores only thrashes.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // num_processes))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (cores or 1) // num_processes))
     global_rank = machine_rank * num_processes + local_rank
     dist.init_process_group(backend="gloo", init_method=dist_url, world_size=world_size,
                             rank=global_rank, timeout=timeout)
