@@ -4,10 +4,11 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-TORCH_PACKAGES ?= torch==2.14.1 torchvision==0.29.1
 # Rebuilt when the package's install recipe or TORCH_PACKAGES changes.
 INSTALLED := $(VENV)/.lambda_det-installed
 TORCH_CHOICE := $(VENV)/.torch-packages
+# Default: what .venv/ was last set up with, so a plain `make test` keeps an override.
+TORCH_PACKAGES ?= $(or $(shell cat $(TORCH_CHOICE) 2>/dev/null),torch==2.14.1 torchvision==0.29.1)
 
 .PHONY: help venv test demo clean-venv always
 
@@ -22,8 +23,8 @@ $(TORCH_CHOICE): always
 	@mkdir -p $(VENV)
 	@echo '$(TORCH_PACKAGES)' | cmp -s - $@ || echo '$(TORCH_PACKAGES)' > $@
 
-$(INSTALLED): setup.py lambda_det/compat/build_detectron2.py lambda_det/compat/detectron2_C_stub.py \
-		$(TORCH_CHOICE)
+$(INSTALLED): $(TORCH_CHOICE) setup.py lambda_det/compat/build_detectron2.py \
+		lambda_det/compat/detectron2_C_stub.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet $(TORCH_PACKAGES)

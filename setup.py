@@ -16,6 +16,9 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 
+PACKAGE_INIT = Path(__file__).with_name("lambda_det") / "__init__.py"  # holds __version__
+
+
 def detectron2_requirement() -> str:
     """Require whichever detectron2 distribution is installed, so pip never replaces a user's own."""
     for distribution, minimum in (("detectron2", "detectron2>=0.6"),
@@ -30,8 +33,7 @@ def detectron2_requirement() -> str:
 
 setup(
     name="lambda_det",
-    version=re.search(r'__version__ = "(.+)"',
-                      Path(__file__).with_name("lambda_det").joinpath("__init__.py").read_text())[1],
+    version=re.search(r'__version__ = "(.+)"', PACKAGE_INIT.read_text())[1],
     description="LambdaNetworks (lambda layers, LambdaResNets) and AFT backbones for Detectron2",
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",

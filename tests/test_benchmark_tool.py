@@ -84,7 +84,8 @@ def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
 def test_count_kernels_counts_compute_ops_not_views():
     tool = load_tool("count_kernels")
     layer = layers.LambdaLayer(8, heads=2, dim_k=4, scope=3, impl="conv")
-    forward, backward, names = tool.count_kernels(layer, torch.randn(1, 8, 5, 5, requires_grad=True))
+    x = torch.randn(1, 8, 5, 5, requires_grad=True)
+    forward, backward, names = tool.count_kernels(layer, x)
     assert forward > 0 and backward > 0 and forward + backward == sum(names.values())
     assert names["convolution"] == 2 and names["convolution_backward"] == 2  # projection, lambdas
     assert not set(names) & tool.NO_KERNEL

@@ -18,8 +18,8 @@ from conftest import load_tool
 from detectron2.modeling import build_model
 from lambda_det.engine import AtomicCheckpointer
 from lambda_det.export import (
-    ExportedModel, build_export_cfg, eager_outputs, export_model, load_trained_model, max_differences,
-    outputs_to_instances, sample_image)
+    ExportedModel, build_export_cfg, eager_outputs, export_model, load_trained_model,
+    max_differences, outputs_to_instances, sample_image)
 from lambda_det.layers import LambdaLayer
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
@@ -110,9 +110,9 @@ def torchscript_file(model, images, tmp_path_factory):
 def onnx_file(cfg, weights, image_file, tmp_path_factory):
     pytest.importorskip("onnx")
     path = tmp_path_factory.mktemp("export") / "model.onnx"
-    status = load_tool("export_model").main(["--config-file", CONFIG, "--format", "onnx", "--output", str(path),
-                               "--sample-image", str(image_file), *OVERRIDES,
-                               "MODEL.WEIGHTS", weights])
+    status = load_tool("export_model").main([
+        "--config-file", CONFIG, "--format", "onnx", "--output", str(path),
+        "--sample-image", str(image_file), *OVERRIDES, "MODEL.WEIGHTS", weights])
     assert status == 0
     return path
 

@@ -139,17 +139,40 @@ def test_lsj_crops_pads_and_recomputes_boxes(tmp_path):
     assert resized.new_w == cfg.INPUT.MAX_SIZE_TEST == 256
     with pytest.raises(ValueError, match="got 2.0 and 0.1"):
         build_lsj_augmentations(64, 2.0, 0.1)
+    with pytest.raises(ValueError, match="LSJ is a training augmentation"):
+        build_lsj_augmentations(1024, 0.1, 2.0, is_train=False)
+
+
+def test_evaluation_at_another_size_than_training_is_logged(caplog):
+    cfg = load_config("Demo/lambda_r26_shapes.yaml")
+    with caplog.at_level("WARNING", logger="lambda_det.data.mapper"):
+        build_mapper(cfg, is_train=False)
+    assert not caplog.records  # the demo trains and evaluates at 256
+    cfg.INPUT.LSJ.IMAGE_SIZE = 640
+    with caplog.at_level("WARNING", logger="lambda_det.data.mapper"):
+        build_mapper(cfg, is_train=False)
+    assert "not at the training size INPUT.LSJ.IMAGE_SIZE = 640" in caplog.text
 
 
 def test_shapes_registration_follows_detectron2_datasets_when_registered(tmp_path, monkeypatch):
-    from detectron2.data import MetadataCatalog
+    from detectron2.data import DatasetCatalog, MetadataCatalog
     from lambda_det.data import register_shapes_datasets
 
+    # A complete (tiny) dataset folder under another DETECTRON2_DATASETS.
+    root = tmp_path / "lambda_det_shapes_v1"
+    (root / "val").mkdir(parents=True)
+    cv2.imwrite(str(root / "val" / "1.png"), np.zeros((8, 8, 3), np.uint8))
+    (root / "val.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "1.png", "height": 8, "width": 8}], "annotations": [],
+        "categories": [{"id": i + 1, "name": name} for i, name in enumerate(SHAPES_CLASSES)]}))
+    (root / "COMPLETE").write_text("v1")
     monkeypatch.setenv("DETECTRON2_DATASETS", str(tmp_path))
     register_shapes_datasets()
     metadata = MetadataCatalog.get("lambda_det_shapes_val")
-    assert metadata.json_file.startswith(str(tmp_path)) and metadata.image_root.startswith(
-        str(tmp_path))
+    assert metadata.json_file == str(root / "val.json")  # what COCOEvaluator reads
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(tmp_path / "elsewhere"))  # after registration
+    (record,) = DatasetCatalog.get("lambda_det_shapes_val")
+    assert record["file_name"] == str(root / "val" / "1.png")  # the same folder
     monkeypatch.undo()
     register_shapes_datasets()
     assert not MetadataCatalog.get("lambda_det_shapes_val").json_file.startswith(str(tmp_path))

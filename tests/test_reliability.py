@@ -19,7 +19,7 @@ from detectron2.data.datasets import register_coco_instances
 from detectron2.engine import HookBase
 from detectron2.modeling import build_model
 from detectron2.utils.events import EventStorage
-from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.data.checks import check_dataset_dicts, load_checked_dataset_dicts
 from lambda_det.engine import (
     AtomicCheckpointer, CorruptCheckpointError, Trainer, UnsafeCheckpointError,
     load_weights_for_evaluation, prepare_output_dir)
@@ -152,7 +152,7 @@ def test_killed_mid_write_keeps_last_checkpoint_valid(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000004.pth"
     assert not (tmp_path / "model_0000009.pth").exists()
-    assert not (tmp_path / "model_0000009.pth.tmp").exists()  # no full-size leftovers
+    assert not list(tmp_path.glob("*.tmp"))  # no full-size leftovers
     loaded = AtomicCheckpointer(model, save_dir=str(tmp_path)).resume_or_load("", resume=True)
     assert loaded["iteration"] == 4
 
@@ -217,6 +217,13 @@ def test_bad_coco_annotations_are_named(tmp_path, problem, error, message):
     register("lambda_det_test_bad_coco", write_coco(tmp_path, [image], [annotation]), tmp_path)
     with pytest.raises(error, match=message):
         load_checked_dataset_dicts(["lambda_det_test_bad_coco"], require_masks=True)
+
+
+def test_numpy_boxes_pass_the_checks(tmp_path):
+    cv2.imwrite(str(tmp_path / "a.png"), np.zeros((20, 20, 3), np.uint8))
+    boxes = [np.array([1, 1, 3, 3], np.float32), [np.int64(1), 1, 3, 3]]
+    check_dataset_dicts([{"file_name": str(tmp_path / "a.png"), "annotations": [
+        {"bbox": box, "category_id": 0} for box in boxes]}])
 
 
 def test_unregistered_dataset_is_named_with_close_matches():
@@ -294,20 +301,23 @@ def test_bad_log_period_is_named(tmp_path, shapes):
         Trainer(tiny_cfg(tmp_path, **{"SOLVER.LOG_PERIOD": 0}))
 
 
-RUN_RECORDS = ("last_checkpoint", "metrics.json", "eval_results.json")
-
-
-def test_training_over_a_run_needs_resume_or_overwrite(tmp_path):
-    for name in RUN_RECORDS:
-        (tmp_path / name).write_text("model_0000009.pth" if name == "last_checkpoint" else "{}")
+def test_training_over_a_run_needs_resume_or_restart(tmp_path):
+    run = {"last_checkpoint": "model_0000009.pth", "model_0000009.pth": "weights",
+           "metrics.json": "{}", "eval_results.json": "{}"}
+    for name, text in run.items():
+        (tmp_path / name).write_text(text)
     with pytest.raises(FileExistsError, match=r"already holds a run \(last checkpoint "
-                                              r"model_0000009.pth\): pass --resume .* --overwrite"):
-        prepare_output_dir(str(tmp_path), resume=False, overwrite=False)
-    prepare_output_dir(str(tmp_path), resume=True, overwrite=False)  # continues it: kept
-    assert all((tmp_path / name).is_file() for name in RUN_RECORDS)
-    prepare_output_dir(str(tmp_path), resume=False, overwrite=True)  # starts over: no mixing
-    assert not any((tmp_path / name).exists() for name in RUN_RECORDS)
-    prepare_output_dir(str(tmp_path), resume=False, overwrite=False)  # nothing left to protect
+                                              r"model_0000009.pth\): pass --resume .* --restart"):
+        prepare_output_dir(str(tmp_path), resume=False, restart=False)
+    assert prepare_output_dir(str(tmp_path), resume=True, restart=False) is None  # continues
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(run)
+    # Another machine of a multi-machine job leaves the moving to machine 0.
+    assert prepare_output_dir(str(tmp_path), resume=False, restart=True, machine_rank=1) is None
+    previous = Path(prepare_output_dir(str(tmp_path), resume=False, restart=True))
+    assert previous.parent == tmp_path and previous.name.startswith("previous_")
+    assert [p.name for p in tmp_path.iterdir()] == [previous.name]  # nothing left to mix with
+    assert {name: (previous / name).read_text() for name in run} == run  # nothing lost
+    assert prepare_output_dir(str(tmp_path), resume=False, restart=False) is None
 
 
 def test_evaluation_loads_every_weight_or_refuses(tmp_path):
@@ -315,7 +325,8 @@ def test_evaluation_loads_every_weight_or_refuses(tmp_path):
     trained = build_model(cfg)
     with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty"):
         load_weights_for_evaluation(build_model(cfg), cfg, resume=False)
-    with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty"):  # nothing to resume either
+    with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty and OUTPUT_DIR .* has no "
+                                         "last_checkpoint"):
         load_weights_for_evaluation(build_model(cfg), cfg, resume=True)
     AtomicCheckpointer(trained, save_dir=str(tmp_path)).save("model_0000004")
     evaluated = build_model(cfg)

@@ -40,7 +40,10 @@ def main(argv=None) -> int:
         name, path = run_name(spec)
         if name in runs:
             parser.error(f"two runs are named {name!r} ({spec}): name the rows with NAME=PATH")
-        runs[name] = load_results(path, args.dataset)
+        try:
+            runs[name] = load_results(path, args.dataset)
+        except (FileNotFoundError, ValueError) as error:
+            parser.error(str(error))
     table = format_ap_table(runs, baseline=args.baseline, paper=args.paper)
     print(table)
     if args.output:

@@ -7,8 +7,9 @@ the CPU, evaluate it with COCO AP by object size, print the table and draw its p
     python tools/demo.py --config configs/Demo/aft_conv_r26_shapes.yaml
 
 Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.json,
-ap_table.md, ap_by_size.png and predictions.png. A finished run made with another config (other
-overrides) is not reused: it needs --force to be trained over, or another OUTPUT_DIR.
+ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued. A finished
+run made with another config (other overrides) is not reused: --force trains again (the
+finished run is moved to OUTPUT_DIR/previous_<date-time>/), or set another OUTPUT_DIR.
 """
 import argparse
 import json
@@ -92,8 +93,11 @@ def main(argv=None) -> int:
                 "over it, or set another OUTPUT_DIR")
         print(f"reusing the finished run in {output} (--force, or FORCE=1 with make, trains again)")
     else:
+        # --force starts over (the finished run moves to previous_<date-time>/); otherwise an
+        # interrupted run (a last_checkpoint, no results) is continued.
+        flag = "--restart" if args.force else "--resume"
         command = [sys.executable, str(REPO / "tools/train_net.py"), "--config-file", config_file,
-                   *(["--overwrite"] if args.force else []), *args.opts]
+                   flag, *args.opts]
         print("+", " ".join(command), flush=True)
         subprocess.run(command, check=True)
 

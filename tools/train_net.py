@@ -9,17 +9,19 @@
 ``MODEL.DEVICE cpu``, ``--num-gpus N`` starts N gloo CPU processes instead); trailing
 ``KEY VALUE`` pairs override the config. A bare config name is looked up under configs/.
 
-Unlike detectron2's script, it keeps finished runs: training into an OUTPUT_DIR that holds one
-needs ``--resume`` (continue) or ``--overwrite`` (start over), and ``--eval-only`` needs weights
-that fit the model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``).
+Unlike detectron2's script, it does not train over a finished run: training into an
+OUTPUT_DIR that holds one needs ``--resume`` (continue) or ``--restart`` (start over; the
+previous run is moved to OUTPUT_DIR/previous_<date-time>/). ``--eval-only`` needs weights that
+fit the model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``), and writes
+OUTPUT_DIR/eval_results.json: evaluate into another OUTPUT_DIR to keep a training run's.
 """
 import torch
 
 import lambda_det  # noqa: F401  (registers the backbones and the config hint)
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.engine import (
-    Trainer, argument_parser, build_cfg, launch, load_weights_for_evaluation, prepare_output_dir,
-    setup_cfg)
+    Trainer, argument_parser, build_cfg, evaluation_weights, launch, load_weights_for_evaluation,
+    prepare_output_dir, setup_cfg)
 
 
 def main(args):
@@ -39,11 +41,16 @@ if __name__ == "__main__":
     print("Command Line Args:", args)
     # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA and NCCL).
     cfg = build_cfg(args)
-    if not args.eval_only:  # before any process starts
-        try:
-            prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume, overwrite=args.overwrite)
-        except FileExistsError as error:
-            parser.error(str(error))
+    try:  # before any process starts
+        if args.eval_only:
+            evaluation_weights(cfg, resume=args.resume)
+        else:
+            previous = prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume,
+                                          restart=args.restart, machine_rank=args.machine_rank)
+            if previous:
+                print(f"--restart: moved the previous run to {previous}")
+    except (FileExistsError, FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
     cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
     launch(main, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
            dist_url=args.dist_url, args=(args,), cpu=cpu)

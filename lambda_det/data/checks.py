@@ -6,6 +6,7 @@ run once, when the train loader is built.
 """
 import difflib
 import math
+import numbers
 import os
 from typing import List, Sequence
 
@@ -62,8 +63,8 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
                 if key not in annotation:
                     raise ValueError(f"an annotation of {file_name} has no {key!r}{where}")
             box = list(annotation["bbox"])
-            if len(box) != 4 or not all(isinstance(x, (int, float)) and math.isfinite(x)
-                                        for x in box):
+            if len(box) != 4 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool)
+                                        and math.isfinite(x) for x in box):
                 raise ValueError(f"an annotation of {file_name} has bbox={box}, not 4 finite "
                                  f"numbers{where}")
             mode = annotation.get("bbox_mode", BoxMode.XYWH_ABS)

@@ -133,9 +133,11 @@ def ensure_shapes_dataset(root: Path = None) -> Path:
             staging.rename(root)
         except OSError as error:  # another process finished first, or a stale folder is there
             if not (root / "COMPLETE").is_file():
+                if not root.is_dir():
+                    raise
                 raise OSError(f"cannot create the shapes dataset at {root}: the folder exists "
-                              f"but is not a complete dataset (no COMPLETE file); delete it and "
-                              f"run again ({error})") from error
+                              f"but is not a complete dataset (no COMPLETE file); delete it "
+                              f"and run again ({error})") from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root

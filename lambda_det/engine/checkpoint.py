@@ -24,7 +24,7 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
 class AtomicCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` whose files appear only once complete.
 
-    ``save`` writes ``<name>.pth.tmp`` and renames it, then updates ``last_checkpoint`` the same
+    ``save`` writes a temporary file and renames it, then updates ``last_checkpoint`` the same
     way (:func:`~lambda_det.engine.atomic.atomic_path`), so a run killed mid-write leaves
     ``last_checkpoint`` on the previous, complete file.
     Loading a truncated or corrupt file raises :class:`CorruptCheckpointError` naming it.
@@ -58,10 +58,10 @@ class AtomicCheckpointer(DetectionCheckpointer):
                 # asks); converting it once, by hand, is that explicit request.
                 raise UnsafeCheckpointError(
                     f"checkpoint {filename} holds objects that torch.load(weights_only=True) "
-                    f"refuses to unpickle. If you trust its source, keep only its weights once: "
-                    f"python -c \"import torch; c = torch.load('{filename}', weights_only=False); "
-                    f"torch.save({{'model': c['model']}}, 'weights.pth')\" and load "
-                    f"weights.pth. torch said: {error}") from error
+                    f"refuses to unpickle. If you trust its source, keep only its 'model' weights "
+                    f"once: python -c \"import torch; c = torch.load({filename!r}, "
+                    f"weights_only=False); torch.save({{'model': c['model']}}, 'weights.pth')\" "
+                    f"and load weights.pth. torch said: {error}") from error
             raise CorruptCheckpointError(
                 f"checkpoint {filename} is truncated or corrupt and cannot be loaded "
                 f"({type(error).__name__}: {error})") from error

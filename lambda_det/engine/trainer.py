@@ -3,6 +3,7 @@ import argparse
 import json
 import logging
 import os
+import time
 import weakref
 from collections import OrderedDict
 from pathlib import Path
@@ -28,7 +29,8 @@ from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIt
 
 __all__ = ["Trainer", "argument_parser", "build_cfg", "load_cfg", "resolve_config_file",
            "setup_cfg", "CONFIG_ROOTS", "adapt_norms_to_device", "write_json_atomically",
-           "prepare_output_dir", "load_weights_for_evaluation"]
+           "prepare_output_dir", "evaluation_weights", "load_weights_for_evaluation",
+           "PREVIOUS_RUN_PREFIX"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,50 +111,74 @@ def write_json_atomically(path: str, data) -> None:
         json.dump(data, f, indent=2)
 
 
-# What a run leaves in OUTPUT_DIR that a new run from iteration 0 would mix with its own.
-_RUN_RECORDS = ("last_checkpoint", "metrics.json", "eval_results.json")
+PREVIOUS_RUN_PREFIX = "previous_"
 
 
-def prepare_output_dir(output_dir: str, resume: bool, overwrite: bool) -> None:
+def prepare_output_dir(output_dir: str, resume: bool, restart: bool,
+                       machine_rank: int = 0) -> Optional[str]:
     """Refuse to train from scratch over the run that ``output_dir`` already holds.
 
     Detectron2 would start again at iteration 0, replace the run's checkpoints one by one and
-    append to its metrics.json. Decision: that takes ``overwrite``, which first removes the old
-    run's records (:data:`_RUN_RECORDS`; its model_*.pth are replaced as the new run saves).
+    append to its metrics.json. Decision: starting over takes ``restart``, which first moves
+    everything in ``output_dir`` (checkpoints, last_checkpoint, metrics, evaluation, logs) into
+    ``output_dir/previous_<date-time>/``: nothing is deleted and nothing mixes. Only machine 0
+    moves files (detectron2 writes them from the main process only).
+
+    Returns:
+        the folder the previous run was moved to, or None.
 
     Raises:
         FileExistsError: ``output_dir`` has a last_checkpoint, and neither ``resume`` nor
-            ``overwrite`` is set.
+            ``restart`` is set.
     """
     last_checkpoint = os.path.join(output_dir, "last_checkpoint")
     if resume or not os.path.isfile(last_checkpoint):
-        return
-    if not overwrite:
+        return None
+    if not restart:
         with open(last_checkpoint) as f:
             latest = f.read().strip()
         raise FileExistsError(
             f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
-            f"--resume to continue it, another OUTPUT_DIR to keep it, or --overwrite to start "
-            f"over in it")
-    for name in _RUN_RECORDS:
-        try:
-            os.remove(os.path.join(output_dir, name))
-        except FileNotFoundError:  # never written, or another machine removed it first
-            pass
-    logger.info("--overwrite: removed the previous run's %s in %s", ", ".join(_RUN_RECORDS),
-                output_dir)
+            f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
+            f"over in it (the previous run is moved to {PREVIOUS_RUN_PREFIX}<date-time>/)")
+    if machine_rank != 0:
+        return None
+    previous = os.path.join(output_dir, PREVIOUS_RUN_PREFIX + time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(previous)
+    for name in sorted(os.listdir(output_dir)):
+        if not name.startswith(PREVIOUS_RUN_PREFIX):
+            os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
+    return previous
+
+
+def evaluation_weights(cfg: CfgNode, resume: bool) -> str:
+    """The checkpoint ``--eval-only`` evaluates: OUTPUT_DIR's last checkpoint with ``resume``
+    (when there is one), else ``MODEL.WEIGHTS``.
+
+    Raises:
+        ValueError: no weights at all (detectron2 would evaluate a randomly initialised model).
+        FileNotFoundError: a local checkpoint file that does not exist.
+    """
+    last_checkpoint = os.path.join(cfg.OUTPUT_DIR, "last_checkpoint")
+    if resume and os.path.isfile(last_checkpoint):
+        with open(last_checkpoint) as f:
+            weights = os.path.join(cfg.OUTPUT_DIR, f.read().strip())
+    else:
+        weights = cfg.MODEL.WEIGHTS
+    if not weights:
+        nothing_to_resume = (f" and OUTPUT_DIR {cfg.OUTPUT_DIR!r} has no last_checkpoint"
+                             if resume else "")
+        raise ValueError(f"--eval-only needs trained weights: MODEL.WEIGHTS is empty"
+                         f"{nothing_to_resume}; pass e.g. MODEL.WEIGHTS output/model_final.pth")
+    if "://" not in weights and not os.path.isfile(weights):
+        raise FileNotFoundError(f"checkpoint {weights!r} to evaluate does not exist")
+    return weights
 
 
 def load_weights_for_evaluation(model, cfg: CfgNode, resume: bool) -> str:
-    """Load the weights to evaluate: OUTPUT_DIR's last checkpoint with ``resume`` (when there
-    is one), else ``MODEL.WEIGHTS``. Every weight must load (unlike detectron2, which evaluates
-    a half-random model after a warning, and writes its results over the run's). Returns the file.
-    """
-    weights = cfg.MODEL.WEIGHTS
-    if resume:
-        checkpointer = AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR)
-        if checkpointer.has_checkpoint():
-            weights = checkpointer.get_checkpoint_file()
+    """Load :func:`evaluation_weights` into ``model``; every weight must load (detectron2 would
+    evaluate a half-random model after a warning). Returns the file."""
+    weights = evaluation_weights(cfg, resume)
     load_trained_weights(model, weights)
     return weights
 
@@ -177,6 +203,10 @@ class Trainer(DefaultTrainer):
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
         cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
+        period = cfg.SOLVER.LOG_PERIOD  # checked on every rank: only the main one has the writer
+        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
+            raise ValueError(f"SOLVER.LOG_PERIOD must be an integer >= 1 (iterations), "
+                             f"got {period!r}")
         if cfg.DATALOADER.get("DETERMINISTIC", False):
             if cfg.SEED < 0:
                 raise ValueError("DATALOADER.DETERMINISTIC needs a fixed SEED >= 0, got "
@@ -202,11 +232,7 @@ class Trainer(DefaultTrainer):
         if self.cfg.DATALOADER.get("DETERMINISTIC", False):
             hooks.insert(0, SeedEachIteration(self.cfg.SEED))
         if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
-            period = self.cfg.SOLVER.LOG_PERIOD
-            if not isinstance(period, int) or period < 1:
-                raise ValueError(f"SOLVER.LOG_PERIOD must be an integer >= 1 (iterations), "
-                                 f"got {period!r}")
-            hooks[-1] = PeriodicWriter(self.build_writers(), period=period)
+            hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
         return hooks
 
     def state_dict(self):
@@ -266,12 +292,13 @@ def _plain(results):
 
 def argument_parser() -> argparse.ArgumentParser:
     """detectron2's ``default_argument_parser`` plus ``--config NAME`` (an alias of --config-file
-    that also accepts a bare name found under configs/) and ``--overwrite``
+    that also accepts a bare name found under configs/) and ``--restart``
     (see :func:`prepare_output_dir`)."""
     parser = default_argument_parser()
-    parser.add_argument("--overwrite", action="store_true",
-                        help="train from scratch in an OUTPUT_DIR that holds a run (its "
-                             "last_checkpoint, metrics.json and eval_results.json are removed)")
+    parser.add_argument("--restart", action="store_true",
+                        help="train from iteration 0 in an OUTPUT_DIR that holds a run; the "
+                             f"previous run is first moved to OUTPUT_DIR/{PREVIOUS_RUN_PREFIX}"
+                             "<date-time>/")
     parser.add_argument("--config", dest="config_file", metavar="NAME",
                         help="config file, or a bare name under configs/ (e.g. "
                              "lambda_r152_mask_rcnn.yaml)")
