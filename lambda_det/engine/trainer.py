@@ -1,5 +1,6 @@
 """Training and evaluation on top of detectron2's ``DefaultTrainer`` (used by tools/train_net.py)."""
 import argparse
+import fnmatch
 import json
 import logging
 import os
@@ -112,6 +113,11 @@ def write_json_atomically(path: str, data) -> None:
 
 
 PREVIOUS_RUN_PREFIX = "previous_"
+# What a run writes into OUTPUT_DIR (detectron2's trainer, evaluators and writers; the demo's
+# table and pictures): what --restart moves aside. Other files there are left alone.
+RUN_FILES = ("last_checkpoint", "model_*.pth", "*.pth.*.tmp", "metrics.json",
+             "eval_results.json", "config.yaml", "log.txt*", "events.out.tfevents.*", "inference",
+             "ap_table.md", "ap_by_size.png", "predictions.png")
 
 
 def prepare_output_dir(output_dir: str, resume: bool, restart: bool,
@@ -119,8 +125,8 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool,
     """Refuse to train from scratch over the run that ``output_dir`` already holds.
 
     Detectron2 would start again at iteration 0, replace the run's checkpoints one by one and
-    append to its metrics.json. Decision: starting over takes ``restart``, which first moves
-    everything in ``output_dir`` (checkpoints, last_checkpoint, metrics, evaluation, logs) into
+    append to its metrics.json. Decision: starting over takes ``restart``, which first moves the
+    run's files (:data:`RUN_FILES`: checkpoints, last_checkpoint, metrics, evaluation, logs) into
     ``output_dir/previous_<date-time>/``: nothing is deleted and nothing mixes. Only machine 0
     moves files (detectron2 writes them from the main process only).
 
@@ -146,7 +152,7 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool,
     previous = os.path.join(output_dir, PREVIOUS_RUN_PREFIX + time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(previous)
     for name in sorted(os.listdir(output_dir)):
-        if not name.startswith(PREVIOUS_RUN_PREFIX):
+        if any(fnmatch.fnmatch(name, pattern) for pattern in RUN_FILES):
             os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
     return previous
 
