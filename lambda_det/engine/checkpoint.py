@@ -9,7 +9,7 @@ from detectron2.checkpoint import DetectionCheckpointer
 from lambda_det.engine.atomic import atomic_path
 
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
-           "StrictCheckpointer", "load_trained_weights"]
+           "StrictCheckpointer", "check_weights", "load_trained_weights"]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -93,11 +93,11 @@ class StrictCheckpointer(AtomicCheckpointer):
         return super().load(path, *args, **kwargs)
 
 
-def load_trained_weights(model, weights: str) -> None:
-    """Load every weight of ``model`` from the checkpoint ``weights`` (a path or a URL).
+def check_weights(weights: str) -> None:
+    """``weights`` names a checkpoint (a path or a URL), or an error says what is missing.
 
     Raises:
-        ValueError: ``weights`` is empty, or the checkpoint does not fit the model.
+        ValueError: ``weights`` is empty.
         FileNotFoundError: ``weights`` names a local file that does not exist.
     """
     if not weights:
@@ -105,4 +105,14 @@ def load_trained_weights(model, weights: str) -> None:
                          "MODEL.WEIGHTS output/model_final.pth")
     if "://" not in weights and not os.path.isfile(weights):
         raise FileNotFoundError(f"MODEL.WEIGHTS file {weights!r} does not exist")
+
+
+def load_trained_weights(model, weights: str) -> None:
+    """Load every weight of ``model`` from the checkpoint ``weights`` (a path or a URL).
+
+    Raises:
+        ValueError: ``weights`` is empty, or the checkpoint does not fit the model.
+        FileNotFoundError: ``weights`` names a local file that does not exist.
+    """
+    check_weights(weights)
     StrictCheckpointer(model).load(weights, checkpointables=[])

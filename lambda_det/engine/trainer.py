@@ -25,7 +25,7 @@ from detectron2.engine.hooks import PeriodicWriter
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_checked_dataset_dicts
 from lambda_det.engine.atomic import atomic_path
-from lambda_det.engine.checkpoint import AtomicCheckpointer, load_trained_weights
+from lambda_det.engine.checkpoint import AtomicCheckpointer, StrictCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 
 __all__ = ["Trainer", "argument_parser", "build_cfg", "load_cfg", "resolve_config_file",
@@ -112,6 +112,15 @@ def write_json_atomically(path: str, data) -> None:
         json.dump(data, f, indent=2)
 
 
+def _last_checkpoint(output_dir: str) -> Optional[str]:
+    """The file name ``output_dir/last_checkpoint`` points at, or None without one."""
+    path = os.path.join(output_dir, "last_checkpoint")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
 PREVIOUS_RUN_PREFIX = "previous_"
 # What a run writes into OUTPUT_DIR (detectron2's trainer, evaluators and writers; the demo's
 # table and pictures): what --restart moves aside. Other files there are left alone.
@@ -137,12 +146,10 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool,
         FileExistsError: ``output_dir`` has a last_checkpoint, and neither ``resume`` nor
             ``restart`` is set.
     """
-    last_checkpoint = os.path.join(output_dir, "last_checkpoint")
-    if resume or not os.path.isfile(last_checkpoint):
+    latest = _last_checkpoint(output_dir)
+    if resume or latest is None:
         return None
     if not restart:
-        with open(last_checkpoint) as f:
-            latest = f.read().strip()
         raise FileExistsError(
             f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
             f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
@@ -165,27 +172,21 @@ def evaluation_weights(cfg: CfgNode, resume: bool) -> str:
         ValueError: no weights at all (detectron2 would evaluate a randomly initialised model).
         FileNotFoundError: a local checkpoint file that does not exist.
     """
-    last_checkpoint = os.path.join(cfg.OUTPUT_DIR, "last_checkpoint")
-    if resume and os.path.isfile(last_checkpoint):
-        with open(last_checkpoint) as f:
-            weights = os.path.join(cfg.OUTPUT_DIR, f.read().strip())
-    else:
-        weights = cfg.MODEL.WEIGHTS
-    if not weights:
-        nothing_to_resume = (f" and OUTPUT_DIR {cfg.OUTPUT_DIR!r} has no last_checkpoint"
-                             if resume else "")
-        raise ValueError(f"--eval-only needs trained weights: MODEL.WEIGHTS is empty"
-                         f"{nothing_to_resume}; pass e.g. MODEL.WEIGHTS output/model_final.pth")
-    if "://" not in weights and not os.path.isfile(weights):
-        raise FileNotFoundError(f"checkpoint {weights!r} to evaluate does not exist")
-    return weights
+    latest = _last_checkpoint(cfg.OUTPUT_DIR) if resume else None
+    if latest is not None:
+        return os.path.join(cfg.OUTPUT_DIR, latest)
+    if resume and not cfg.MODEL.WEIGHTS:
+        raise ValueError(f"--eval-only needs trained weights: MODEL.WEIGHTS is empty and "
+                         f"OUTPUT_DIR {cfg.OUTPUT_DIR!r} has no last_checkpoint")
+    check_weights(cfg.MODEL.WEIGHTS)
+    return cfg.MODEL.WEIGHTS
 
 
 def load_weights_for_evaluation(model, cfg: CfgNode, resume: bool) -> str:
     """Load :func:`evaluation_weights` into ``model``; every weight must load (detectron2 would
     evaluate a half-random model after a warning). Returns the file."""
     weights = evaluation_weights(cfg, resume)
-    load_trained_weights(model, weights)
+    StrictCheckpointer(model).load(weights, checkpointables=[])
     return weights
 
 
