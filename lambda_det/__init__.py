@@ -17,11 +17,9 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()
 
-from lambda_det.config import add_lambda_resnet_config, get_cfg, install_missing_node_hint  # noqa: E402
+from lambda_det.config import add_lambda_resnet_config, get_cfg  # noqa: E402
 from lambda_det.layers import LambdaLayer, RelativePositionEmbedding  # noqa: E402
 from lambda_det.modeling import LambdaResNet, lambda_resnet  # noqa: E402
-
-install_missing_node_hint()
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "add_lambda_resnet_config", "get_cfg", "LambdaLayer",

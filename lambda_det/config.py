@@ -1,18 +1,30 @@
-"""Config: the ``MODEL.LAMBDA_RESNET`` node, and detectron2's defaults with it added."""
-import functools
+"""Config: lambda_det's keys (:func:`add_lambda_det_config`) and the one loader of configs
+(:func:`load_config`) that training, evaluation, export and the demo share."""
+import logging
+import os
+from typing import List, Optional, Sequence
+
+import yaml
 
 from detectron2.config import CfgNode as CN
 from detectron2.config import get_cfg as get_detectron2_cfg
 
-__all__ = ["add_lambda_resnet_config", "get_cfg", "MISSING_CONFIG_HINT"]
+__all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
+           "resolve_config_file", "adapt_norms_to_device", "MISSING_CONFIG_HINT"]
 
+logger = logging.getLogger(__name__)
+
+# Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
 MISSING_CONFIG_HINT = (
     "this config uses lambda_det's MODEL.LAMBDA_RESNET node, which detectron2's defaults do not "
-    "have: call lambda_det.add_lambda_resnet_config(cfg) before merging it, or start from "
-    "lambda_det.get_cfg()")
+    "have: call lambda_det.config.add_lambda_det_config(cfg) before merging it, or start from "
+    "lambda_det.config.get_cfg()")
+
+_NORM_KEYS = ("MODEL.LAMBDA_RESNET.NORM", "MODEL.RESNETS.NORM", "MODEL.FPN.NORM",
+              "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM", "MODEL.SEM_SEG_HEAD.NORM")
 
 
-def add_lambda_resnet_config(cfg: CN) -> CN:
+def add_lambda_det_config(cfg: CN) -> CN:
     """Add ``MODEL.LAMBDA_RESNET``, ``INPUT.LSJ``, ``DATALOADER.DETERMINISTIC`` and
     ``SOLVER.LOG_PERIOD`` to ``cfg`` in place; returns ``cfg``.
 
@@ -78,34 +90,83 @@ def _lsj_node() -> CN:
     return lsj
 
 
+add_lambda_resnet_config = add_lambda_det_config  # the name it had before it added more nodes
+
+
 def get_cfg() -> CN:
-    """Detectron2's default config plus lambda_det's nodes."""
-    return add_lambda_resnet_config(get_detectron2_cfg())
+    """Detectron2's default config plus lambda_det's keys."""
+    return add_lambda_det_config(get_detectron2_cfg())
 
 
-def _with_missing_node_hint(merge):
-    @functools.wraps(merge)
-    def merge_with_hint(self, *args, **kwargs):
-        try:
-            return merge(self, *args, **kwargs)
-        except (KeyError, AssertionError) as error:  # yacs raises both for unknown keys
-            message = str(error.args[0]) if error.args else ""
-            if ("LAMBDA_RESNET" in message and MISSING_CONFIG_HINT not in message
-                    and "LAMBDA_RESNET" not in self.get("MODEL", {})):
-                raise type(error)(f"{message}: {MISSING_CONFIG_HINT}") from error
-            raise
+def adapt_norms_to_device(cfg: CN) -> List[str]:
+    """On the CPU, "SyncBN" (torch's SyncBatchNorm needs CUDA to synchronise) becomes detectron2's
+    "naiveSyncBN", which synchronises through torch.distributed (gloo on the CPU) and is plain BN
+    in a single process. Returns the keys it changed."""
+    changed = []
+    if cfg.MODEL.DEVICE != "cpu":
+        return changed
+    for key in _NORM_KEYS:
+        *parents, leaf = key.split(".")
+        node = cfg
+        for part in parents:
+            node = node.get(part) if node is not None else None
+        if node is not None and node.get(leaf) == "SyncBN":
+            node[leaf] = "naiveSyncBN"
+            changed.append(key)
+    return changed
 
-    merge_with_hint.__lambda_det_hint__ = True
-    return merge_with_hint
+
+def _config_error(error: Exception, where: str) -> ValueError:
+    """yacs' and detectron2's config errors (KeyError, AssertionError, ...) as one-line
+    ValueErrors that say where the bad key came from."""
+    message = str(error.args[0]) if error.args else str(error)
+    if message.startswith("Non-existent config key: "):
+        key = message[len("Non-existent config key: "):]
+        return ValueError(f"config key {key} ({where}) does not exist: check its spelling "
+                          f"(lambda_det's own keys are listed in docs/config.md)")
+    return ValueError(f"{where}: {' '.join(message.split())}")
 
 
-def install_missing_node_hint() -> None:
-    """Make detectron2's "Non-existent config key: MODEL.LAMBDA_RESNET..." say how to fix it.
+def resolve_config_file(name: str) -> str:
+    """``name`` itself when it is a file, else the shipped config of that name
+    (:func:`lambda_det.model_zoo.get_config_file`)."""
+    from lambda_det.model_zoo import get_config_file
 
-    Wraps ``CfgNode.merge_from_file/_other_cfg/_list`` to re-raise that one error with
-    :data:`MISSING_CONFIG_HINT` appended; every other behaviour (and every default) is unchanged.
+    return name if os.path.isfile(name) else get_config_file(name)
+
+
+def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
+                freeze: bool = True) -> CN:
+    """The config of a run: lambda_det's defaults, then the file, then ``KEY VALUE`` overrides;
+    on the CPU, SyncBN becomes naiveSyncBN (:func:`adapt_norms_to_device`).
+
+    Args:
+        config_file: a path, or the name of a shipped config (see
+            :func:`lambda_det.model_zoo.get_config_file`); None for the defaults alone.
+        opts: overrides, as on detectron2's command line, e.g. ``["SOLVER.MAX_ITER", "10"]``.
+        freeze: freeze the returned config.
+
+    Raises:
+        FileNotFoundError: ``config_file`` is neither a file nor a shipped config.
+        ValueError: an unknown key, a value of the wrong type, a malformed file or overrides.
     """
-    for method in ("merge_from_file", "merge_from_other_cfg", "merge_from_list"):
-        original = getattr(CN, method)
-        if not getattr(original, "__lambda_det_hint__", False):
-            setattr(CN, method, _with_missing_node_hint(original))
+    cfg = get_cfg()
+    if config_file:
+        path = resolve_config_file(config_file)
+        try:
+            cfg.merge_from_file(path)
+        except (KeyError, ValueError, AssertionError, yaml.YAMLError) as error:
+            raise _config_error(error, f"in config file {path}") from None
+    opts = list(opts)
+    if len(opts) % 2:
+        raise ValueError(f"config overrides must be KEY VALUE pairs, got an odd number: {opts}")
+    try:
+        cfg.merge_from_list(opts)
+    except (KeyError, ValueError, AssertionError) as error:
+        raise _config_error(error, "in the command-line overrides") from None
+    changed = adapt_norms_to_device(cfg)
+    if changed:
+        logger.info("MODEL.DEVICE is cpu: SyncBN -> naiveSyncBN for %s", ", ".join(changed))
+    if freeze:
+        cfg.freeze()
+    return cfg

@@ -32,7 +32,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -42,16 +42,14 @@ from detectron2.config import CfgNode
 from detectron2.data import detection_utils
 from detectron2.data import transforms as T
 from detectron2.export import TracingAdapter
-from detectron2.modeling import GeneralizedRCNN, build_model
+from detectron2.modeling import GeneralizedRCNN
 from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
 from lambda_det.engine.atomic import atomic_path
-from lambda_det.engine.checkpoint import load_trained_weights
-from lambda_det.engine.trainer import adapt_norms_to_device, load_cfg
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
-           "build_export_cfg", "load_trained_model", "sample_image", "eager_outputs",
+           "sample_image", "eager_outputs",
            "trace_model", "export_model", "outputs_to_instances", "max_differences"]
 
 EXPORT_FORMATS = ("torchscript", "onnx")
@@ -61,30 +59,6 @@ ONNX_OPSET = 17
 METADATA_NAME = "lambda_det_export.json"
 
 PathLike = Union[str, os.PathLike]
-
-
-def build_export_cfg(config_file: str, opts: Sequence[str] = ()) -> CfgNode:
-    """The frozen config of a model to export: lambda_det's defaults, the file, then overrides.
-
-    ``config_file`` may be a path or a bare name under configs/. On the CPU, SyncBN becomes
-    naiveSyncBN (identical at inference).
-    """
-    cfg = load_cfg(config_file, opts)
-    adapt_norms_to_device(cfg)
-    cfg.freeze()
-    return cfg
-
-
-def load_trained_model(cfg: CfgNode) -> nn.Module:
-    """The model of ``cfg`` in eval mode, with every weight loaded from ``cfg.MODEL.WEIGHTS``.
-
-    Raises:
-        ValueError: MODEL.WEIGHTS is empty, or the checkpoint does not fit the model.
-        FileNotFoundError: MODEL.WEIGHTS names a local file that does not exist.
-    """
-    model = build_model(cfg)
-    load_trained_weights(model, cfg.MODEL.WEIGHTS)
-    return model.eval()
 
 
 def sample_image(cfg: CfgNode, path: Optional[PathLike] = None,

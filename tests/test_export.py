@@ -16,9 +16,10 @@ import torch
 import lambda_det  # noqa: F401  (before detectron2: imports it without deprecation noise)
 from conftest import load_tool
 from detectron2.modeling import build_model
-from lambda_det.engine import AtomicCheckpointer
+from lambda_det.config import load_config
+from lambda_det.engine import AtomicCheckpointer, build_trained_model
 from lambda_det.export import (
-    ExportedModel, build_export_cfg, eager_outputs, export_model, load_trained_model,
+    ExportedModel, eager_outputs, export_model,
     max_differences, outputs_to_instances, sample_image)
 from lambda_det.layers import LambdaLayer
 
@@ -55,7 +56,7 @@ def _one_thread():
 def weights(tmp_path_factory) -> str:
     """A checkpoint of the test model, with heads scaled up so scores, boxes and masks vary."""
     torch.manual_seed(0)
-    model = build_model(build_export_cfg(CONFIG, OVERRIDES))
+    model = build_model(load_config(CONFIG, OVERRIDES))
     heads = model.roi_heads
     with torch.no_grad():  # detectron2 inits these at std 0.001-0.01: near-constant outputs
         for layer, std in ((heads.box_predictor.cls_score, 0.1),
@@ -70,12 +71,12 @@ def weights(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def cfg(weights):
-    return build_export_cfg(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights])
+    return load_config(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights])
 
 
 @pytest.fixture(scope="module")
 def model(cfg):
-    return load_trained_model(cfg)
+    return build_trained_model(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +208,7 @@ def test_retinanet_exports(format, tmp_path):
     if format == "onnx":
         pytest.importorskip("onnx")
         pytest.importorskip("onnxruntime")
-    cfg = build_export_cfg("lambda_r101_retinanet", [
+    cfg = load_config("lambda_r101_retinanet", [
         "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.FPN.OUT_CHANNELS", "32", "MODEL.DEVICE", "cpu",
         "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96",
@@ -231,7 +232,7 @@ def test_retinanet_exports(format, tmp_path):
 
 
 def test_bad_format_and_opset_are_named(tmp_path):
-    cfg = build_export_cfg(CONFIG, OVERRIDES)
+    cfg = load_config(CONFIG, OVERRIDES)
     model = build_model(cfg).eval()
     image = torch.zeros(3, *SIZE, dtype=torch.uint8)
     with pytest.raises(ValueError, match="'savedmodel'"):

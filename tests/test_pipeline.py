@@ -18,7 +18,7 @@ from detectron2.engine import DefaultTrainer
 from detectron2.modeling import build_model
 from lambda_det.data import build_lsj_augmentations, build_mapper
 from lambda_det.data.shapes import SHAPES_CLASSES, generate_split
-from lambda_det.engine import adapt_norms_to_device, resolve_config_file
+from lambda_det.config import adapt_norms_to_device, resolve_config_file
 from lambda_det.evaluation import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
 
 SHIPPED_CONFIGS = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml"))
@@ -101,7 +101,7 @@ def test_config_names_resolve():
     found = resolve_config_file("lambda_r152_mask_rcnn.yaml")
     assert found == str(CONFIGS / "COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml")
     assert resolve_config_file("lambda_r26_shapes") == str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
-    with pytest.raises(FileNotFoundError, match="'lambda_r999_mask_rcnn' is neither a file"):
+    with pytest.raises(FileNotFoundError, match="'lambda_r999_mask_rcnn' is neither a file nor a shipped config"):
         resolve_config_file("lambda_r999_mask_rcnn")
 
 

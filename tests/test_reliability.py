@@ -22,7 +22,7 @@ from detectron2.utils.events import EventStorage
 from lambda_det.data.checks import check_dataset_dicts, load_checked_dataset_dicts
 from lambda_det.engine import (
     AtomicCheckpointer, CorruptCheckpointError, Trainer, UnsafeCheckpointError,
-    load_weights_for_evaluation, prepare_output_dir)
+    WeightsMismatchError, evaluation_weights, load_weights, prepare_output_dir)
 from lambda_det.engine import checkpoint as checkpoint_module
 from lambda_det.modeling import lambda_resnet
 
@@ -132,7 +132,8 @@ def test_checkpoint_with_pickled_objects_is_refused_not_called_corrupt(tmp_path,
     model = lambda_resnet(26, width_multiplier=0.25, scope=3)
     path = tmp_path / "pickled.pth"
     torch.save({"model": model.state_dict(), "extra": NotATensor()}, path)
-    with pytest.raises(UnsafeCheckpointError, match=f"checkpoint {path} holds objects that "
+    with pytest.raises(UnsafeCheckpointError, match=f"checkpoint {path} refers to "
+                                                    r"test_reliability.NotATensor, which "
                                                     r"torch.load\(weights_only=True\) refuses"):
         AtomicCheckpointer(model).load(str(path))
 
@@ -325,13 +326,15 @@ def test_evaluation_loads_every_weight_or_refuses(tmp_path):
     cfg = tiny_cfg(tmp_path)
     trained = build_model(cfg)
     with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty"):
-        load_weights_for_evaluation(build_model(cfg), cfg, resume=False)
+        evaluation_weights(cfg, resume=False)
     with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty and OUTPUT_DIR .* has no "
                                          "last_checkpoint"):
-        load_weights_for_evaluation(build_model(cfg), cfg, resume=True)
+        evaluation_weights(cfg, resume=True)
     AtomicCheckpointer(trained, save_dir=str(tmp_path)).save("model_0000004")
     evaluated = build_model(cfg)
-    assert load_weights_for_evaluation(evaluated, cfg, resume=True).endswith("model_0000004.pth")
+    weights = evaluation_weights(cfg, resume=True)
+    assert weights.endswith("model_0000004.pth")
+    load_weights(evaluated, weights)
     for loaded, saved in zip(evaluated.state_dict().values(), trained.state_dict().values()):
         assert torch.equal(loaded, saved)
     # A checkpoint without the backbone would give detectron2 a half-random model to evaluate.
@@ -339,8 +342,8 @@ def test_evaluation_loads_every_weight_or_refuses(tmp_path):
              if not key.startswith("backbone.")}
     torch.save({"model": state}, tmp_path / "heads_only.pth")
     cfg.MODEL.WEIGHTS = str(tmp_path / "heads_only.pth")
-    with pytest.raises(ValueError, match="does not fit the model .* missing keys"):
-        load_weights_for_evaluation(build_model(cfg), cfg, resume=False)
+    with pytest.raises(WeightsMismatchError, match="does not fit the model .* missing weights"):
+        load_weights(build_model(cfg), evaluation_weights(cfg, resume=False))
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

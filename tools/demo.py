@@ -25,15 +25,18 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
-import lambda_det  # noqa: E402
-import lambda_det.data  # noqa: E402,F401
+import lambda_det.data  # noqa: E402
+import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
-from detectron2.engine import DefaultPredictor  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
-from lambda_det.engine import adapt_norms_to_device, load_cfg, resolve_config_file  # noqa: E402
+from lambda_det.config import load_config, resolve_config_file  # noqa: E402
+from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
+from lambda_det.engine.output_dir import RUN_FILES  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
+# What the demo adds to a training run's files; --force moves them aside with the run.
+DEMO_FILES = ("ap_table.md", "ap_by_size.png", "predictions.png")
 
 
 def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4) -> Path:
@@ -42,7 +45,7 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
     cfg.defrost()
     cfg.MODEL.WEIGHTS = weights
     cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST = 0.5
-    predictor = DefaultPredictor(cfg)
+    predictor = Predictor(cfg)
     metadata = MetadataCatalog.get(dataset)
     tiles = []
     for record in DatasetCatalog.get(dataset)[:count]:
@@ -80,8 +83,7 @@ def main(argv=None) -> int:
     root = lambda_det.data.ensure_shapes_dataset()
     print(f"dataset: {root} (lambda_det_shapes_train / lambda_det_shapes_val)", flush=True)
 
-    cfg = load_cfg(config_file, args.opts)
-    adapt_norms_to_device(cfg)  # as train_net.py does, so that the config dumps compare
+    cfg = load_config(config_file, args.opts)  # as train_net.py loads it, so the dumps compare
     output = Path(cfg.OUTPUT_DIR)
     weights, record = output / "model_final.pth", output / "eval_results.json"
     if not args.force and weights.is_file() and record.is_file():
@@ -93,13 +95,21 @@ def main(argv=None) -> int:
                 "over it, or set another OUTPUT_DIR")
         print(f"reusing the finished run in {output} (--force, or FORCE=1 with make, trains again)")
     else:
-        # --force starts over (the finished run moves to previous_<date-time>/); otherwise an
-        # interrupted run (a last_checkpoint, no results) is continued.
-        flag = "--restart" if args.force else "--resume"
+        # --force starts over (the finished run and the demo's files move to
+        # previous_<date-time>/); otherwise an interrupted run (a last_checkpoint, no results)
+        # is continued.
+        if args.force:
+            with OutputDirLock(str(output)):
+                previous = prepare_output_dir(str(output), resume=False, restart=True,
+                                              run_files=RUN_FILES + DEMO_FILES)
+            if previous:
+                print(f"--force: moved the previous run to {previous}", flush=True)
         command = [sys.executable, str(REPO / "tools/train_net.py"), "--config-file", config_file,
-                   flag, *args.opts]
+                   "--resume", *args.opts]
         print("+", " ".join(command), flush=True)
-        subprocess.run(command, check=True)
+        status = subprocess.run(command).returncode
+        if status:  # train_net.py said why
+            return status
 
     results = load_results(str(output))
     name = args.name or f"{Path(config_file).stem} (demo)"

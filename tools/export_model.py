@@ -32,10 +32,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
-from lambda_det.engine import CorruptCheckpointError, UnsafeCheckpointError  # noqa: E402
-from lambda_det.export import (  # noqa: E402  (importing lambda_det registers the backbones)
-    EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, build_export_cfg, eager_outputs,
-    export_model, load_trained_model, max_differences, sample_image)
+import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
+from lambda_det.config import load_config  # noqa: E402
+from lambda_det.engine import build_trained_model  # noqa: E402
+from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.export import (  # noqa: E402
+    EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, eager_outputs, export_model,
+    max_differences, sample_image)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -55,6 +58,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--opset", type=int, default=ONNX_OPSET, help="ONNX opset (>= 16)")
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="largest absolute difference from the eager model accepted")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     return parser
 
@@ -64,18 +69,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.sample_image is not None and args.sample_size is not None:
         parser.error("give --sample-image or --sample-size, not both")
-    try:
-        cfg = build_export_cfg(args.config_file, args.opts)
+    with reporting_user_errors(args.debug):
+        cfg = load_config(args.config_file, args.opts)
         image = sample_image(cfg, args.sample_image, args.sample_size)
-        model = load_trained_model(cfg)
-    except (FileNotFoundError, ValueError, CorruptCheckpointError, UnsafeCheckpointError) as error:
-        parser.error(str(error))
+        model = build_trained_model(cfg)
     output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
 
     try:
         traced = export_model(model, image, output, args.format, opset=args.opset)
     except (ImportError, ValueError) as error:  # onnx missing, opset too old
-        parser.error(str(error))
+        parser.error(" ".join(str(error).split()))
     print(f"wrote {output} ({args.format}): input 'image', uint8 {tuple(image.shape)} in "
           f"{cfg.INPUT.FORMAT} order (only this size); outputs {', '.join(traced.output_names)}")
 

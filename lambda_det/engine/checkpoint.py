@@ -1,15 +1,31 @@
-"""Checkpoints that are never half-written, and clear errors for broken ones."""
+"""Checkpoints: read without running code from them, written so they are never half there.
+
+Every weights or checkpoint file lambda_det reads (training's MODEL.WEIGHTS, ``--resume``,
+``--eval-only``, export, the demo's pictures) goes through :func:`load_checkpoint_file`:
+
+* ``.pkl`` (detectron2 and Caffe2 model zoo files) with :class:`RestrictedUnpickler`, which
+  admits only dicts, lists, numbers, strings and numpy arrays;
+* every other suffix with ``torch.load(..., weights_only=True)``.
+
+Anything else in a file is refused with :class:`UnsafeCheckpointError` before it can run.
+"""
+import io
 import os
 import pickle
+import re
 import zipfile
+from typing import Any, Dict, Optional
 
+import numpy as np
 import torch
 
 from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.utils.file_io import PathManager
 from lambda_det.engine.atomic import atomic_path
 
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
-           "StrictCheckpointer", "check_weights", "load_trained_weights"]
+           "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
+           "WeightsMismatchError"]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -17,19 +33,134 @@ class CorruptCheckpointError(RuntimeError):
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
-    """A readable checkpoint that holds more than tensors and plain data, which torch's default
-    ``weights_only=True`` refuses to unpickle (it could run code)."""
+    """A checkpoint that holds more than tensors, arrays and plain data: loading it could run
+    code, so it is refused."""
+
+
+class WeightsMismatchError(ValueError):
+    """A checkpoint whose weights do not fit the model they are loaded into."""
+
+
+# What detectron2 / Caffe2 model-zoo pickles hold besides dicts, lists, numbers and strings:
+# numpy arrays, scalars and dtypes (the objects themselves, whatever module numpy keeps them in),
+# OrderedDicts, and _codecs.encode, which protocol-2 pickles use to store bytes.
+_NUMPY_RECONSTRUCT = np.zeros(1).__reduce__()[0]
+_NUMPY_SCALAR = np.float32(0).__reduce__()[0]
+_SAFE_GLOBALS = {
+    **{(module, "_reconstruct"): _NUMPY_RECONSTRUCT
+       for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    **{(module, "scalar"): _NUMPY_SCALAR
+       for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("collections", "OrderedDict"): __import__("collections").OrderedDict,
+    ("_codecs", "encode"): __import__("codecs").encode,
+}
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only the globals of plain weight files (numpy arrays, dtypes,
+    scalars, OrderedDict); any other global raises :class:`UnsafeCheckpointError` naming it."""
+
+    def __init__(self, file, filename: str):
+        super().__init__(file, encoding="latin1")  # Caffe2 files are Python 2 pickles
+        self.filename = filename
+
+    def find_class(self, module: str, name: str):
+        try:
+            return _SAFE_GLOBALS[(module, name)]
+        except KeyError:
+            raise UnsafeCheckpointError(
+                f"checkpoint {self.filename} refers to {module}.{name}, which a weights file "
+                f"does not need and which could run code; refused (only dicts, lists, numbers, "
+                f"strings and numpy arrays load from .pkl files)") from None
+
+
+def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError:
+    refused = re.search(r"GLOBAL ([\w.]+)", str(error))
+    what = f"refers to {refused[1]}, which" if refused else "holds objects that"
+    return UnsafeCheckpointError(
+        f"checkpoint {filename} {what} torch.load(weights_only=True) refuses to unpickle (it "
+        f"could run code). If you trust its source, keep only its 'model' weights once: "
+        f"python -c \"import torch; c = torch.load({filename!r}, weights_only=False); "
+        f"torch.save({{'model': c['model']}}, 'weights.pth')\" and load weights.pth")
+
+
+def _from_pickle(data: Dict[str, Any]) -> Dict[str, Any]:
+    """Detectron2's reading of a .pkl: a detectron2 model-zoo file as it is, a Caffe2 one (its
+    "blobs", without momentum buffers) with name matching."""
+    if "model" in data and "__author__" in data:
+        return data
+    if "blobs" in data:
+        data = data["blobs"]
+    weights = {key: value for key, value in data.items() if not key.endswith("_momentum")}
+    return {"model": weights, "__author__": "Caffe2", "matching_heuristics": True}
+
+
+def load_checkpoint_file(path: str) -> Dict[str, Any]:
+    """A checkpoint as detectron2's checkpointer expects it (``{"model": weights, ...}``), read
+    without running code from the file, whatever its suffix.
+
+    ``path`` may be a URL (downloaded by detectron2's PathManager). ``.pkl`` files are read as
+    detectron2 reads them (model-zoo and Caffe2 layouts), ``.pyth`` as pycls checkpoints.
+
+    Raises:
+        UnsafeCheckpointError: the file holds objects other than weights and plain data.
+        CorruptCheckpointError: the file is truncated, corrupt, or not a checkpoint.
+    """
+    filename = PathManager.get_local_path(path)
+    try:
+        if filename.endswith(".pkl"):
+            with open(filename, "rb") as f:
+                data = RestrictedUnpickler(f, filename).load()
+            if not isinstance(data, dict):
+                raise CorruptCheckpointError(f"checkpoint {filename} holds a "
+                                             f"{type(data).__name__}, not a dict of weights")
+            return _from_pickle(data)
+        data = torch.load(filename, map_location="cpu", weights_only=True)
+    except (UnsafeCheckpointError, CorruptCheckpointError):
+        raise
+    except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
+            TypeError, IndexError, KeyError) as error:
+        if "weights only load failed" in str(error).lower():
+            raise _unsafe_torch_file(filename, error) from None
+        raise CorruptCheckpointError(
+            f"checkpoint {filename} is truncated or corrupt and cannot be loaded "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        ) from error
+    if not isinstance(data, dict):
+        raise CorruptCheckpointError(
+            f"checkpoint {filename} holds a {type(data).__name__}, not a dict of weights")
+    if filename.endswith(".pyth"):  # pycls, as detectron2 reads it
+        if "model_state" not in data:
+            raise CorruptCheckpointError(f"pycls checkpoint {filename} has no 'model_state'")
+        weights = {key: value for key, value in data["model_state"].items()
+                   if not key.endswith("num_batches_tracked")}
+        return {"model": weights, "__author__": "pycls", "matching_heuristics": True}
+    return data if "model" in data else {"model": data}
 
 
 class AtomicCheckpointer(DetectionCheckpointer):
-    """``DetectionCheckpointer`` whose files appear only once complete.
+    """``DetectionCheckpointer`` that reads files with :func:`load_checkpoint_file` and writes
+    them so that they appear only once complete.
 
     ``save`` writes a temporary file and renames it, then updates ``last_checkpoint`` the same
     way (:func:`~lambda_det.engine.atomic.atomic_path`), so a run killed mid-write leaves
     ``last_checkpoint`` on the previous, complete file.
-    Loading a truncated or corrupt file raises :class:`CorruptCheckpointError` naming it.
-    Files load with torch's default ``weights_only=True``.
+
+    Args:
+        require: which of the model's weights a loaded checkpoint must hold, with the shapes of
+            the model: None (detectron2's behaviour: log what is missing and go on), "backbone"
+            (every ``backbone.*`` weight; heads may be new, e.g. another number of classes) or
+            "all". A checkpoint that falls short raises :class:`WeightsMismatchError`.
     """
+
+    def __init__(self, model, save_dir: str = "", *, require: Optional[str] = None,
+                 **checkpointables):
+        if require not in (None, "backbone", "all"):
+            raise ValueError(f"require must be None, 'backbone' or 'all', got {require!r}")
+        super().__init__(model, save_dir, **checkpointables)
+        self.require = require
 
     def save(self, name: str, **kwargs) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -49,48 +180,34 @@ class AtomicCheckpointer(DetectionCheckpointer):
                 open(temporary, "w") as f:
             f.write(last_filename_basename)
 
+    def load(self, path: str, *args, **kwargs):
+        self._path = path
+        return super().load(path, *args, **kwargs)
+
     def _load_file(self, filename: str):
-        try:
-            return super()._load_file(filename)
-        except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile) as error:
-            if "weights only load failed" in str(error).lower():
-                # Decision: no switch loads it here (DESIGN: full unpickling only when the user
-                # asks); converting it once, by hand, is that explicit request.
-                raise UnsafeCheckpointError(
-                    f"checkpoint {filename} holds objects that torch.load(weights_only=True) "
-                    f"refuses to unpickle. If you trust its source, keep only its 'model' weights "
-                    f"once: python -c \"import torch; c = torch.load({filename!r}, "
-                    f"weights_only=False); torch.save({{'model': c['model']}}, 'weights.pth')\" "
-                    f"and load weights.pth. torch said: {error}") from error
-            raise CorruptCheckpointError(
-                f"checkpoint {filename} is truncated or corrupt and cannot be loaded "
-                f"({type(error).__name__}: {error})") from error
-
-
-class StrictCheckpointer(AtomicCheckpointer):
-    """Refuses a checkpoint that leaves weights of the model missing or skips mismatched shapes.
-
-    Detectron2 only logs both and goes on with a half-random model, which is what training from
-    a backbone checkpoint wants, but evaluating or exporting such a model is useless.
-    """
+        return load_checkpoint_file(filename)
 
     def _load_model(self, checkpoint):
         incompatible = super()._load_model(checkpoint)
-        missing = [key for key in incompatible.missing_keys
-                   if not key.endswith("num_batches_tracked")]
-        mismatched = [f"{key} {tuple(saved)} vs {tuple(model)}"
-                      for key, saved, model in incompatible.incorrect_shapes]
+        if self.require is None:
+            return incompatible
+        prefix = "backbone." if self.require == "backbone" else ""
+        model = getattr(self.model, "module", self.model)  # DDP
+        if prefix and not any(key.startswith(prefix) for key in model.state_dict()):
+            prefix = ""  # a bare backbone: all of it
+        missing = [key for key in incompatible.missing_keys if key.startswith(prefix)
+                   and not key.endswith("num_batches_tracked")]
+        mismatched = [f"{key} {tuple(saved)} vs {tuple(wanted)}"
+                      for key, saved, wanted in incompatible.incorrect_shapes
+                      if key.startswith(prefix)]
         if missing or mismatched:
-            raise ValueError(
-                f"checkpoint {self._weights!r} does not fit the model built from the config "
-                f"(is it the config it was trained with, overrides included?): "
-                f"{len(missing)} missing keys {missing[:5]}, {len(mismatched)} shape mismatches "
-                f"(checkpoint vs model) {mismatched[:5]}")
+            what = "the backbone" if prefix else "the model"
+            raise WeightsMismatchError(
+                f"checkpoint {self._path!r} does not fit {what} built from the config (is it "
+                f"the config it was trained with, overrides included?): {len(missing)} missing "
+                f"weights {missing[:3]}, {len(mismatched)} of another shape (checkpoint vs "
+                f"model) {mismatched[:3]}")
         return incompatible
-
-    def load(self, path: str, *args, **kwargs):
-        self._weights = path
-        return super().load(path, *args, **kwargs)
 
 
 def check_weights(weights: str) -> None:
@@ -104,15 +221,19 @@ def check_weights(weights: str) -> None:
         raise ValueError("MODEL.WEIGHTS is empty: pass the trained checkpoint, e.g. "
                          "MODEL.WEIGHTS output/model_final.pth")
     if "://" not in weights and not os.path.isfile(weights):
-        raise FileNotFoundError(f"MODEL.WEIGHTS file {weights!r} does not exist")
+        raise FileNotFoundError(f"MODEL.WEIGHTS file {weights!r} does not exist: pass the path "
+                                f"of a checkpoint, or MODEL.WEIGHTS \"\" to start from scratch")
 
 
-def load_trained_weights(model, weights: str) -> None:
-    """Load every weight of ``model`` from the checkpoint ``weights`` (a path or a URL).
+def load_weights(model, weights: str, require: str = "all") -> None:
+    """Load the checkpoint ``weights`` (a path or a URL) into ``model``, safely
+    (:func:`load_checkpoint_file`) and checked (``require``: see :class:`AtomicCheckpointer`).
 
     Raises:
-        ValueError: ``weights`` is empty, or the checkpoint does not fit the model.
+        ValueError: ``weights`` is empty.
         FileNotFoundError: ``weights`` names a local file that does not exist.
+        WeightsMismatchError: the checkpoint does not fit the model.
+        UnsafeCheckpointError, CorruptCheckpointError: the file cannot be loaded safely.
     """
     check_weights(weights)
-    StrictCheckpointer(model).load(weights, checkpointables=[])
+    AtomicCheckpointer(model, require=require).load(weights, checkpointables=[])

@@ -1,0 +1,121 @@
+"""The command line of tools/train_net.py: detectron2's, plus one run per OUTPUT_DIR, weights
+and configs checked before any process starts, and user errors reported in one line.
+
+A mistake in what the user passed (a config key or value, a dataset, a weights file, an
+OUTPUT_DIR in use) ends the run with exit status 2 and one ``error: ...`` line that names the
+bad value and the fix; ``--debug`` shows the traceback instead. Anything else is a bug and keeps
+its traceback.
+"""
+import argparse
+import contextlib
+import pickle
+import sys
+from typing import Optional, Sequence
+
+import torch
+from torch.multiprocessing import ProcessExitedException
+
+from detectron2.engine import default_argument_parser
+from lambda_det.config import load_config
+from lambda_det.engine.checkpoint import CorruptCheckpointError, check_weights, load_weights
+from lambda_det.engine.launch import launch
+from lambda_det.engine.output_dir import (
+    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, prepare_output_dir)
+from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
+
+__all__ = ["argument_parser", "main", "run", "reporting_user_errors", "USER_ERRORS",
+           "USAGE_ERROR_STATUS"]
+
+USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
+# Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
+# has started, an exception is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               IsADirectoryError, pickle.UnpicklingError, CorruptCheckpointError,
+               OutputDirBusyError)
+
+
+def _one_line(error: BaseException) -> str:
+    message = error.args[0] if isinstance(error, KeyError) and error.args else error
+    return " ".join(str(message).split())
+
+
+@contextlib.contextmanager
+def reporting_user_errors(debug: bool = False):
+    """Turn a :data:`USER_ERRORS` exception into ``error: <message>`` on stderr and exit status
+    2 (with ``debug``, let it through with its traceback)."""
+    try:
+        yield
+    except USER_ERRORS as error:
+        if debug:
+            raise
+        print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_ERROR_STATUS) from None
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """detectron2's ``default_argument_parser`` plus ``--config NAME`` (an alias of
+    --config-file that also takes a shipped config's name), ``--restart`` and ``--debug``."""
+    parser = default_argument_parser()
+    parser.add_argument("--config", dest="config_file", metavar="NAME",
+                        help="config file, or the name of a shipped config (e.g. "
+                             "lambda_r152_mask_rcnn)")
+    parser.add_argument("--restart", action="store_true",
+                        help="train from iteration 0 in an OUTPUT_DIR that holds a run; the "
+                             f"previous run is first moved to OUTPUT_DIR/{PREVIOUS_RUN_PREFIX}"
+                             "<date-time>/")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
+    return parser
+
+
+def run(args: argparse.Namespace):
+    """What every training or evaluation process runs (detectron2's ``main(args)``)."""
+    with reporting_user_errors(args.debug):
+        cfg = setup_cfg(args)
+        if args.eval_only:
+            model = Trainer.build_model(cfg)
+            load_weights(model, evaluation_weights(cfg, resume=args.resume))
+            return Trainer.test(cfg, model)
+        trainer = Trainer(cfg)
+        trainer.resume_or_load(resume=args.resume)
+    return trainer.train()
+
+
+def _check_before_launch(args: argparse.Namespace, cfg) -> None:
+    """What can be checked once, before any process starts (the lock is already held)."""
+    if args.eval_only:
+        evaluation_weights(cfg, resume=args.resume)
+        return
+    check_batch_size(cfg, args.num_gpus * args.num_machines)
+    if cfg.MODEL.WEIGHTS:
+        check_weights(cfg.MODEL.WEIGHTS)
+    previous = prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume, restart=args.restart,
+                                  machine_rank=args.machine_rank)
+    if previous:
+        print(f"--restart: moved the previous run to {previous}", flush=True)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """tools/train_net.py: returns the exit status."""
+    args = argument_parser().parse_args(argv)
+    print("Command Line Args:", args)
+    lock = None
+    with reporting_user_errors(args.debug):
+        cfg = load_config(args.config_file, args.opts)
+        if args.machine_rank == 0:  # the machine whose main process writes OUTPUT_DIR
+            lock = OutputDirLock(cfg.OUTPUT_DIR).acquire()
+    try:
+        with reporting_user_errors(args.debug):
+            _check_before_launch(args, cfg)
+        # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA).
+        cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
+        launch(run, args.num_gpus, num_machines=args.num_machines,
+               machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,), cpu=cpu)
+    except ProcessExitedException as error:  # a worker reported a user error and exited 2
+        if error.exit_code != USAGE_ERROR_STATUS:
+            raise
+        return USAGE_ERROR_STATUS
+    finally:
+        if lock is not None:
+            lock.release()
+    return 0

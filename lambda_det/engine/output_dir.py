@@ -1,0 +1,114 @@
+"""A run's OUTPUT_DIR: one run at a time (an OS lock), and never trained over by mistake."""
+import datetime
+import fnmatch
+import os
+import socket
+import time
+from typing import Optional, Sequence
+
+__all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir", "last_checkpoint",
+           "RUN_FILES", "PREVIOUS_RUN_PREFIX", "LOCK_FILE"]
+
+PREVIOUS_RUN_PREFIX = "previous_"
+LOCK_FILE = "run.lock"
+# What a training run writes into OUTPUT_DIR (detectron2's trainer, checkpointer, evaluators and
+# writers): what --restart moves aside. Other files there are left alone.
+RUN_FILES = ("last_checkpoint", "model_*.pth", "*.pth.*.tmp", "metrics.json",
+             "eval_results.json", "config.yaml", "log.txt*", "events.out.tfevents.*", "inference")
+
+
+class OutputDirBusyError(RuntimeError):
+    """Another process holds the OUTPUT_DIR's lock."""
+
+
+class OutputDirLock:
+    """An exclusive ``flock`` on ``OUTPUT_DIR/run.lock``, held by a run for its whole life.
+
+    The kernel drops the lock when the process ends, however it ends, so a killed run leaves no
+    stale lock behind. The file keeps the holder's pid, host and start time for the error that
+    a second run gets. Use as a context manager, or ``acquire()`` / ``release()``.
+    """
+
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+        self.path = os.path.join(output_dir, LOCK_FILE)
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> "OutputDirLock":
+        """Raises :class:`OutputDirBusyError` naming the holder when another process has it."""
+        import fcntl  # POSIX; detectron2 runs on Linux
+
+        os.makedirs(self.output_dir, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 1024).decode(errors="replace").strip() or "unknown process"
+            os.close(fd)
+            raise OutputDirBusyError(
+                f"OUTPUT_DIR {self.output_dir!r} is in use by another run ({holder}): wait for "
+                f"it to end, or pass another OUTPUT_DIR") from None
+        started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "OutputDirLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def last_checkpoint(output_dir: str) -> Optional[str]:
+    """The file name ``output_dir/last_checkpoint`` points at, or None without one."""
+    path = os.path.join(output_dir, "last_checkpoint")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
+def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,
+                       run_files: Sequence[str] = RUN_FILES) -> Optional[str]:
+    """Refuse to train from scratch over the run that ``output_dir`` already holds.
+
+    Detectron2 would start again at iteration 0, replace the run's checkpoints one by one and
+    append to its metrics.json. Starting over takes ``restart``, which first moves the run's
+    files (``run_files``, by default :data:`RUN_FILES`) into ``output_dir/previous_<date-time>/``:
+    nothing is deleted and nothing mixes. Only machine 0 moves files (detectron2 writes them from
+    the main process only).
+
+    Returns:
+        the folder the previous run was moved to, or None.
+
+    Raises:
+        FileExistsError: ``output_dir`` has a last_checkpoint, and neither ``resume`` nor
+            ``restart`` is set.
+    """
+    latest = last_checkpoint(output_dir)
+    if resume or latest is None:
+        return None
+    if not restart:
+        raise FileExistsError(
+            f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
+            f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
+            f"over in it (the previous run is moved to {PREVIOUS_RUN_PREFIX}<date-time>/)")
+    if machine_rank != 0:
+        return None
+    stamp = PREVIOUS_RUN_PREFIX + time.strftime("%Y%m%d-%H%M%S")
+    previous, count = os.path.join(output_dir, stamp), 1
+    while os.path.exists(previous):  # two restarts within a second
+        count += 1
+        previous = os.path.join(output_dir, f"{stamp}-{count}")
+    os.makedirs(previous)
+    for name in sorted(os.listdir(output_dir)):
+        if any(fnmatch.fnmatch(name, pattern) for pattern in run_files):
+            os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
+    return previous
