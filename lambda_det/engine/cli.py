@@ -8,23 +8,32 @@ its traceback.
 """
 import argparse
 import contextlib
+import difflib
+import logging
+import os
 import pickle
 import sys
+import warnings
 from typing import Optional, Sequence
 
 import torch
+from torch import nn
 from torch.multiprocessing import ProcessExitedException
 
+from detectron2.data import DatasetCatalog
 from detectron2.engine import default_argument_parser
+from detectron2.modeling import build_model
 from lambda_det.config import load_config
-from lambda_det.engine.checkpoint import CorruptCheckpointError, check_weights, load_weights
+from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.engine.checkpoint import (
+    AtomicCheckpointer, CorruptCheckpointError, check_weights, load_weights)
 from lambda_det.engine.launch import launch
 from lambda_det.engine.output_dir import (
-    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, prepare_output_dir)
+    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, last_checkpoint, prepare_output_dir)
 from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
 
-__all__ = ["argument_parser", "main", "run", "reporting_user_errors", "USER_ERRORS",
-           "USAGE_ERROR_STATUS"]
+__all__ = ["argument_parser", "main", "run", "reporting_user_errors", "check_model",
+           "check_weights_fit", "check_datasets", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
@@ -81,14 +90,58 @@ def run(args: argparse.Namespace):
     return trainer.train()
 
 
+def check_model(cfg) -> nn.Module:
+    """The model of ``cfg`` built on the meta device: the backbone's and heads' checks of the
+    config (depth, placement, scope, norms, features) in a fraction of a second, with no memory
+    and no random numbers drawn."""
+    meta = cfg.clone()
+    meta.defrost()
+    meta.MODEL.DEVICE = "meta"
+    with torch.device("meta"):
+        return build_model(meta)
+
+
+def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
+    """Read ``weights`` as the run will (safely) and check that it fits ``model`` (a meta-device
+    model: nothing is copied), quietly: the run itself logs what it loads."""
+    checkpointer = AtomicCheckpointer(model, require=require)
+    checkpointer.logger = logging.getLogger("lambda_det.engine.cli.preflight")
+    checkpointer.logger.disabled = True
+    with warnings.catch_warnings():  # "copying ... to a meta parameter ... is a no-op"
+        warnings.simplefilter("ignore", UserWarning)
+        checkpointer.load(weights, checkpointables=[])
+
+
+def check_datasets(names: Sequence[str]) -> None:
+    """Every dataset name is registered (with close matches for a misspelt one)."""
+    registered = DatasetCatalog.list()
+    for name in names:
+        if name not in registered:
+            close = difflib.get_close_matches(name, registered, n=3)
+            raise KeyError(f"dataset {name!r} is not registered"
+                           + (f"; did you mean {' or '.join(map(repr, close))}?" if close else
+                              " (register it with detectron2's DatasetCatalog first)"))
+
+
 def _check_before_launch(args: argparse.Namespace, cfg) -> None:
-    """What can be checked once, before any process starts (the lock is already held)."""
+    """What the run reads, checked once before any process starts and before OUTPUT_DIR is
+    touched (the lock is already held): a mistake found later would leave a log or a config
+    dump in OUTPUT_DIR, or surface hours later at the final evaluation."""
+    model = check_model(cfg)
+    check_datasets(cfg.DATASETS.TEST)
     if args.eval_only:
-        evaluation_weights(cfg, resume=args.resume)
+        check_weights_fit(model, evaluation_weights(cfg, resume=args.resume), require="all")
         return
     check_batch_size(cfg, args.num_gpus * args.num_machines)
-    if cfg.MODEL.WEIGHTS:
+    load_checked_dataset_dicts(cfg.DATASETS.TRAIN,
+                               filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
+                               require_masks=cfg.MODEL.MASK_ON)
+    latest = last_checkpoint(cfg.OUTPUT_DIR)
+    if args.resume and latest is not None:  # as Trainer.resume_or_load will load it
+        check_weights_fit(model, os.path.join(cfg.OUTPUT_DIR, latest), require="all")
+    elif cfg.MODEL.WEIGHTS:
         check_weights(cfg.MODEL.WEIGHTS)
+        check_weights_fit(model, cfg.MODEL.WEIGHTS, require="backbone")
     previous = prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume, restart=args.restart,
                                   machine_rank=args.machine_rank)
     if previous:
