@@ -39,7 +39,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=find_packages(include=["lambda_det", "lambda_det.*"]),
+    # The shipped configs travel inside the package (lambda_det.model_zoo finds them there).
+    packages=find_packages(include=["lambda_det", "lambda_det.*"]) + ["lambda_det.model_zoo.configs"],
+    package_dir={"lambda_det.model_zoo.configs": "configs"},
+    package_data={"lambda_det.model_zoo.configs": ["*.yaml", "*/*.yaml"]},
     include_package_data=True,
     install_requires=[
         # torch.onnx.export(dynamo=...) needs 2.5; tested with 2.14 (CPU) and 2.11 (CUDA).
