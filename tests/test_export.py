@@ -263,7 +263,7 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",
-                "empty weights": "MODEL.WEIGHTS is empty", "wrong weights": "shape mismatches",
+                "empty weights": "MODEL.WEIGHTS is empty", "wrong weights": "of another shape",
                 "truncated weights": "truncated.pth is truncated or corrupt",
                 "missing sample": "no_such_image.png"}[case]
     assert expected in error

@@ -205,8 +205,8 @@ class AtomicCheckpointer(DetectionCheckpointer):
             raise WeightsMismatchError(
                 f"checkpoint {self._path!r} does not fit {what} built from the config (is it "
                 f"the config it was trained with, overrides included?): {len(missing)} missing "
-                f"weights {missing[:3]}, {len(mismatched)} of another shape (checkpoint vs "
-                f"model) {mismatched[:3]}")
+                f"weights {missing[:5]}, {len(mismatched)} of another shape (checkpoint vs "
+                f"model) {mismatched[:5]}")
         return incompatible
 
 
