@@ -271,6 +271,9 @@ def test_train_net_trains_evaluates_and_reports_ap_by_size(tmp_path, datasets_ro
                       "OUTPUT_DIR", str(output), datasets_root=datasets_root)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (output / "model_final.pth").is_file()
+    # Piped output and the log file carry no terminal colour codes.
+    assert "\x1b[" not in result.stdout + result.stderr
+    assert "\x1b[" not in (output / "log.txt").read_text()
     results = load_results(str(output))
     for task in ("bbox", "segm"):
         assert {"AP", "AP50", "AP75", "APs", "APm", "APl"} <= set(results[task])

@@ -16,6 +16,7 @@ from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
+from detectron2.engine import defaults as engine_defaults
 from detectron2.engine.hooks import PeriodicWriter
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
@@ -37,7 +38,14 @@ def setup_cfg(args: argparse.Namespace) -> CfgNode:
     the config dumped to OUTPUT_DIR)."""
     args.config_file = resolve_config_file(args.config_file) if args.config_file else ""
     cfg = load_config(args.config_file, args.opts)
-    default_setup(cfg, args)
+    # default_setup logs the config files through pygments' terminal colours, which then land in
+    # log.txt and in piped output as escape codes: log them plain, for this call only.
+    highlight = engine_defaults._highlight
+    engine_defaults._highlight = lambda code, filename: code
+    try:
+        default_setup(cfg, args)
+    finally:
+        engine_defaults._highlight = highlight
     return cfg
 
 
