@@ -1,0 +1,232 @@
+"""Predictions on your own images and videos (tools/predict.py): batched inference with a trained
+model, pictures drawn with detectron2's ``Visualizer``, and COCO-format results JSON.
+
+Images are read and resized exactly as detectron2's evaluation reads them (``read_image`` with
+EXIF orientation, the config's test-time resize), and results are written with detectron2's own
+``instances_to_coco_json`` and the dataset's category ids, so an image of DATASETS.TEST gets the
+same predictions as ``--eval-only`` writes to ``coco_instances_results.json``. A batch pads its
+images to the largest one (as detectron2 does); images of one size give the same predictions in
+any batch size.
+"""
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import cv2
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from detectron2.config import CfgNode
+from detectron2.data import DatasetCatalog, MetadataCatalog, detection_utils
+from detectron2.data import transforms as T
+from detectron2.evaluation.coco_evaluation import instances_to_coco_json
+from detectron2.utils.visualizer import ColorMode, Visualizer
+from lambda_det.data.mapper import build_mapper
+
+__all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "read_frames",
+           "BatchPredictor", "draw", "coco_results", "dataset_image_ids", "metadata_of",
+           "predict_files"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
+
+
+@dataclass
+class Frame:
+    """One image to predict on: from an image file, or frame ``index`` of a video."""
+    source: str
+    image: np.ndarray  # H W C in the config's INPUT.FORMAT
+    index: Optional[int] = None  # the frame of a video; None for an image file
+
+    @property
+    def name(self) -> str:
+        stem = Path(self.source).stem
+        return stem if self.index is None else f"{stem}_{self.index:06d}"
+
+
+def collect_inputs(inputs: Sequence[str]) -> List[str]:
+    """Image and video files from paths, folders (their images and videos, sorted) and globs.
+
+    Raises:
+        FileNotFoundError: an input matches no file.
+        ValueError: a file is neither an image nor a video by its suffix.
+    """
+    files = []
+    for entry in inputs:
+        if os.path.isdir(entry):
+            found = sorted(str(path) for path in Path(entry).iterdir()
+                           if path.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES)
+            if not found:
+                raise FileNotFoundError(f"input folder {entry!r} holds no image or video "
+                                        f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
+        elif os.path.isfile(entry):
+            found = [entry]
+        else:
+            found = sorted(glob.glob(entry, recursive=True))
+            if not found:
+                raise FileNotFoundError(f"input {entry!r} is not a file, a folder or a glob "
+                                        f"that matches files")
+        for path in found:
+            if Path(path).suffix.lower() not in IMAGE_SUFFIXES + VIDEO_SUFFIXES:
+                raise ValueError(f"input {path!r} is neither an image nor a video by its suffix "
+                                 f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
+        files += found
+    return files
+
+
+def read_frames(path: str, image_format: str) -> Iterator[Frame]:
+    """The image of an image file, or every frame of a video, in ``image_format`` ("BGR"/"RGB").
+
+    Raises:
+        ValueError: the file cannot be read as an image or a video.
+    """
+    if Path(path).suffix.lower() not in VIDEO_SUFFIXES:
+        try:
+            image = detection_utils.read_image(path, format=image_format)
+        except Exception as error:  # PIL raises several types for unreadable files
+            raise ValueError(f"input {path!r} is not a readable image ({error})") from None
+        yield Frame(path, image)
+        return
+    video = cv2.VideoCapture(path)
+    if not video.isOpened():
+        raise ValueError(f"input {path!r} is not a readable video")
+    index = 0
+    try:
+        while True:
+            ok, frame = video.read()  # BGR
+            if not ok:
+                break
+            yield Frame(path, frame if image_format == "BGR" else frame[:, :, ::-1], index)
+            index += 1
+    finally:
+        video.release()
+    if index == 0:
+        raise ValueError(f"input {path!r} is not a readable video (no frame decoded)")
+
+
+class BatchPredictor:
+    """A trained model run on batches of images with the config's test-time resize, as
+    detectron2's evaluation runs it; returns detectron2's outputs per image (on the CPU)."""
+
+    def __init__(self, cfg: CfgNode, model: nn.Module):
+        self.model = model.eval()
+        self.augmentations = build_mapper(cfg, is_train=False).augmentations
+
+    @torch.no_grad()
+    def __call__(self, images: Sequence[np.ndarray]) -> List[Dict]:
+        inputs = []
+        for image in images:
+            augmented = T.AugInput(image)
+            self.augmentations(augmented)
+            tensor = torch.as_tensor(np.ascontiguousarray(augmented.image.transpose(2, 0, 1)))
+            inputs.append({"image": tensor, "height": image.shape[0], "width": image.shape[1]})
+        return [{key: value.to("cpu") for key, value in output.items()}
+                for output in self.model(inputs)]
+
+
+def draw(frame: Frame, output: Dict, metadata, image_format: str) -> np.ndarray:
+    """The frame with its predicted boxes, masks, class names and scores, as a BGR image."""
+    rgb = frame.image if image_format == "RGB" else frame.image[:, :, ::-1]
+    visualizer = Visualizer(rgb, metadata, instance_mode=ColorMode.IMAGE)
+    if "instances" in output:
+        drawing = visualizer.draw_instance_predictions(output["instances"])
+    elif "sem_seg" in output:
+        drawing = visualizer.draw_sem_seg(output["sem_seg"].argmax(dim=0))
+    else:
+        drawing = visualizer.output
+    return drawing.get_image()[:, :, ::-1]
+
+
+def dataset_image_ids(dataset: str) -> Dict[str, int]:
+    """The image ids of a registered dataset's files, by absolute path ({} for a name that is
+    not registered)."""
+    if dataset not in DatasetCatalog.list():
+        return {}
+    return {os.path.abspath(record["file_name"]): record["image_id"]
+            for record in DatasetCatalog.get(dataset)}
+
+
+def coco_results(output: Dict, image_id: int, metadata) -> List[Dict]:
+    """A frame's instances as COCO results (what ``COCOEvaluator`` writes), with the dataset's
+    own category ids when ``metadata`` has them."""
+    if "instances" not in output:
+        return []
+    results = instances_to_coco_json(output["instances"], image_id)
+    to_dataset = {contiguous: dataset for dataset, contiguous in
+                  getattr(metadata, "thing_dataset_id_to_contiguous_id", {}).items()}
+    for result in results:
+        result["category_id"] = to_dataset.get(result["category_id"], result["category_id"])
+    return results
+
+
+def metadata_of(cfg: CfgNode):
+    """The metadata of DATASETS.TEST[0] (class names, category ids), or an empty one."""
+    return MetadataCatalog.get(cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else "__unused")
+
+
+def predict_files(predictor: BatchPredictor, files: Sequence[str], output: Path, metadata,
+                  image_format: str, known_ids: Dict[str, int], batch_size: int = 1
+                  ) -> Tuple[List[Dict], List[Path]]:
+    """Predict on every image and video frame of ``files`` in batches; draw each image into
+    ``output`` under its own name and each video into ``output/<name>.mp4``.
+
+    Args:
+        known_ids: image ids by absolute path (:func:`dataset_image_ids`); other images and
+            every video frame are numbered after the largest of them.
+
+    Returns:
+        the COCO results of every frame (with ``file_name``, and ``frame`` for videos), and the
+        files drawn.
+    """
+    output.mkdir(parents=True, exist_ok=True)
+    next_id = max(known_ids.values(), default=0) + 1
+    results, drawn, videos = [], [], {}
+
+    def run(batch: List[Frame]) -> None:
+        nonlocal next_id
+        for frame, prediction in zip(batch, predictor([frame.image for frame in batch])):
+            picture = draw(frame, prediction, metadata, image_format)
+            image_id = None
+            if frame.index is None:
+                drawn.append(output / Path(frame.source).name)
+                cv2.imwrite(str(drawn[-1]), picture)
+                image_id = known_ids.get(os.path.abspath(frame.source))
+            else:
+                if frame.source not in videos:
+                    drawn.append(output / (Path(frame.source).stem + ".mp4"))
+                    videos[frame.source] = _video_writer(frame.source, drawn[-1], picture.shape)
+                videos[frame.source].write(picture)
+            if image_id is None:
+                image_id, next_id = next_id, next_id + 1
+            for result in coco_results(prediction, image_id, metadata):
+                result["file_name"] = frame.source
+                if frame.index is not None:
+                    result["frame"] = frame.index
+                results.append(result)
+
+    batch: List[Frame] = []
+    try:
+        for path in tqdm(files, unit="file", desc="predict"):
+            for frame in read_frames(path, image_format):
+                batch.append(frame)
+                if len(batch) == batch_size:
+                    run(batch)
+                    batch = []
+        if batch:
+            run(batch)
+    finally:
+        for writer in videos.values():
+            writer.release()
+    return results, drawn
+
+
+def _video_writer(source: str, path: Path, shape) -> cv2.VideoWriter:
+    """An mp4 writer at the source video's frame rate."""
+    capture = cv2.VideoCapture(source)
+    fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
+    capture.release()
+    return cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (shape[1], shape[0]))

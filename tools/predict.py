@@ -1,0 +1,96 @@
+#!/usr/bin/env python
+"""Run a trained model on your own images and videos, in the shape of detectron2's demo/demo.py.
+
+    python tools/predict.py --config lambda_r26_shapes --input photos/ street.mp4 'more/*.jpg' \\
+        --output predictions/ MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
+
+Writes into ``--output``: each image drawn with its predicted boxes, masks, class names and
+scores (same name as the input), each video drawn frame by frame (``<name>.mp4``), and
+``predictions.json``: every detection in COCO results format (image_id, category_id, bbox,
+score, segmentation as RLE; plus file_name and, for videos, frame), which pycocotools' ``loadRes``
+reads. An image of the config's DATASETS.TEST keeps that dataset's image id (so the file scores
+against its annotations); other images are numbered after them. Class names come from
+DATASETS.TEST's metadata.
+
+Trailing ``KEY VALUE`` pairs override the config; MODEL.WEIGHTS must fit the model. Images are
+resized as the config's evaluation resizes them; ``--batch-size`` images run together.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
+
+import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
+import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
+from lambda_det.config import load_config  # noqa: E402
+from lambda_det.engine import build_trained_model  # noqa: E402
+from lambda_det.engine.atomic import atomic_path  # noqa: E402
+from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.inference import (  # noqa: E402
+    BatchPredictor, collect_inputs, dataset_image_ids, metadata_of, predict_files)
+
+RESULTS_FILE = "predictions.json"
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\n")[1:]))
+    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
+                        help="a config path, or the name of a shipped config")
+    parser.add_argument("--input", nargs="+", required=True,
+                        help="image or video files, folders of them, or globs")
+    parser.add_argument("--output", required=True, help="the folder to write into")
+    parser.add_argument("--confidence-threshold", type=float, default=0.5,
+                        help="lowest score kept (default 0.5; evaluation keeps 0.05)")
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda or cuda:N (default: the config's MODEL.DEVICE)")
+    parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --output folder that holds predictions already")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    return parser
+
+
+def config_overrides(args) -> list:
+    """The command line's overrides, then the threshold for every head that has one."""
+    threshold = str(args.confidence_threshold)
+    overrides = list(args.opts) + [
+        "MODEL.ROI_HEADS.SCORE_THRESH_TEST", threshold,
+        "MODEL.RETINANET.SCORE_THRESH_TEST", threshold,
+        "MODEL.PANOPTIC_FPN.COMBINE.INSTANCES_CONFIDENCE_THRESH", threshold]
+    if args.device:
+        overrides += ["MODEL.DEVICE", args.device]
+    return overrides
+
+
+def main(argv=None) -> int:
+    args = argument_parser().parse_args(argv)
+    output = Path(args.output)
+    with reporting_user_errors(args.debug):
+        if args.batch_size < 1:
+            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if (output / RESULTS_FILE).exists() and not args.overwrite:
+            raise FileExistsError(f"--output {str(output)!r} already holds {RESULTS_FILE}: pass "
+                                  f"another --output, or --overwrite to replace it")
+        files = collect_inputs(args.input)
+        cfg = load_config(args.config_file, config_overrides(args))
+        metadata = metadata_of(cfg)
+        known_ids = dataset_image_ids(cfg.DATASETS.TEST[0]) if len(cfg.DATASETS.TEST) else {}
+        predictor = BatchPredictor(cfg, build_trained_model(cfg))
+    with reporting_user_errors(args.debug):
+        results, drawn = predict_files(predictor, files, output, metadata, cfg.INPUT.FORMAT,
+                                       known_ids, args.batch_size)
+    with atomic_path(str(output / RESULTS_FILE)) as temporary, open(temporary, "w") as f:
+        json.dump(results, f)
+    print(f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
+          f"and {len(drawn)} drawn files to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
