@@ -9,7 +9,7 @@ Every weights or checkpoint file lambda_det reads (training's MODEL.WEIGHTS, ``-
 
 Anything else in a file is refused with :class:`UnsafeCheckpointError` before it can run.
 """
-import io
+import argparse
 import os
 import pickle
 import re
@@ -117,7 +117,10 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
                 raise CorruptCheckpointError(f"checkpoint {filename} holds a "
                                              f"{type(data).__name__}, not a dict of weights")
             return _from_pickle(data)
-        data = torch.load(filename, map_location="cpu", weights_only=True)
+        # timm's train.py stores its arguments (an argparse.Namespace of plain values) in its
+        # checkpoints; allowed for this load only.
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            data = torch.load(filename, map_location="cpu", weights_only=True)
     except (UnsafeCheckpointError, CorruptCheckpointError):
         raise
     except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
@@ -151,8 +154,8 @@ class AtomicCheckpointer(DetectionCheckpointer):
     Args:
         require: which of the model's weights a loaded checkpoint must hold, with the shapes of
             the model: None (detectron2's behaviour: log what is missing and go on), "backbone"
-            (every ``backbone.*`` weight; heads may be new, e.g. another number of classes) or
-            "all". A checkpoint that falls short raises :class:`WeightsMismatchError`.
+            (every weight of the image network: ``backbone.bottom_up.*`` under an FPN, else
+            ``backbone.*``; FPN and heads may be new, e.g. another number of classes) or "all". A checkpoint that falls short raises :class:`WeightsMismatchError`.
     """
 
     def __init__(self, model, save_dir: str = "", *, require: Optional[str] = None,
@@ -191,23 +194,30 @@ class AtomicCheckpointer(DetectionCheckpointer):
         incompatible = super()._load_model(checkpoint)
         if self.require is None:
             return incompatible
-        prefix = "backbone." if self.require == "backbone" else ""
-        model = getattr(self.model, "module", self.model)  # DDP
-        if prefix and not any(key.startswith(prefix) for key in model.state_dict()):
-            prefix = ""  # a bare backbone: all of it
+        prefix = _backbone_prefix(self.model) if self.require == "backbone" else ""
         missing = [key for key in incompatible.missing_keys if key.startswith(prefix)
                    and not key.endswith("num_batches_tracked")]
         mismatched = [f"{key} {tuple(saved)} vs {tuple(wanted)}"
                       for key, saved, wanted in incompatible.incorrect_shapes
                       if key.startswith(prefix)]
         if missing or mismatched:
-            what = "the backbone" if prefix else "the model"
+            what = f"the backbone ({prefix[:-1]})" if prefix else "the model"
             raise WeightsMismatchError(
                 f"checkpoint {self._path!r} does not fit {what} built from the config (is it "
                 f"the config it was trained with, overrides included?): {len(missing)} missing "
                 f"weights {missing[:5]}, {len(mismatched)} of another shape (checkpoint vs "
                 f"model) {mismatched[:5]}")
         return incompatible
+
+
+def _backbone_prefix(model) -> str:
+    """Where the image network of a detectron2 model sits: "backbone.bottom_up." under an FPN,
+    "backbone." otherwise, "" for a model without a backbone (all of it)."""
+    model = getattr(model, "module", model)  # DDP
+    backbone = getattr(model, "backbone", None)
+    if backbone is None:
+        return ""
+    return "backbone.bottom_up." if hasattr(backbone, "bottom_up") else "backbone."
 
 
 def check_weights(weights: str) -> None:

@@ -93,8 +93,8 @@ class Trainer(DefaultTrainer):
       ``build_evaluator``, as in detectron2's tools/train_net.py;
     * checkpoints read safely and written atomically (:class:`AtomicCheckpointer`), with the
       optimizer state (detectron2 0.6 leaves it out, so ``--resume`` restarted momentum from
-      zero); MODEL.WEIGHTS must hold every backbone weight (heads may be new), a resumed
-      checkpoint every weight;
+      zero); MODEL.WEIGHTS must hold every weight of the image network (FPN and heads may
+      be new), a resumed checkpoint every weight;
     * CPU data-parallel training over gloo (detectron2 0.6 passes GPU device ids to DDP);
     * ``DATALOADER.DETERMINISTIC``: every iteration a function of (SEED, iteration), so that
       ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`).

@@ -1,0 +1,107 @@
+"""The LambdaResNet family in timm: build, train a few steps, convert, fine-tune a detector."""
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+
+timm = pytest.importorskip("timm")
+
+import lambda_det.modeling.timm_models as timm_models  # noqa: E402
+from conftest import REPO_ROOT, subprocess_env  # noqa: E402
+from lambda_det.config import load_config  # noqa: E402
+from lambda_det.engine import load_weights  # noqa: E402
+from detectron2.modeling import build_model  # noqa: E402
+
+SMALL = {"width_multiplier": 0.25, "scope": 3}
+DETECTOR = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
+            "MODEL.LAMBDA_RESNET.SCOPE", "3"]
+
+
+def test_every_variant_is_registered_and_builds():
+    names = timm.list_models("*_det")
+    assert len(names) == 4 * 8 and {"lambda_resnet152_det", "resnetrs101_se_det"} <= set(names)
+    model = timm.create_model("lambda_resnet26_det", num_classes=3, **SMALL)
+    assert model(torch.randn(2, 3, 64, 64)).shape == (2, 3)
+    assert model.get_classifier() is model.linear and model.pretrained_cfg["num_classes"] == 3
+    model.reset_classifier(5)
+    assert model.eval()(torch.randn(1, 3, 32, 32)).shape == (1, 5)
+    # The same backbone as the detector's, weight for weight.
+    backbone = timm.create_model("resnetrs50_se_det", num_classes=10)
+    assert backbone.depth == 50 and any("se." in name for name, _ in backbone.named_parameters())
+    with pytest.raises(ValueError, match="no pretrained weights exist for lambda_resnet50_det"):
+        timm.create_model("lambda_resnet50_det", pretrained=True)
+
+
+def write_image_folder(root):
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(0)
+    for label, colour in (("red", 0), ("blue", 2)):
+        (root / label).mkdir(parents=True)
+        for index in range(4):
+            pixels = torch.randint(0, 80, (48, 48, 3), generator=generator, dtype=torch.uint8)
+            pixels[..., colour] = 200
+            Image.fromarray(pixels.numpy()).save(root / label / f"{index}.png")
+
+
+@pytest.mark.slow
+def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
+    from timm.data import create_dataset, create_loader
+    from timm.optim import create_optimizer_v2
+
+    write_image_folder(tmp_path / "images")
+    torch.manual_seed(0)
+    model = timm.create_model("lambda_resnet26_det", num_classes=2, **SMALL)
+    loader = create_loader(create_dataset("", root=str(tmp_path / "images")),
+                           input_size=(3, 48, 48), batch_size=4, is_training=True, no_aug=True,
+                           num_workers=0, use_prefetcher=False, device=torch.device("cpu"))
+    optimizer = create_optimizer_v2(model, "sgd", lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(2):
+        for images, labels in loader:
+            loss = torch.nn.functional.cross_entropy(model(images), labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    assert len(losses) == 4 and all(map(lambda value: value == value, losses))
+    classifier = tmp_path / "model_best.pth.tar"  # the layout of timm's CheckpointSaver
+    torch.save({"epoch": 1, "arch": "lambda_resnet26_det", "state_dict": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "version": 2,
+                "args": argparse.Namespace(model="lambda_resnet26_det", lr=0.05)}, classifier)
+
+    env = subprocess_env()
+    env["DETECTRON2_DATASETS"] = str(datasets_root)
+
+    def tool(script, *args):
+        return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / script),
+                               *map(str, args)], capture_output=True, text=True, env=env,
+                              cwd=REPO_ROOT, timeout=600)
+
+    converted = tmp_path / "detector_init.pth"
+    result = tool("convert_timm_checkpoint.py", "--config", "lambda_r26_shapes", classifier,
+                  converted, *DETECTOR)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # Every backbone weight loads, equal to the classifier's; the classifier is gone.
+    detector = build_model(load_config("lambda_r26_shapes", DETECTOR))
+    load_weights(detector, str(converted), require="backbone")
+    trained = model.state_dict()
+    backbone = detector.backbone.bottom_up.state_dict()
+    assert set(backbone) == {name for name in trained if not name.startswith("linear.")}
+    for name, value in backbone.items():
+        assert torch.equal(value, trained[name]), name
+    # A detection training step starts from it.
+    result = tool("train_net.py", "--config", "lambda_r26_shapes", *DETECTOR,
+                  "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "1", "DATALOADER.NUM_WORKERS",
+                  "0", "DATASETS.TEST", "()", "MODEL.WEIGHTS", converted,
+                  "OUTPUT_DIR", tmp_path / "detector")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "detector/model_final.pth").is_file()
+    # A classifier of another depth is refused in one line, and nothing is written.
+    result = tool("convert_timm_checkpoint.py", "--config", "lambda_r26_shapes", classifier,
+                  tmp_path / "other.pth", *DETECTOR, "MODEL.LAMBDA_RESNET.DEPTH", "50")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "error: the classifier is not the config's backbone" in result.stderr
+    assert not (tmp_path / "other.pth").exists()

@@ -1,0 +1,57 @@
+#!/usr/bin/env python
+"""Turn a LambdaResNet classifier trained with timm into MODEL.WEIGHTS for a detector.
+
+    python tools/convert_timm_checkpoint.py --config lambda_r101_mask_rcnn \\
+        output/train/model_best.pth.tar lambda_r101_in1k.pth
+    python tools/train_net.py --config lambda_r101_mask_rcnn MODEL.WEIGHTS lambda_r101_in1k.pth
+
+The classifier (``timm.create_model("lambda_resnet101_det")``, registered by
+``lambda_det.modeling.timm_models``) must be the config's backbone: same depth, placement,
+width, SE and mixer (trailing ``KEY VALUE`` overrides apply, as in train_net.py). Its
+classifier is dropped; every backbone weight must be there. ``--ema`` takes timm's EMA weights.
+The checkpoint is read without running code from it.
+"""
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
+
+import torch  # noqa: E402
+
+import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
+from lambda_det.config import load_config  # noqa: E402
+from lambda_det.engine import load_checkpoint_file  # noqa: E402
+from lambda_det.engine.atomic import atomic_path  # noqa: E402
+from lambda_det.engine.cli import check_model, reporting_user_errors  # noqa: E402
+from lambda_det.modeling.timm_models import convert_classifier_checkpoint  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\n")[1:]))
+    parser.add_argument("classifier", help="timm checkpoint (train.py's .pth.tar, or a state dict)")
+    parser.add_argument("output", help="the detector weights to write (.pth)")
+    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
+                        help="the detection config to fine-tune (a path or a shipped name)")
+    parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    args = parser.parse_args(argv)
+    with reporting_user_errors(args.debug):
+        if os.path.exists(args.output):
+            raise FileExistsError(f"{args.output!r} exists: give another output file")
+        model = check_model(load_config(args.config_file, args.opts))
+        weights = convert_classifier_checkpoint(load_checkpoint_file(args.classifier), model,
+                                                use_ema=args.ema)
+    with atomic_path(args.output) as temporary, open(temporary, "wb") as f:
+        torch.save({"model": weights, "__author__": f"timm classifier {args.classifier}"}, f)
+    print(f"wrote {args.output}: {len(weights)} backbone weights for {args.config_file}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
