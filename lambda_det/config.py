@@ -42,6 +42,10 @@ def add_lambda_det_config(cfg: CN) -> CN:
     # How often the metric writers (metrics.json, the console) run; detectron2 fixes it at 20.
     if "LOG_PERIOD" not in cfg.SOLVER:
         cfg.SOLVER.LOG_PERIOD = 20
+    # The autocast dtype of SOLVER.AMP.ENABLED: "float16" (with loss scaling, detectron2's AMP)
+    # or "bfloat16" (no scaling needed; A100/H100 GPUs and CPUs).
+    if "DTYPE" not in cfg.SOLVER.AMP:
+        cfg.SOLVER.AMP.DTYPE = "float16"
     return cfg
 
 
@@ -75,6 +79,8 @@ def _lambda_resnet_node() -> CN:
     node.MIXER = "lambda"
     node.AFT_HEADS = 8
     node.AFT_WINDOW_SIZE = 7
+    # Compile the backbone with torch.compile for training (LSJ crops give one input size).
+    node.COMPILE = False
     return node
 
 

@@ -7,11 +7,13 @@ import weakref
 from collections import OrderedDict
 from typing import Optional
 
+import torch
+
 from detectron2.config import CfgNode
 from detectron2.data import (
     build_detection_test_loader, build_detection_train_loader)
 from detectron2.engine import (
-    AMPTrainer, DefaultTrainer, SimpleTrainer, TrainerBase, create_ddp_model, default_setup)
+    DefaultTrainer, SimpleTrainer, TrainerBase, create_ddp_model, default_setup)
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
@@ -21,6 +23,7 @@ from detectron2.engine.hooks import PeriodicWriter
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
@@ -96,6 +99,9 @@ class Trainer(DefaultTrainer):
       zero); MODEL.WEIGHTS must hold every weight of the image network (FPN and heads may
       be new), a resumed checkpoint every weight;
     * CPU data-parallel training over gloo (detectron2 0.6 passes GPU device ids to DDP);
+    * mixed precision in float16 or bfloat16 (``SOLVER.AMP.DTYPE``), on GPUs and the CPU
+      (:class:`~lambda_det.engine.amp.MixedPrecisionTrainer`); a compiled backbone with
+      ``MODEL.LAMBDA_RESNET.COMPILE``;
     * ``DATALOADER.DETERMINISTIC``: every iteration a function of (SEED, iteration), so that
       ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`).
     """
@@ -121,8 +127,12 @@ class Trainer(DefaultTrainer):
         data_loader = self.build_train_loader(cfg)
         ddp_options = {"device_ids": None} if cfg.MODEL.DEVICE == "cpu" else {}
         model = create_ddp_model(model, broadcast_buffers=False, **ddp_options)
-        trainer_class = AMPTrainer if cfg.SOLVER.AMP.ENABLED else SimpleTrainer
-        self._trainer = trainer_class(model, data_loader, optimizer)
+        if cfg.SOLVER.AMP.ENABLED:
+            self._trainer = MixedPrecisionTrainer(
+                model, data_loader, optimizer, dtype=cfg.SOLVER.AMP.DTYPE,
+                device_type=torch.device(cfg.MODEL.DEVICE).type)
+        else:
+            self._trainer = SimpleTrainer(model, data_loader, optimizer)
         self.data_loader = data_loader
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = AtomicCheckpointer(model, cfg.OUTPUT_DIR, trainer=weakref.proxy(self))
@@ -157,6 +167,15 @@ class Trainer(DefaultTrainer):
         super().resume_or_load(resume=resume)
         if isinstance(self.data_loader, DeterministicTrainLoader):
             self.data_loader.start_iteration = self.start_iter
+
+    @classmethod
+    def build_model(cls, cfg):
+        """Detectron2's model; with ``MODEL.LAMBDA_RESNET.COMPILE`` its backbone compiled by
+        ``torch.compile`` (in place: parameter names and checkpoints stay the same)."""
+        model = super().build_model(cfg)
+        if cfg.MODEL.LAMBDA_RESNET.get("COMPILE", False):
+            model.backbone.compile()
+        return model
 
     @classmethod
     def build_train_loader(cls, cfg):

@@ -1,0 +1,55 @@
+"""Mixed precision (float16 with a scaler, bfloat16 without) and the compiled backbone, on the CPU."""
+import pytest
+import torch
+
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+from lambda_det.config import load_config
+from lambda_det.engine import Trainer
+from lambda_det.engine.amp import MixedPrecisionTrainer
+
+TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.LAMBDA_RESNET.NORM", "BN", "MODEL.FPN.NORM", "BN",
+        "MODEL.ROI_BOX_HEAD.NORM", "BN", "MODEL.ROI_MASK_HEAD.NORM", "BN",
+        "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "2", "SOLVER.WARMUP_ITERS", "1",
+        "SOLVER.STEPS", "(1,)", "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", "()",
+        "DATALOADER.DETERMINISTIC", "True", "SEED", "3"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, datasets_root):
+    cfg = load_config("lambda_r26_shapes", TINY + [
+        "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", dtype, "OUTPUT_DIR", str(tmp_path)])
+    trainer = Trainer(cfg)
+    assert isinstance(trainer._trainer, MixedPrecisionTrainer)
+    assert (trainer._trainer.grad_scaler is None) == (dtype == "bfloat16")
+    trainer.train()
+    losses = trainer.storage.history("total_loss").values()
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(v)) for v, _ in losses)
+    assert ("grad_scaler" in trainer._trainer.state_dict()) == (dtype == "float16")
+
+
+def test_unknown_amp_dtype_is_named(tmp_path, datasets_root):
+    cfg = load_config("lambda_r26_shapes", TINY + [
+        "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "float8", "OUTPUT_DIR", str(tmp_path)])
+    with pytest.raises(ValueError, match="SOLVER.AMP.DTYPE must be one of .* got 'float8'"):
+        Trainer(cfg)
+
+
+@pytest.mark.slow
+def test_compiled_backbone_matches_eager():
+    images = torch.randn(2, 3, 64, 64)
+    results = []
+    for compiled in (False, True):
+        cfg = load_config("lambda_r26_shapes", TINY + [
+            "MODEL.LAMBDA_RESNET.COMPILE", str(compiled)])
+        torch.manual_seed(0)
+        backbone = Trainer.build_model(cfg).backbone
+        outputs = backbone(images)
+        sum(output.square().mean() for output in outputs.values()).backward()
+        results.append((outputs, {name: p.grad for name, p in backbone.named_parameters()}))
+    (eager, eager_grads), (compiled, compiled_grads) = results
+    assert eager.keys() == compiled.keys() and eager_grads.keys() == compiled_grads.keys()
+    for name in eager:
+        torch.testing.assert_close(compiled[name], eager[name], rtol=1e-4, atol=1e-5)
+    for name in eager_grads:
+        torch.testing.assert_close(compiled_grads[name], eager_grads[name], rtol=1e-3, atol=1e-5)
