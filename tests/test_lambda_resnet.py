@@ -151,7 +151,8 @@ def test_freeze_at_and_norms():
     (dict(depth=50, colour="red"), TypeError,
      "unknown options \\['colour'\\] for mixer 'lambda'; its options are .'heads', 'dim_k'"),
     (dict(depth=50, mixer="aft_conv", scope=5), TypeError,
-     "unknown options \\['scope'\\] for mixer 'aft_conv'; its options are .'heads', 'window_size'.$"),
+     "unknown options \\['scope'\\] for mixer 'aft_conv'; its options are "
+     ".'heads', 'window_size'.$"),
     (dict(depth=50, heads=0), ValueError, "heads must be an integer >= 1, got 0"),
     (dict(depth=50, mixer="aft_conv", heads=0), ValueError, "heads must be an integer >= 1, got 0"),
     (dict(depth=50, norm="BNN"), ValueError, "norm must be a detectron2 norm .* got 'BNN'"),

@@ -143,7 +143,8 @@ def test_lambda_and_conv_blocks_keep_their_state_dict_keys():
     model = lambda_resnet(26, placement="CCCL", width_multiplier=0.25, scope=3)
     lambda_block = {key[len("res5.0."):] for key in model.state_dict() if key.startswith("res5.0.")}
     assert lambda_block == {
-        "shortcut.1.weight", *norm_keys("shortcut.1.norm"), "conv1.weight", *norm_keys("conv1.norm"),
+        "shortcut.1.weight", *norm_keys("shortcut.1.norm"),
+        "conv1.weight", *norm_keys("conv1.norm"),
         "mixer.to_queries.weight", "mixer.to_keys.weight", "mixer.to_values.weight",
         *norm_keys("mixer.query_norm"), *norm_keys("mixer.value_norm"),
         "mixer.position_embedding.weight", *norm_keys("mixer_norm"), "conv3.weight",

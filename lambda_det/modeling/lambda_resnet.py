@@ -134,10 +134,11 @@ class LambdaResNet(Backbone):
         mixer: the name of a registered mixer (:mod:`lambda_det.modeling.mixers`): "lambda"
             (LambdaLayer), "aft_conv" (AFTConv, the Attention Free Transformer's conv form, for
             head-to-head comparisons), ...
-        **options: the mixer's options. "lambda": heads (4), dim_k (16), dim_u (1), scope (23;
-            None for global context), impl ("auto"), max_size (global scope only),
-            share_position_embeddings (one relative position embedding for every lambda layer,
-            paper Table 4). "aft_conv": heads (8), window_size (7). Defaults: the layers'.
+        **options: the mixer's options, defaults its layer's (see its builder in
+            :mod:`lambda_det.modeling.mixers`). "lambda": heads, dim_k, dim_u, scope (None for
+            global context), impl, max_size (global context only), share_position_embeddings
+            (one relative position embedding for every lambda layer, paper Table 4).
+            "aft_conv": heads, window_size.
     """
 
     def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
@@ -225,11 +226,12 @@ class LambdaResNet(Backbone):
             if freeze_at >= stage_index:
                 for block in getattr(self, name):
                     block.freeze()
-        trainable_stages = [getattr(self, name) for stage_index, name in enumerate(STAGES, start=2)
-                            if freeze_at < stage_index]
-        for stage in trainable_stages:
-            for parameter in stage.parameters():
-                parameter.requires_grad_(True)
+        parts = [self.stem] + [getattr(self, name) for name in STAGES]
+        frozen = {id(parameter) for part in parts[:freeze_at] for parameter in part.parameters()}
+        for part in parts[freeze_at:]:
+            for parameter in part.parameters():
+                if id(parameter) in frozen:  # shared with a frozen part: trains with this one
+                    parameter.requires_grad_(True)
         return self
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:

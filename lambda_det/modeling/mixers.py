@@ -1,9 +1,9 @@
 """Token mixers: the spatial layer in the middle of a bottleneck, chosen by name.
 
 A mixer is registered under a name as a builder: ``builder(**options)`` returns a factory
-``factory(in_channels, out_channels, stride) -> nn.Module`` that makes one mixer per block. A
-strided factory's module downsamples by ``stride``. Here each builder is a dataclass whose fields
-are the mixer's options and whose instances are the factories.
+``factory(in_channels, out_channels, stride) -> nn.Module`` that makes the mixer of one block
+(with stride 2, its output has half the input's height and width). Here each builder is a
+dataclass whose fields are the mixer's options and whose instances are the factories.
 
 Adding a mixer: write its builder and register it::
 
@@ -36,14 +36,16 @@ __all__ = ["MixerFactory", "MIXERS", "register_mixer", "unregister_mixer", "mixe
            "check_mixer_options", "build_mixer_factory", "ConvMixer", "LambdaMixer",
            "AFTConvMixer"]
 
+MixerBuilder = Callable[..., MixerFactory]  # (**options) -> factory
+
 # Name -> builder. A plain dict: detectron2's Registry keys objects by their __name__ ("lambda"
 # cannot be one) and has no way to remove an entry.
-MIXERS: Dict[str, Callable[..., MixerFactory]] = {}
+MIXERS: Dict[str, MixerBuilder] = {}
 
 
-def register_mixer(name: str) -> Callable[[Callable[..., MixerFactory]], Callable[..., MixerFactory]]:
+def register_mixer(name: str) -> Callable[[MixerBuilder], MixerBuilder]:
     """Decorator: register a mixer builder under ``name`` (see the module docstring)."""
-    def register(builder: Callable[..., MixerFactory]) -> Callable[..., MixerFactory]:
+    def register(builder: MixerBuilder) -> MixerBuilder:
         if name in MIXERS:
             raise ValueError(f"a mixer named {name!r} is already registered: {MIXERS[name]!r}")
         MIXERS[name] = builder
@@ -57,7 +59,7 @@ def unregister_mixer(name: str) -> None:
     del MIXERS[name]
 
 
-def _builder(name: str) -> Callable[..., MixerFactory]:
+def _builder(name: str) -> MixerBuilder:
     if name not in MIXERS:
         raise ValueError(f"unknown mixer {name!r}; the registered mixers are "
                          f"{', '.join(repr(known) for known in sorted(MIXERS))}")
@@ -84,7 +86,7 @@ def build_mixer_factory(name: str, **options) -> MixerFactory:
 
 
 def _keyword_defaults(layer: type) -> Dict[str, Any]:
-    """The keyword defaults of ``layer``'s constructor: a layer's defaults are written there only."""
+    """The keyword defaults of ``layer``'s constructor, where a layer's defaults are written."""
     return {name: parameter.default
             for name, parameter in inspect.signature(layer).parameters.items()
             if parameter.default is not inspect.Parameter.empty}
@@ -127,10 +129,10 @@ class LambdaMixer:
 
     def __post_init__(self) -> None:
         if self.share_position_embeddings:
-            # The LambdaLayer's table size: offsets up to scope // 2, or to max_size - 1 globally.
+            # The radius a LambdaLayer gives its own table (and checks a shared one against).
             radius = self.max_size - 1 if self.scope is None else self.scope // 2
             embedding = RelativePositionEmbedding(self.dim_k, self.dim_u, radius)
-            object.__setattr__(self, "shared_position_embedding", embedding)
+            object.__setattr__(self, "shared_position_embedding", embedding)  # frozen fields
 
     def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
         return LambdaLayer(in_channels, out_channels, heads=self.heads, dim_k=self.dim_k,
