@@ -152,6 +152,7 @@ class LambdaResNet(Backbone):
         if not width_multiplier > 0:
             raise ValueError(f"width_multiplier must be > 0, got {width_multiplier!r}")
         mixer_blocks = resolve_placement(depth, placement)
+        self.depth = depth
         self.num_classes = num_classes
         _check_norm(norm)
 
