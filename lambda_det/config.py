@@ -59,6 +59,7 @@ def _lambda_resnet_node() -> CN:
     # Squeeze-and-excitation (ratio 0.25) in the conv blocks: the "+SE" baselines.
     node.SE = False
     # Lambda layer: heads h, query depth k, intra-depth u, local scope r (odd; 0 = global context).
+    # The LambdaLayer's defaults (tests/test_mixers.py checks that they agree).
     node.HEADS = 4
     node.DIM_K = 16
     node.DIM_U = 1
@@ -75,7 +76,8 @@ def _lambda_resnet_node() -> CN:
     node.NORM = "BN"
     node.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
     # What PLACEMENT puts in its blocks: "lambda", or "aft_conv" (Attention Free Transformer's
-    # conv form, lambda_det.layers.AFTConv) with its own heads and odd window size.
+    # conv form, lambda_det.layers.AFTConv) with its own heads and odd window size, or any mixer
+    # registered with lambda_det.modeling.register_mixer.
     node.MIXER = "lambda"
     node.AFT_HEADS = 8
     node.AFT_WINDOW_SIZE = 7

@@ -39,9 +39,9 @@ def test_paper_placement_of_lambda_blocks():
     assert placement["res4"] == {5, 10, 15, 20, 25, 30}
     assert placement["res5"] == {1, 2, 3} and not placement["res2"] and not placement["res3"]
     model = lambda_resnet(101, width_multiplier=0.25, scope=3)
-    kinds = ["L" if block.mixer_kind == "lambda" else "C" for block in model.res4]
-    assert [i + 1 for i, kind in enumerate(kinds) if kind == "L"] == [6, 12, 18]
-    assert all(block.mixer_kind == "lambda" for block in model.res5)
+    placed = [i + 1 for i, block in enumerate(model.res4) if isinstance(block.mixer, LambdaLayer)]
+    assert placed == [6, 12, 18]
+    assert all(isinstance(block.mixer, LambdaLayer) for block in model.res5)
     assert resolve_placement(50, "ccll")["res4"] == set(range(1, 7))
     assert not any(resolve_placement(50, "none").values())
     assert resolve_placement(50, "Paper") == resolve_placement(50, "paper")  # like the letters
@@ -98,8 +98,7 @@ def test_output_shape_matches_outputs_for_every_depth(depth):
 def test_aft_conv_blocks_go_where_the_placement_puts_lambda_blocks():
     from lambda_det.layers import AFTConv
 
-    model = lambda_resnet(101, mixer="aft_conv", width_multiplier=0.25, aft_heads=4,
-                          aft_window_size=5)
+    model = lambda_resnet(101, mixer="aft_conv", width_multiplier=0.25, heads=4, window_size=5)
     placed = [i + 1 for i, block in enumerate(model.res4) if isinstance(block.mixer, AFTConv)]
     assert placed == [6, 12, 18] and all(isinstance(b.mixer, AFTConv) for b in model.res5)
     assert not any(isinstance(m, LambdaLayer) for m in model.modules())
@@ -108,9 +107,11 @@ def test_aft_conv_blocks_go_where_the_placement_puts_lambda_blocks():
     assert torch.count_nonzero(model.res5[1].mixer.position_gain) == 0
     outputs = model(torch.randn(1, 3, 64, 64))
     outputs["res5"].sum().backward()
-    with pytest.raises(ValueError, match="res2 width 16 .* not divisible by aft_heads=3"):
-        lambda_resnet(50, placement="LLLL", mixer="aft_conv", width_multiplier=0.25, aft_heads=3)
-    with pytest.raises(ValueError, match="mixer must be 'lambda' or 'aft_conv', got 'mlp'"):
+    with pytest.raises(ValueError, match="res2 block 1 .'aft_conv' mixer, width 16.*"
+                                         "not divisible by heads=3"):
+        lambda_resnet(50, placement="LLLL", mixer="aft_conv", width_multiplier=0.25, heads=3)
+    with pytest.raises(ValueError, match="unknown mixer 'mlp'; the registered mixers are "
+                                         "'aft_conv', 'conv', 'lambda'"):
         lambda_resnet(50, mixer="mlp")
 
 
@@ -141,14 +142,19 @@ def test_freeze_at_and_norms():
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(depth=77), ValueError, "depth must be one of .* got 77"),
     (dict(depth=50, placement="CCXL"), ValueError, "got 'CCXL'"),
-    (dict(depth=50, placement={"res4": [7]}), ValueError, "lambda block 7 is past the end of res4, which has 6"),
+    (dict(depth=50, placement={"res4": [7]}), ValueError,
+     "placement block 7 is past the end of res4, which has 6"),
     (dict(depth=50, placement="LLLL", width_multiplier=0.3), ValueError,
-     "res2 width 19 .* not divisible by heads=4"),
-    (dict(depth=50, heads=3), ValueError, "res4 width 256 .* not divisible by heads=3"),
-    (dict(depth=50, colour="red"), TypeError, "unknown LambdaResNet arguments \\['colour'\\]"),
+     "res2 block 1 .'lambda' mixer, width 19, width_multiplier=0.3.: out_channels=19 is not "
+     "divisible by heads=4"),
+    (dict(depth=50, heads=3), ValueError, "res4 block 3 .* width 256.* not divisible by heads=3"),
+    (dict(depth=50, colour="red"), TypeError,
+     "unknown options \\['colour'\\] for mixer 'lambda'; its options are .'heads', 'dim_k'"),
+    (dict(depth=50, mixer="aft_conv", scope=5), TypeError,
+     "unknown options \\['scope'\\] for mixer 'aft_conv'; its options are "
+     ".'heads', 'window_size'.$"),
     (dict(depth=50, heads=0), ValueError, "heads must be an integer >= 1, got 0"),
-    (dict(depth=50, mixer="aft_conv", aft_heads=0), ValueError,
-     "aft_heads must be an integer >= 1, got 0"),
+    (dict(depth=50, mixer="aft_conv", heads=0), ValueError, "heads must be an integer >= 1, got 0"),
     (dict(depth=50, norm="BNN"), ValueError, "norm must be a detectron2 norm .* got 'BNN'"),
 ])
 def test_bad_arguments_name_the_value(kwargs, error, message):

@@ -37,12 +37,54 @@ def test_every_table_14_config_is_shipped():
             "r152_mask_rcnn", "r152_se_mask_rcnn"} <= names
 
 
+FPN_P2_P6 = {"p2": (256, 4), "p3": (256, 8), "p4": (256, 16), "p5": (256, 32), "p6": (256, 64)}
+FPN_P3_P7 = {"p3": (256, 8), "p4": (256, 16), "p5": (256, 32), "p6": (256, 64), "p7": (256, 128)}
+RES2_RES5 = {"res2": (256, 4), "res3": (512, 8), "res4": (1024, 16), "res5": (2048, 32)}
+RES3_RES5 = {name: RES2_RES5[name] for name in ("res3", "res4", "res5")}
+DEMO_FPN = {name: (32, stride) for name, (_, stride) in FPN_P2_P6.items()}
+DEMO_RES = {name: (channels // 2, stride) for name, (channels, stride) in RES2_RES5.items()}
+
+# Per shipped config: the backbone's parameters, its outputs and its bottom-up's outputs as
+# {name: (channels, stride)} from output_shape(). The counts are what the code builds, taken once
+# from sum(p.numel() for p in build_backbone(cfg).parameters()) (shared parameters once); the
+# paper's own counts are checked against PAPER_PARAMETERS in test_lambda_resnet.py.
+SHIPPED_BACKBONES = {
+    "Base-Panoptic-FPN.yaml": (26_799_296, FPN_P2_P6, RES2_RES5),  # detectron2's R-50
+    "Base-Paper-MaskRCNN-LSJ.yaml": (19_634_592, FPN_P2_P6, RES2_RES5),  # LambdaResNet-50
+    "Base-RCNN-FPN.yaml": (26_799_296, FPN_P2_P6, RES2_RES5),  # detectron2's R-50
+    "Base-RetinaNet.yaml": (31_452_352, FPN_P3_P7, RES3_RES5),  # detectron2's R-50
+    "COCO-Detection/lambda_r101_faster_rcnn.yaml": (37_538_240, FPN_P2_P6, RES2_RES5),
+    "COCO-Detection/lambda_r101_retinanet.yaml": (42_190_784, FPN_P3_P7, RES3_RES5),
+    "COCO-InstanceSegmentation/aft_conv_r101_mask_rcnn.yaml": (40_032_368, FPN_P2_P6, RES2_RES5),
+    "COCO-InstanceSegmentation/lambda_r101_mask_rcnn.yaml": (37_538_240, FPN_P2_P6, RES2_RES5),
+    "COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml": (51_549_168, FPN_P2_P6, RES2_RES5),
+    "COCO-InstanceSegmentation/r101_mask_rcnn.yaml": (45_902_816, FPN_P2_P6, RES2_RES5),
+    "COCO-InstanceSegmentation/r101_se_mask_rcnn.yaml": (64_916_128, FPN_P2_P6, RES2_RES5),
+    "COCO-InstanceSegmentation/r152_mask_rcnn.yaml": (61_546_464, FPN_P2_P6, RES2_RES5),
+    "COCO-InstanceSegmentation/r152_se_mask_rcnn.yaml": (87_919_008, FPN_P2_P6, RES2_RES5),
+    "Demo/aft_conv_r26_shapes.yaml": (2_730_936, DEMO_FPN, DEMO_RES),
+    "Demo/lambda_r26_shapes.yaml": (2_371_424, DEMO_FPN, DEMO_RES),
+}
+
+
+def test_every_shipped_config_has_its_backbone_numbers():
+    assert sorted(SHIPPED_BACKBONES) == SHIPPED_CONFIGS
+
+
+def output_shapes(backbone) -> dict:
+    return {name: (spec.channels, spec.stride) for name, spec in backbone.output_shape().items()}
+
+
 @pytest.mark.parametrize("relative", SHIPPED_CONFIGS)
 def test_every_shipped_config_builds_and_runs(relative):
     cfg = load_config(relative)
     cfg.MODEL.DEVICE = "cpu"
     adapt_norms_to_device(cfg)
     model = build_model(cfg).eval()
+    parameters, outputs, bottom_up_outputs = SHIPPED_BACKBONES[relative]
+    assert sum(p.numel() for p in model.backbone.parameters()) == parameters
+    assert output_shapes(model.backbone) == outputs
+    assert output_shapes(model.backbone.bottom_up) == bottom_up_outputs
     with torch.no_grad():
         outputs = model([{"image": torch.randint(0, 255, (3, 64, 96), dtype=torch.uint8),
                           "height": 64, "width": 96}])

@@ -594,6 +594,7 @@ def block_kinds(depth: int, image: int) -> List[Dict[str, object]]:
 def benchmark_blocks(args, device: torch.device) -> Dict[str, object]:
     """Each kind of lambda block against the conv block it replaces, as in the backbone."""
     from lambda_det.modeling.blocks import Bottleneck  # imports detectron2
+    from lambda_det.modeling.mixers import build_mixer_factory
     autocast = torch.bfloat16 if args.dtype == "bf16" else None
     rows = []
     for kind in block_kinds(args.depth, args.image):
@@ -602,8 +603,10 @@ def benchmark_blocks(args, device: torch.device) -> Dict[str, object]:
         candidates, steps = [], {}
         for mixer in ("lambda", "conv"):
             candidate = Candidate(f"{kind['name']}, {mixer}", lambda: None)
-            candidate.module = Bottleneck(**kind["block"], mixer=mixer,
-                                          lambda_kwargs={"impl": args.impl}).to(device).train()
+            options = {"impl": args.impl} if mixer == "lambda" else {}
+            candidate.module = Bottleneck(**kind["block"],
+                                          mixer=build_mixer_factory(mixer, **options))
+            candidate.module.to(device).train()
             steps[candidate.name] = Step(candidate.module, x, autocast)
             candidates.append(candidate)
         run_round_robin(candidates, steps, device, args.warmup, args.repetitions)

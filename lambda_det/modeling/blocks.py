@@ -1,22 +1,23 @@
-"""ResNet-RS building blocks with a swappable spatial mixer (3x3 conv, lambda layer or AFT-conv).
+"""ResNet-RS building blocks; the bottleneck's spatial mixer is a plug-in (see ``mixers.py``).
 
 ResNet-RS (Bello et al. 2021) is the base of LambdaResNets (LambdaNetworks paper, F.2): ResNet-v1
 bottlenecks with the ResNet-D shortcut, a stem of 3x3 convs whose max-pool is replaced by a strided
 3x3 conv, the last BN gamma of each bottleneck initialised to zero, and squeeze-and-excitation only
 in the "+SE" baselines.
 """
-import functools
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from detectron2.layers import CNNBlockBase, Conv2d, get_norm
-from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding
 
-__all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "make_norm"]
+__all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "make_norm", "MixerFactory"]
+
+# (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
+MixerFactory = Callable[[int, int, int], nn.Module]
 
 
 def make_norm(norm: str, channels: int) -> Optional[nn.Module]:
@@ -73,23 +74,17 @@ class Bottleneck(CNNBlockBase):
     Args:
         in_channels, out_channels: block input and output channels (output = 4 * width).
         width: bottleneck width, the mixer's channels.
-        stride: 1 or 2, applied in the mixer (ResNet v1.5). A lambda mixer runs at stride 1 and
-            then average-pools 3x3 with stride 2 (paper F.2).
-        mixer: "conv" (3x3 conv), "lambda" (LambdaLayer) or "aft_conv" (AFTConv). Lambda and
-            AFT mixers run at stride 1 and then average-pool 3x3 with stride 2 when strided.
+        stride: 1 or 2, applied in the mixer (ResNet v1.5).
+        mixer: makes the mixer, ``mixer(width, width, stride)``: a factory from
+            :func:`lambda_det.modeling.mixers.build_mixer_factory`, e.g. the 3x3 conv ("conv"), a
+            lambda layer ("lambda") or AFT-conv ("aft_conv").
         norm: detectron2 norm name for every norm in the block.
         se: add squeeze-and-excitation (ratio 0.25) after the expanding conv.
-        lambda_kwargs: LambdaLayer keyword arguments (heads, dim_k, dim_u, scope, impl, ...).
-        aft_kwargs: AFTConv keyword arguments (heads, window_size).
-        position_embedding: a RelativePositionEmbedding shared with other lambda blocks, or None.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, *, width: int, stride: int = 1,
-                 mixer: str = "conv", norm: str = "BN", se: bool = False,
-                 lambda_kwargs: Optional[dict] = None, aft_kwargs: Optional[dict] = None,
-                 position_embedding: Optional[RelativePositionEmbedding] = None):
+    def __init__(self, in_channels: int, out_channels: int, *, width: int, mixer: MixerFactory,
+                 stride: int = 1, norm: str = "BN", se: bool = False):
         super().__init__(in_channels, out_channels, stride)
-        self.mixer_kind = mixer
         if in_channels != out_channels or stride != 1:
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.
             pool = (nn.AvgPool2d(2, stride=2, ceil_mode=True, count_include_pad=False)
@@ -99,20 +94,24 @@ class Bottleneck(CNNBlockBase):
         else:
             self.shortcut = None
         self.conv1 = Conv2d(in_channels, width, 1, bias=False, norm=make_norm(norm, width))
-        if mixer == "conv":
-            self.mixer = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
-        elif mixer == "lambda":
-            self.mixer = LambdaLayer(width, width, stride=stride,
-                                     position_embedding=position_embedding,
-                                     norm_layer=functools.partial(make_norm, norm),
-                                     **(lambda_kwargs or {}))
-        elif mixer == "aft_conv":
-            self.mixer = AFTConv(width, width, stride=stride, **(aft_kwargs or {}))
-        else:
-            raise ValueError(f"mixer must be 'conv', 'lambda' or 'aft_conv', got {mixer!r}")
+        self.mixer = mixer(width, width, stride)
         self.mixer_norm = make_norm(norm, width) or nn.Identity()
         self.conv3 = Conv2d(width, out_channels, 1, bias=False, norm=make_norm(norm, out_channels))
         self.se = SqueezeExcite(out_channels) if se else None
+
+    def init_weights(self) -> None:
+        """The block's own init, applied over the backbone's He init of every conv.
+
+        The last norm's gamma starts at zero, so the block starts as its shortcut (ResNet-RS).
+        A mixer with an init of its own (``reset_parameters``: the lambda layer's is the paper's,
+        F.2) gets it back; a conv mixer keeps the He init.
+        """
+        gamma = getattr(self.conv3.norm, "weight", None)
+        if gamma is not None:
+            nn.init.zeros_(gamma)
+        reset_mixer = getattr(self.mixer, "reset_parameters", None)
+        if reset_mixer is not None and not isinstance(self.mixer, nn.Conv2d):
+            reset_mixer()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.conv1(x))

@@ -3,14 +3,34 @@
 Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has the
 ``MODEL.LAMBDA_RESNET`` node (``lambda_det.add_lambda_resnet_config`` or ``lambda_det.get_cfg``).
 """
+from typing import Any, Callable, Dict
+
+from detectron2.config import CfgNode
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, FPN
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from lambda_det.config import MISSING_CONFIG_HINT
 from lambda_det.modeling.lambda_resnet import LambdaResNet
+from lambda_det.modeling.mixers import MIXERS
 
 __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
-           "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config"]
+           "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config",
+           "MIXER_OPTIONS_FROM_CONFIG"]
+
+# Each mixer's options from its MODEL.LAMBDA_RESNET keys; a registered mixer not listed here is
+# built with its defaults.
+MIXER_OPTIONS_FROM_CONFIG: Dict[str, Callable[[CfgNode], Dict[str, Any]]] = {
+    "lambda": lambda node: dict(
+        heads=node.HEADS,
+        dim_k=node.DIM_K,
+        dim_u=node.DIM_U,
+        scope=node.SCOPE or None,  # 0 in a config means global context
+        impl=node.IMPL,
+        max_size=node.MAX_SIZE,
+        share_position_embeddings=node.SHARE_POSITION_EMBEDDINGS,
+    ),
+    "aft_conv": lambda node: dict(heads=node.AFT_HEADS, window_size=node.AFT_WINDOW_SIZE),
+}
 
 
 def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
@@ -18,6 +38,10 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     if "LAMBDA_RESNET" not in cfg.MODEL:
         raise KeyError(f"MODEL.LAMBDA_RESNET is missing: {MISSING_CONFIG_HINT}")
     node = cfg.MODEL.LAMBDA_RESNET
+    if node.MIXER not in MIXERS:
+        raise ValueError(f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
+                         f"they are {', '.join(repr(name) for name in sorted(MIXERS))}")
+    options_from_config = MIXER_OPTIONS_FROM_CONFIG.get(node.MIXER, lambda node: {})
     return LambdaResNet(
         node.DEPTH,
         placement=node.PLACEMENT,
@@ -26,17 +50,9 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
         norm=node.NORM,
         freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT,
         width_multiplier=node.WIDTH_MULTIPLIER,
-        share_position_embeddings=node.SHARE_POSITION_EMBEDDINGS,
         in_channels=input_shape.channels,
-        heads=node.HEADS,
-        dim_k=node.DIM_K,
-        dim_u=node.DIM_U,
-        scope=node.SCOPE or None,  # 0 in a config means global context
-        impl=node.IMPL,
-        max_size=node.MAX_SIZE,
         mixer=node.MIXER,
-        aft_heads=node.AFT_HEADS,
-        aft_window_size=node.AFT_WINDOW_SIZE,
+        **options_from_config(node),
     )
 
 

@@ -4,11 +4,11 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Un
 import torch
 from torch import nn
 
-from detectron2.layers import ShapeSpec, get_norm
 import fvcore.nn.weight_init as weight_init
+from detectron2.layers import ShapeSpec, get_norm
 from detectron2.modeling import Backbone
-from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding
 from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
+from lambda_det.modeling.mixers import build_mixer_factory, check_mixer_options, mixer_options
 
 __all__ = ["LambdaResNet", "lambda_resnet", "BLOCKS_PER_STAGE", "PAPER_LAMBDA_BLOCKS_C4",
            "PAPER_PARAMETERS", "resolve_placement"]
@@ -28,6 +28,7 @@ BLOCKS_PER_STAGE: Dict[int, Sequence[int]] = {
 }
 
 # 1-based c4 blocks that are lambda blocks in the paper's hybrids (Table 19); all of c5 is lambda.
+# With another mixer (MIXER "aft_conv", ...), the same blocks get it.
 # Depth 26 (ours) puts its last c4 block there, like LambdaResNet-50 does with its middle one.
 PAPER_LAMBDA_BLOCKS_C4: Dict[int, Sequence[int]] = {
     26: (2,),
@@ -51,13 +52,11 @@ PAPER_PARAMETERS: Dict[Tuple[int, str, bool], float] = {
     (152, "paper", False): 51.4, (152, "c4", False): 35.1,
 }
 
-LAMBDA_LAYER_OPTIONS = ("heads", "dim_k", "dim_u", "scope", "impl", "max_size")
-
 Placement = Union[str, Mapping[str, Union[str, Sequence[int]]]]
 
 
 def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[int]]:
-    """The 1-based lambda blocks of each stage.
+    """The 1-based blocks of each stage that get the mixer (in the paper: the lambda blocks).
 
     Args:
         depth: a key of ``BLOCKS_PER_STAGE``.
@@ -98,7 +97,7 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
         for index in indices:
             if not isinstance(index, int) or not 1 <= index <= blocks[stage]:
                 raise ValueError(
-                    f"lambda block {index!r} is past the end of {stage}, which has "
+                    f"placement block {index!r} is past the end of {stage}, which has "
                     f"{blocks[stage]} blocks at depth {depth} (indices are 1-based)")
         resolved[stage] = frozenset(indices)
     return resolved
@@ -122,7 +121,8 @@ class LambdaResNet(Backbone):
 
     Args:
         depth: 26, 50, 101, 152, 200, 270, 350 or 420 (see ``BLOCKS_PER_STAGE``).
-        placement: where the lambda blocks go; see :func:`resolve_placement`.
+        placement: which blocks get the mixer; see :func:`resolve_placement`. The others have
+            the 3x3 conv.
         se: squeeze-and-excitation (ratio 0.25) in the conv blocks: the "+SE" baselines.
         num_classes: adds global average pooling and a linear classifier.
         out_features: names of the outputs to return (default: res2..res5, or ["linear"]).
@@ -130,69 +130,59 @@ class LambdaResNet(Backbone):
         freeze_at: detectron2's convention: 0 trains everything, 1 freezes the stem, 2 also
             res2, and so on.
         width_multiplier: scales every width (stem included).
-        share_position_embeddings: one relative position embedding for every lambda layer
-            (paper Table 4), instead of one each.
-        mixer: what the placement puts in its blocks: "lambda" (LambdaLayer) or "aft_conv"
-            (AFTConv, the Attention Free Transformer's conv form, for head-to-head comparisons).
-        aft_heads, aft_window_size: AFTConv's heads and (odd) window, when mixer="aft_conv".
         in_channels: image channels.
-        **lambda_kwargs: LambdaLayer options: heads (4), dim_k (16), dim_u (1), scope (23),
-            impl ("auto"), max_size (global scope only).
+        mixer: the name of a registered mixer (:mod:`lambda_det.modeling.mixers`): "lambda"
+            (LambdaLayer), "aft_conv" (AFTConv, the Attention Free Transformer's conv form, for
+            head-to-head comparisons), ...
+        **options: the mixer's options, defaults its layer's (see its builder in
+            :mod:`lambda_det.modeling.mixers`). "lambda": heads, dim_k, dim_u, scope (None for
+            global context), impl, max_size (global context only), share_position_embeddings
+            (one relative position embedding for every lambda layer, paper Table 4).
+            "aft_conv": heads, window_size.
     """
 
     def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
                  num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
                  norm: str = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
-                 share_position_embeddings: bool = False, in_channels: int = 3,
-                 mixer: str = "lambda", aft_heads: int = 8, aft_window_size: int = 7,
-                 **lambda_kwargs):
+                 in_channels: int = 3, mixer: str = "lambda", **options):
         super().__init__()
-        unknown = sorted(set(lambda_kwargs) - set(LAMBDA_LAYER_OPTIONS))
-        if unknown:
-            raise TypeError(f"unknown LambdaResNet arguments {unknown}; lambda layer options are "
-                            f"{LAMBDA_LAYER_OPTIONS}")
-        if mixer not in ("lambda", "aft_conv"):
-            raise ValueError(f"mixer must be 'lambda' or 'aft_conv', got {mixer!r}")
+        if "norm" in mixer_options(mixer):
+            options = {**options, "norm": norm}  # the mixer's norms are the backbone's
+        check_mixer_options(mixer, options)
         if not width_multiplier > 0:
             raise ValueError(f"width_multiplier must be > 0, got {width_multiplier!r}")
-        lambda_blocks = resolve_placement(depth, placement)
+        mixer_blocks = resolve_placement(depth, placement)
         self.depth = depth
         self.num_classes = num_classes
-        heads_option = "heads" if mixer == "lambda" else "aft_heads"
-        heads = lambda_kwargs.get("heads", 4) if mixer == "lambda" else aft_heads
-        if not isinstance(heads, int) or isinstance(heads, bool) or heads < 1:
-            raise ValueError(f"{heads_option} must be an integer >= 1, got {heads!r}")
         _check_norm(norm)
-        aft_kwargs = {"heads": aft_heads, "window_size": aft_window_size}
 
         stem_width = int(64 * width_multiplier)
         self.stem = ResNetRSStem(in_channels, stem_width, norm)
         self._out_feature_channels = {"stem": stem_width}
         self._out_feature_strides = {"stem": 4}
 
-        shared = None
-        if share_position_embeddings and mixer == "lambda" and any(lambda_blocks.values()):
-            scope = lambda_kwargs.get("scope", 23)
-            radius = lambda_kwargs.get("max_size", 64) - 1 if scope is None else scope // 2
-            shared = RelativePositionEmbedding(lambda_kwargs.get("dim_k", 16),
-                                               lambda_kwargs.get("dim_u", 1), radius)
+        # Built here, after the stem, and only when a block uses it: a factory may create modules
+        # its mixers share (the lambda layers' position embedding), and random init follows
+        # construction order.
+        placed_mixer = (build_mixer_factory(mixer, **options) if any(mixer_blocks.values())
+                        else None)
+        conv_mixer = build_mixer_factory("conv")
 
-        self.stage_names = list(STAGES)
         channels = stem_width
         for stage_index, (name, count) in enumerate(zip(STAGES, BLOCKS_PER_STAGE[depth])):
             width = int(64 * width_multiplier * 2 ** stage_index)
-            if lambda_blocks[name] and width % heads:
-                raise ValueError(f"{name} width {width} (width_multiplier={width_multiplier}) is "
-                                 f"not divisible by {heads_option}={heads}")
             blocks = []
             for block_index in range(1, count + 1):
                 stride = 2 if block_index == 1 and stage_index > 0 else 1
-                is_placed = block_index in lambda_blocks[name]
-                blocks.append(Bottleneck(
-                    channels, 4 * width, width=width, stride=stride,
-                    mixer=mixer if is_placed else "conv", norm=norm, se=se and not is_placed,
-                    lambda_kwargs=lambda_kwargs, aft_kwargs=aft_kwargs,
-                    position_embedding=shared))
+                is_placed = block_index in mixer_blocks[name]
+                try:
+                    blocks.append(Bottleneck(
+                        channels, 4 * width, width=width, stride=stride,
+                        mixer=placed_mixer if is_placed else conv_mixer, norm=norm,
+                        se=se and not is_placed))
+                except ValueError as error:  # e.g. a width the mixer's heads do not divide
+                    raise ValueError(f"{name} block {block_index} ({mixer!r} mixer, width {width}, "
+                                     f"width_multiplier={width_multiplier}): {error}") from error
                 channels = 4 * width
             self.add_module(name, nn.Sequential(*blocks))
             self._out_feature_channels[name] = channels
@@ -211,19 +201,14 @@ class LambdaResNet(Backbone):
         self.freeze(freeze_at)
 
     def _init_weights(self) -> None:
-        """He init for convs, zero gamma on each bottleneck's last BN, then the paper's lambda init.
-
-        The lambda (and AFT) layers are re-initialised last, so this loop cannot overwrite their
-        init.
-        """
+        """He init for every conv, then each block's own init over it (Bottleneck.init_weights:
+        zero gamma on its last norm, its mixer's init), then the classifier's."""
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 weight_init.c2_msra_fill(module)
-        for module in self.modules():
-            if isinstance(module, Bottleneck) and getattr(module.conv3.norm, "weight", None) is not None:
-                nn.init.zeros_(module.conv3.norm.weight)
-            if isinstance(module, (LambdaLayer, AFTConv)):
-                module.reset_parameters()
+        for name in STAGES:
+            for block in getattr(self, name):
+                block.init_weights()
         if self.num_classes is not None:
             nn.init.normal_(self.linear.weight, std=0.01)
             nn.init.zeros_(self.linear.bias)
@@ -231,8 +216,8 @@ class LambdaResNet(Backbone):
     def freeze(self, freeze_at: int = 0) -> "LambdaResNet":
         """Freeze the stem (freeze_at >= 1) and the first freeze_at - 1 stages, as detectron2 does.
 
-        Decision: a position embedding shared across stages (share_position_embeddings) is
-        frozen only when every stage that uses it is.
+        Decision: a parameter shared across stages (the lambda layers' shared position embedding)
+        is frozen only when every stage that uses it is.
         """
         if not isinstance(freeze_at, int) or not 0 <= freeze_at <= 5:
             raise ValueError(f"freeze_at must be an integer in [0, 5], got {freeze_at!r}")
@@ -242,11 +227,12 @@ class LambdaResNet(Backbone):
             if freeze_at >= stage_index:
                 for block in getattr(self, name):
                     block.freeze()
-        for stage_index, name in enumerate(STAGES, start=2):
-            if freeze_at < stage_index:
-                for module in getattr(self, name).modules():
-                    if isinstance(module, LambdaLayer):
-                        module.position_embedding.weight.requires_grad_(True)
+        parts = [self.stem] + [getattr(self, name) for name in STAGES]
+        frozen = {id(parameter) for part in parts[:freeze_at] for parameter in part.parameters()}
+        for part in parts[freeze_at:]:
+            for parameter in part.parameters():
+                if id(parameter) in frozen:  # shared with a frozen part: trains with this one
+                    parameter.requires_grad_(True)
         return self
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:

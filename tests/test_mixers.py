@@ -1,0 +1,169 @@
+"""The mixer registry: built-in mixers, a mixer added by registration, their config keys."""
+import inspect
+from dataclasses import dataclass
+
+import pytest
+import torch
+from torch import nn
+
+import lambda_det
+from conftest import CONFIGS
+from detectron2.layers import ShapeSpec
+from detectron2.modeling import build_backbone
+from lambda_det.layers import AFTConv, LambdaLayer
+from lambda_det.modeling import (
+    MIXERS, build_mixer_factory, lambda_resnet, register_mixer, unregister_mixer)
+from lambda_det.modeling.blocks import Bottleneck
+
+
+@dataclass(frozen=True)
+class PoolMixer:
+    """A toy mixer: average pooling (strided as the block asks), then a 1x1 conv."""
+
+    kernel_size: int = 3
+
+    def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
+        return nn.Sequential(
+            nn.AvgPool2d(self.kernel_size, stride, self.kernel_size // 2, count_include_pad=False),
+            nn.Conv2d(in_channels, out_channels, 1, bias=False))
+
+
+@pytest.fixture
+def pool_mixer():
+    register_mixer("pool")(PoolMixer)
+    try:
+        yield "pool"
+    finally:
+        unregister_mixer("pool")
+    assert "pool" not in MIXERS
+
+
+def small_config(**lambda_resnet_keys):
+    cfg = lambda_det.get_cfg()
+    cfg.merge_from_file(str(CONFIGS / "Base-RCNN-FPN.yaml"))
+    cfg.MODEL.BACKBONE.NAME = "build_lambda_resnet_fpn_backbone"
+    cfg.MODEL.FPN.OUT_CHANNELS = 32
+    node = cfg.MODEL.LAMBDA_RESNET
+    node.DEPTH, node.WIDTH_MULTIPLIER, node.SCOPE = 26, 0.25, 3
+    for key, value in lambda_resnet_keys.items():
+        node[key] = value
+    return cfg
+
+
+def test_a_registered_mixer_builds_into_a_lambda_resnet(pool_mixer):
+    model = lambda_resnet(26, placement="CCLL", width_multiplier=0.25, mixer=pool_mixer,
+                          kernel_size=5)
+    pools = [block.mixer[0] for stage in (model.res4, model.res5) for block in stage]
+    assert len(pools) == 4 and all(pool.kernel_size == 5 for pool in pools)
+    assert [pool.stride for pool in pools] == [2, 1, 2, 1]
+    assert all(isinstance(block.mixer, nn.Conv2d) for block in model.res3)
+    assert "res5.1.mixer.1.weight" in model.state_dict()
+    outputs = model(torch.randn(2, 3, 64, 64))
+    assert {name: tuple(out.shape) for name, out in outputs.items()} == {
+        "res2": (2, 64, 16, 16), "res3": (2, 128, 8, 8), "res4": (2, 256, 4, 4),
+        "res5": (2, 512, 2, 2)}
+    outputs["res5"].sum().backward()
+    assert model.res5[1].mixer[1].weight.grad is not None
+    with pytest.raises(TypeError, match=r"unknown options \['heads'\] for mixer 'pool'; its "
+                                        r"options are \('kernel_size',\)"):
+        lambda_resnet(26, mixer=pool_mixer, heads=4)
+
+
+def test_a_registered_mixer_is_chosen_by_the_mixer_config_key(pool_mixer):
+    backbone = build_backbone(small_config(MIXER=pool_mixer), ShapeSpec(channels=3))
+    bottom_up = backbone.bottom_up
+    placed = [block for stage in (bottom_up.res4, bottom_up.res5) for block in stage
+              if isinstance(block.mixer, nn.Sequential)]
+    assert len(placed) == 3  # paper placement at depth 26: c4 block 2 and both c5 blocks
+    assert all(block.mixer[0].kernel_size == 3 for block in placed)  # no config keys: defaults
+    outputs = backbone(torch.randn(1, 3, 64, 64))
+    assert outputs["p6"].shape == (1, 32, 1, 1)
+
+
+def test_an_unknown_mixer_is_a_one_line_error_naming_the_registered_ones():
+    with pytest.raises(ValueError) as error:
+        build_backbone(small_config(MIXER="mlp"), ShapeSpec(channels=3))
+    assert str(error.value) == ("MODEL.LAMBDA_RESNET.MIXER 'mlp' is not a registered mixer; "
+                                "they are 'aft_conv', 'conv', 'lambda'")
+    with pytest.raises(ValueError, match="unknown mixer 'mlp'; the registered mixers are "
+                                         "'aft_conv', 'conv', 'lambda'$"):
+        build_mixer_factory("mlp")
+
+
+def test_registry_refuses_a_taken_name_and_an_unknown_one():
+    with pytest.raises(ValueError, match="a mixer named 'lambda' is already registered"):
+        register_mixer("lambda")(PoolMixer)
+    assert MIXERS["lambda"] is not PoolMixer
+    with pytest.raises(ValueError, match="unknown mixer 'pool'"):
+        unregister_mixer("pool")
+
+
+def keyword_defaults(layer) -> dict:
+    return {name: parameter.default
+            for name, parameter in inspect.signature(layer).parameters.items()
+            if parameter.default is not inspect.Parameter.empty}
+
+
+def test_mixer_and_config_defaults_are_the_layers_defaults():
+    lambda_defaults, aft_defaults = keyword_defaults(LambdaLayer), keyword_defaults(AFTConv)
+    lambda_mixer = build_mixer_factory("lambda")
+    for option in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size"):
+        assert getattr(lambda_mixer, option) == lambda_defaults[option]
+    aft_mixer = build_mixer_factory("aft_conv")
+    assert (aft_mixer.heads, aft_mixer.window_size) == (aft_defaults["heads"],
+                                                        aft_defaults["window_size"])
+    node = lambda_det.get_cfg().MODEL.LAMBDA_RESNET
+    assert (node.HEADS, node.DIM_K, node.DIM_U, node.SCOPE, node.IMPL, node.MAX_SIZE) == tuple(
+        lambda_defaults[key] for key in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size"))
+    assert (node.AFT_HEADS, node.AFT_WINDOW_SIZE) == (aft_defaults["heads"],
+                                                      aft_defaults["window_size"])
+
+
+def test_config_keys_reach_the_mixers():
+    cfg = small_config(PLACEMENT="CCCL", HEADS=2, DIM_K=8, DIM_U=2, SCOPE=0, MAX_SIZE=8,
+                       IMPL="einsum", SHARE_POSITION_EMBEDDINGS=True, NORM="GN")
+    layers = [block.mixer for block in build_backbone(cfg, ShapeSpec(channels=3)).bottom_up.res5]
+    assert [(layer.heads, layer.dim_k, layer.dim_u, layer.scope, layer.max_size, layer.impl)
+            for layer in layers] == [(2, 8, 2, None, 8, "einsum")] * 2
+    assert layers[0].position_embedding is layers[1].position_embedding
+    assert layers[0].position_embedding.radius == 7  # global context: offsets up to max_size - 1
+    assert isinstance(layers[0].query_norm, nn.GroupNorm)  # the backbone's norm
+    cfg = small_config(PLACEMENT="CCCL", MIXER="aft_conv", AFT_HEADS=2, AFT_WINDOW_SIZE=3)
+    layers = [block.mixer for block in build_backbone(cfg, ShapeSpec(channels=3)).bottom_up.res5]
+    assert [(layer.heads, layer.window_size) for layer in layers] == [(2, 3)] * 2
+
+
+def norm_keys(prefix: str) -> set:
+    return {f"{prefix}.{name}"
+            for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
+
+
+def test_lambda_and_conv_blocks_keep_their_state_dict_keys():
+    # Checkpoints load by these names.
+    model = lambda_resnet(26, placement="CCCL", width_multiplier=0.25, scope=3)
+    lambda_block = {key[len("res5.0."):] for key in model.state_dict() if key.startswith("res5.0.")}
+    assert lambda_block == {
+        "shortcut.1.weight", *norm_keys("shortcut.1.norm"),
+        "conv1.weight", *norm_keys("conv1.norm"),
+        "mixer.to_queries.weight", "mixer.to_keys.weight", "mixer.to_values.weight",
+        *norm_keys("mixer.query_norm"), *norm_keys("mixer.value_norm"),
+        "mixer.position_embedding.weight", *norm_keys("mixer_norm"), "conv3.weight",
+        *norm_keys("conv3.norm")}
+    conv_block = {key[len("res4.1."):] for key in model.state_dict() if key.startswith("res4.1.")}
+    assert conv_block == {"conv1.weight", *norm_keys("conv1.norm"), "mixer.weight",
+                          *norm_keys("mixer_norm"), "conv3.weight", *norm_keys("conv3.norm")}
+
+
+def test_a_block_inits_its_last_norm_and_its_mixer_but_not_a_conv_mixer():
+    lambda_block = Bottleneck(32, 32, width=8, mixer=build_mixer_factory("lambda", scope=3))
+    conv_block = Bottleneck(32, 32, width=8, mixer=build_mixer_factory("conv"))
+    for block in (lambda_block, conv_block):
+        with torch.no_grad():
+            for parameter in block.parameters():
+                parameter.fill_(0.5)
+        block.init_weights()
+        assert torch.count_nonzero(block.conv3.norm.weight) == 0
+    assert torch.all(conv_block.mixer.weight == 0.5)  # a conv mixer keeps the backbone's init
+    queries = lambda_block.mixer.to_queries.weight
+    assert queries.std().item() == pytest.approx((16 * 8) ** -0.5, rel=0.2)  # paper F.2
+    assert torch.all(lambda_block.conv1.weight == 0.5)  # convs are the backbone's to init
