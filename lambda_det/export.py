@@ -49,6 +49,7 @@ from lambda_det.data.mapper import build_mapper
 from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.checkpoint import load_trained_weights
 from lambda_det.engine.trainer import adapt_norms_to_device, load_cfg
+import lambda_det.modeling  # noqa: F401,E402  (registers the backbones that build_model finds)
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "build_export_cfg", "load_trained_model", "sample_image", "eager_outputs",

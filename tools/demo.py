@@ -25,7 +25,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
-import lambda_det  # noqa: E402
+import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 import lambda_det.data  # noqa: E402,F401
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.engine import DefaultPredictor  # noqa: E402

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
 from lambda_det.engine import CorruptCheckpointError, UnsafeCheckpointError  # noqa: E402
-from lambda_det.export import (  # noqa: E402  (importing lambda_det registers the backbones)
+from lambda_det.export import (  # noqa: E402  (lambda_det.export registers the backbones)
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, build_export_cfg, eager_outputs,
     export_model, load_trained_model, max_differences, sample_image)
 

@@ -17,7 +17,7 @@ OUTPUT_DIR/eval_results.json: evaluate into another OUTPUT_DIR to keep a trainin
 """
 import torch
 
-import lambda_det  # noqa: F401  (registers the backbones and the config hint)
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.engine import (
     Trainer, argument_parser, build_cfg, evaluation_weights, launch, load_weights_for_evaluation,
