@@ -19,8 +19,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer  # noqa: E402
-from lambda_det.layers.lambda_conv import TiledTuning  # noqa: E402
+from lambda_det.benchmark.candidates import DIM_K, HEADS, SCOPE  # noqa: E402
+from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, TiledTuning  # noqa: E402
 
 # lambda_det's GPU tuning of the tiled form (its chunks, and halo gradients folded by
 # unfold_backward), run on the CPU.
@@ -70,8 +70,8 @@ def candidates(channels: int, stride: int):
         from timm.layers.lambda_layer import LambdaLayer as TimmLambdaLayer
     except ImportError:
         return
-    yield "timm LambdaLayer", TimmLambdaLayer(channels, channels, stride=stride, num_heads=4,
-                                              dim_head=16, r=23)
+    yield "timm LambdaLayer", TimmLambdaLayer(channels, channels, stride=stride, num_heads=HEADS,
+                                              dim_head=DIM_K, r=SCOPE)
 
 
 def main(argv=None) -> int:
