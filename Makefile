@@ -23,12 +23,12 @@ $(TORCH_CHOICE): always
 	@mkdir -p $(VENV)
 	@echo '$(TORCH_PACKAGES)' | cmp -s - $@ || echo '$(TORCH_PACKAGES)' > $@
 
-$(INSTALLED): $(TORCH_CHOICE) setup.py lambda_det/compat/build_detectron2.py \
-		lambda_det/compat/detectron2_C_stub.py
+$(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
+		tools/detectron2_C_stub.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet $(TORCH_PACKAGES)
-	$(PY) lambda_det/compat/build_detectron2.py
+	$(PY) tools/build_detectron2.py
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev,bench]'
 	@touch $@
 

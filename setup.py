@@ -6,7 +6,7 @@ already has torch and detectron2::
     pip install --no-build-isolation -e '.[dev]'
 
 Detectron2 has no wheels on PyPI. If no detectron2 is importable, run
-``python lambda_det/compat/build_detectron2.py`` first (it builds the patched pure-Python 0.6 from
+``python tools/build_detectron2.py`` first (it builds the patched pure-Python 0.6 from
 the ``pb1-detectron2`` source package). A detectron2 you built yourself is used as it is.
 """
 import importlib.metadata

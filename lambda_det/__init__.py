@@ -1,26 +1,49 @@
 """lambda_det: LambdaNetworks (Bello, ICLR 2021) backbones for Detectron2.
 
-Importing this package imports detectron2 (see :mod:`lambda_det.compat`) and registers the
-backbones in detectron2's ``BACKBONE_REGISTRY``:
+Importing this package imports nothing beyond it: the shared core, :mod:`lambda_det.layers`, needs
+torch alone, and works in any PyTorch project. The detectron2 parts are imported when used:
 
-* ``build_lambda_resnet_backbone``
-* ``build_lambda_resnet_fpn_backbone``
-* ``build_retinanet_lambda_resnet_fpn_backbone``
+* ``import lambda_det.modeling`` registers the backbones in detectron2's ``BACKBONE_REGISTRY``
+  (``build_lambda_resnet_backbone``, ``build_lambda_resnet_fpn_backbone``,
+  ``build_retinanet_lambda_resnet_fpn_backbone``);
+* the names below (``lambda_det.get_cfg``, ``lambda_det.LambdaResNet``, ...) import their module on
+  first access.
 
 Typical use::
 
-    import lambda_det
+    import lambda_det.modeling            # registers the backbones
     cfg = lambda_det.get_cfg()            # detectron2's defaults + MODEL.LAMBDA_RESNET
     cfg.merge_from_file("configs/COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml")
 """
-from lambda_det.compat import import_detectron2
-
-import_detectron2()
-
-from lambda_det.config import add_lambda_resnet_config, get_cfg  # noqa: E402
-from lambda_det.layers import LambdaLayer, RelativePositionEmbedding  # noqa: E402
-from lambda_det.modeling import LambdaResNet, lambda_resnet  # noqa: E402
+import importlib
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "add_lambda_resnet_config", "get_cfg", "LambdaLayer",
-           "RelativePositionEmbedding", "LambdaResNet", "lambda_resnet"]
+
+# Each public name and the module that defines it, imported on first access.
+_LAZY_NAMES = {
+    "add_lambda_det_config": "lambda_det.config",
+    "add_lambda_resnet_config": "lambda_det.config",
+    "get_cfg": "lambda_det.config",
+    "load_config": "lambda_det.config",
+    "LambdaLayer": "lambda_det.layers",
+    "RelativePositionEmbedding": "lambda_det.layers",
+    "LambdaResNet": "lambda_det.modeling",
+    "lambda_resnet": "lambda_det.modeling",
+}
+_NEEDS_DETECTRON2 = ("lambda_det.config", "lambda_det.modeling")
+
+__all__ = ["__version__", *_LAZY_NAMES]
+
+
+def __getattr__(name: str):
+    module_name = _LAZY_NAMES.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'lambda_det' has no attribute {name!r}")
+    if module_name in _NEEDS_DETECTRON2:
+        from lambda_det.compat import import_detectron2
+        import_detectron2()  # quietly, and with a helpful error if it is missing
+    return getattr(importlib.import_module(module_name), name)
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_NAMES))

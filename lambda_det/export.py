@@ -47,6 +47,7 @@ from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
 from lambda_det.engine.atomic import atomic_path
+import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "sample_image", "eager_outputs",

@@ -1,5 +1,6 @@
-"""tools/benchmark_lambda.py: every candidate it times builds and maps the feature map to its own
-shape, and a run writes its table, JSON and plot. (Its timings are not tested: docs/benchmarks.md.)
+"""lambda_det.benchmark and its command line tools/benchmark_lambda.py: every candidate it times
+builds and maps the feature map to its own shape, and a run writes its table, JSON and plot. (Its
+timings are not tested: docs/benchmarks.md.)
 """
 import json
 
@@ -8,25 +9,30 @@ import torch
 
 from conftest import load_tool
 from lambda_det import layers
+from lambda_det.benchmark import candidates as zoo
 
 
 def load_benchmark_tool():
     return load_tool("benchmark_lambda")
 
 
+def test_layer_sizes_are_the_layers_defaults():
+    assert (zoo.HEADS, zoo.DIM_K, zoo.DIM_U, zoo.SCOPE) == (4, 16, 1, 23)
+    assert (zoo.AFT_HEADS, zoo.AFT_WINDOW) == (8, 7)
+
+
 def test_every_candidate_builds_and_keeps_the_shape():
     pytest.importorskip("timm")
     pytest.importorskip("lambda_networks")
-    tool = load_benchmark_tool()
-    candidates = tool.layer_candidates(layers, 6, 10, 32, 2, cap_bytes=2**30, only=None)
+    candidates = zoo.layer_candidates(6, 10, 32, 2, cap_bytes=2**30)
     names = [candidate.name for candidate in candidates]
     for impl in layers.IMPLEMENTATIONS:
         assert f"lambda_det {impl}" in names
-    for expected in (tool.TIMM, tool.LUCIDRAINS, "conv 3x3", "self-attention sdpa", "AFT-simple",
-                     "AFT-full", f"AFT-local s={tool.SCOPE}", f"AFT-conv h=8 s={tool.AFT_WINDOW}"):
+    for expected in (zoo.TIMM, zoo.LUCIDRAINS, "conv 3x3", "self-attention sdpa", "AFT-simple",
+                     "AFT-full", f"AFT-local s={zoo.SCOPE}", f"AFT-conv h=8 s={zoo.AFT_WINDOW}"):
         assert expected in names
     with pytest.raises(ValueError, match=r"--only \['nosuch'\] matches none of the candidates"):
-        tool.layer_candidates(layers, 6, 10, 32, 2, cap_bytes=2**30, only=["nosuch"])
+        zoo.layer_candidates(6, 10, 32, 2, cap_bytes=2**30, only=["nosuch"])
     x = torch.randn(2, 32, 6, 10, requires_grad=True)
     for candidate in candidates:
         assert candidate.skip is None, candidate.name
@@ -37,9 +43,8 @@ def test_every_candidate_builds_and_keeps_the_shape():
 
 
 def test_memory_cap_skips_with_the_reason():
-    tool = load_benchmark_tool()
-    candidates = tool.layer_candidates(layers, 64, 64, 256, 2, cap_bytes=2**20,
-                                       only=["einsum", "explicit"])
+    candidates = zoo.layer_candidates(64, 64, 256, 2, cap_bytes=2**20,
+                                      only=["einsum", "explicit"])
     assert [c.name for c in candidates] == ["lambda_det einsum", "self-attention explicit"]
     assert all(c.skip and c.skip.startswith("too large") for c in candidates)
 
@@ -52,7 +57,18 @@ def test_a_small_run_writes_table_json_and_plot(tmp_path):
     timed = results["shapes"]["c5_224"]
     assert "lambda_det tiled" in (tmp_path / "results.md").read_text()
     assert "AFT-simple" in json.dumps(timed)
+    assert results["tiled_tile"] == [4, 4]
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
+    candidate, = zoo.layer_candidates(8, 8, 16, 1, cap_bytes=2**30, only=["tiled"], tile=(2, 3))
+    assert candidate.build().tuning.tile == (2, 3)
+    tool = load_benchmark_tool()
+    assert tool.main(["--shapes", "c5_224", "--only", "tiled", "--tile", "2", "3",
+                      "--repetitions", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "results.json").read_text())["tiled_tile"] == [2, 3]
+    assert layers.LambdaLayer(16).tuning.tile == ()  # no default was rewritten
 
 
 def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):

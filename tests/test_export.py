@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-import lambda_det  # noqa: F401  (before detectron2: imports it without deprecation noise)
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from conftest import load_tool
 from detectron2.modeling import build_model
 from lambda_det.config import load_config

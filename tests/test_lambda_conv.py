@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import lambda_det.layers.lambda_conv as lambda_conv
 from lambda_det.layers import LambdaLayer
-from lambda_det.layers.lambda_conv import tiled_position_output
+from lambda_det.layers.lambda_conv import TiledTuning, tiled_position_output
 
 
 def conv_form(queries, values, window, spatial):
@@ -46,10 +46,12 @@ def pooled_conv_form(queries, values, window, spatial):
 
 
 def assert_matches_conv_form(spatial, radii, dim_u=1, tile=(), chunk_elements=0, stride=1,
-                             **tolerance):
+                             fold_in_groups=None, **tolerance):
     queries, values, window = random_inputs(spatial, radii, dim_u=dim_u)
     expected = (conv_form if stride == 1 else pooled_conv_form)(queries, values, window, spatial)
-    actual = tiled_position_output(queries, values, window, spatial, tile, chunk_elements, stride)
+    tuning = TiledTuning(tile=tile if stride == 1 else (), pooled_tile=tile if stride == 2 else (),
+                         chunk_elements=chunk_elements, fold_in_groups=fold_in_groups)
+    actual = tiled_position_output(queries, values, window, spatial, stride, tuning)
     torch.testing.assert_close(actual, expected, **tolerance)
     weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2),
                           dtype=expected.dtype)
@@ -84,20 +86,19 @@ POOLED_GEOMETRIES = {
 
 @pytest.mark.parametrize("fold_in_groups", [True, False], ids=["grouped_fold", "unfold_backward"])
 @pytest.mark.parametrize("name", sorted(GEOMETRIES))
-def test_tiled_equals_conv_form(name, fold_in_groups, monkeypatch):
+def test_tiled_equals_conv_form(name, fold_in_groups):
     # The GPU folds halo gradients with unfold_backward; the CPU adds groups of tiles. Both here.
-    monkeypatch.setattr(lambda_conv, "_fold_in_groups", lambda device: fold_in_groups)
     spatial, radii, dim_u, tile, chunk_elements = GEOMETRIES[name]
-    assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements, rtol=1e-10, atol=1e-10)
+    assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements,
+                             fold_in_groups=fold_in_groups, rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("fold_in_groups", [True, False], ids=["grouped_fold", "unfold_backward"])
 @pytest.mark.parametrize("name", sorted(POOLED_GEOMETRIES))
-def test_pooled_tiles_equal_conv_form_then_average_pool(name, fold_in_groups, monkeypatch):
-    monkeypatch.setattr(lambda_conv, "_fold_in_groups", lambda device: fold_in_groups)
+def test_pooled_tiles_equal_conv_form_then_average_pool(name, fold_in_groups):
     spatial, radii, dim_u, tile, chunk_elements = POOLED_GEOMETRIES[name]
     assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements, stride=2,
-                             rtol=1e-10, atol=1e-10)
+                             fold_in_groups=fold_in_groups, rtol=1e-10, atol=1e-10)
 
 
 def test_float32_stays_within_1e4_of_float64_at_detection_depths():
@@ -128,7 +129,7 @@ def test_backward_keeps_inputs_not_logits():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         tiled_position_output(queries, values, window, spatial)
     inputs = sum(t.numel() * t.element_size() for t in (queries, values, window))
-    tile = lambda_conv.DEFAULT_TILE["cpu"][2]
+    tile = lambda_conv.DEFAULT_TILE[2]
     halo_entries = math.prod(t + 2 * r for t, r in zip(tile, radii))
     block = heads * math.prod(tile) * dim_k * halo_entries * 8
     logits = 2 * heads * math.prod(spatial) * halo_entries * 8
@@ -190,9 +191,12 @@ def _bad_tiled_arguments():
         "window's u": (dict(window=torch.randn(3, 1, 3, 3)), r"got \(3, 1, 3, 3\)"),
         "spatial vs n": (dict(spatial=(5, 5)), r"queries must be \(b, h, k, n\) with n = 25"),
         "values' batch": (dict(values=values[:1]), r"values must be \(b, v, u, n\) with b = 2"),
-        "zero tile": (dict(tile=(0, 2)), r"tile must be 2 integers >= 1, got \(0, 2\)"),
-        "negative chunk": (dict(chunk_elements=-5), "chunk_elements must be an integer >= 0, "
-                                                    "got -5"),
+        "zero tile": (dict(tuning=TiledTuning(tile=(0, 2))),
+                      r"tile must be 2 integers >= 1, got \(0, 2\)"),
+        "pooled tile's axes": (dict(stride=2, tuning=TiledTuning(pooled_tile=(2,))),
+                               r"pooled_tile must be 2 integers >= 1, got \(2,\)"),
+        "negative chunk": (dict(tuning=TiledTuning(chunk_elements=-5)),
+                           "chunk_elements must be an integer >= 0, got -5"),
         "stride": (dict(stride=3), "stride must be 1 or 2, got 3"),
     }, dict(queries=queries, values=values, window=window, spatial=(5, 4))
 
@@ -203,3 +207,24 @@ def test_bad_arguments_name_the_value(case):
     change, message = cases[case]
     with pytest.raises(ValueError, match=message):
         tiled_position_output(**{**arguments, **change})
+
+
+def test_the_layer_runs_its_tuning():
+    torch.manual_seed(0)
+    x = torch.randn(2, 8, 9, 7, dtype=torch.float64)
+    default = LambdaLayer(8, heads=2, dim_k=4, scope=5, impl="tiled").double()
+    expected = default(x)
+    # The GPU's chunks and halo folding, on the CPU: the same function.
+    gpu = LambdaLayer(8, heads=2, dim_k=4, scope=5, impl="tiled",
+                      tuning=TiledTuning.for_device("cuda")).double()
+    gpu.load_state_dict(default.state_dict())
+    torch.testing.assert_close(gpu(x), expected, rtol=1e-12, atol=1e-12)
+    broken = LambdaLayer(8, heads=2, dim_k=4, scope=5, impl="tiled",
+                         tuning=TiledTuning(tile=(0, 2))).double()
+    with pytest.raises(ValueError, match=r"tile must be 2 integers >= 1, got \(0, 2\)"):
+        broken(x)
+    # The "auto" rule's halo size C follows the tile: 15 x 15 = 225 positions <= C / 3 with 4 x 4
+    # tiles (C = 26^2 at r = 23) choose "einsum", not with 1 x 1 tiles (C = 23^2).
+    assert LambdaLayer(8, heads=2).resolve_impl((15, 15)) == "einsum"
+    assert LambdaLayer(8, heads=2, tuning=TiledTuning(tile=(1, 1))).resolve_impl((15, 15)) == \
+        "tiled"

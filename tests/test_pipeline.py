@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import lambda_det
 import lambda_det.data  # noqa: F401
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
 from detectron2.data import transforms as T
 from detectron2.engine import DefaultTrainer

@@ -7,20 +7,24 @@
 On a GPU these layers are bound by kernel launches at detection sizes (docs/benchmarks.md), so
 the count predicts their eager time floor. It is taken on the CPU: every aten op that the
 dispatcher runs is recorded, except views and allocations (no kernel), with lambda_det's GPU
-tuning applied ("cuda" tiles and chunks, halo gradients folded by unfold_backward). The loss is
+tuning applied (its chunks, and halo gradients folded by unfold_backward). The loss is
 not counted and gradients start from None, as in a training step after ``zero_grad()``.
 """
 import argparse
 import collections
 import sys
 from pathlib import Path
-from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, lambda_conv  # noqa: E402
+from lambda_det.benchmark.candidates import DIM_K, HEADS, SCOPE  # noqa: E402
+from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, TiledTuning  # noqa: E402
+
+# lambda_det's GPU tuning of the tiled form (its chunks, and halo gradients folded by
+# unfold_backward), run on the CPU.
+GPU_TUNING = TiledTuning.for_device("cuda")
 
 # Aten ops that launch no kernel: views, and allocations (the caching allocator, no memset).
 NO_KERNEL = {"view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t",
@@ -60,13 +64,14 @@ def count_kernels(layer: torch.nn.Module, x: torch.Tensor):
 def candidates(channels: int, stride: int):
     for impl in IMPLEMENTATIONS:
         if impl != "einsum":  # the einsum form's n x n embeddings: not a detection-size option
-            yield f"lambda_det {impl}", LambdaLayer(channels, impl=impl, stride=stride)
+            yield f"lambda_det {impl}", LambdaLayer(channels, impl=impl, stride=stride,
+                                                    tuning=GPU_TUNING)
     try:
         from timm.layers.lambda_layer import LambdaLayer as TimmLambdaLayer
     except ImportError:
         return
-    yield "timm LambdaLayer", TimmLambdaLayer(channels, channels, stride=stride, num_heads=4,
-                                              dim_head=16, r=23)
+    yield "timm LambdaLayer", TimmLambdaLayer(channels, channels, stride=stride, num_heads=HEADS,
+                                              dim_head=DIM_K, r=SCOPE)
 
 
 def main(argv=None) -> int:
@@ -77,18 +82,14 @@ def main(argv=None) -> int:
     parser.add_argument("--stride", type=int, choices=(1, 2), default=1)
     parser.add_argument("--verbose", action="store_true", help="also list the ops")
     args = parser.parse_args(argv)
-    gpu_tuning = (mock.patch.object(lambda_conv, "tuning_key", lambda device_type: "cuda"),
-                  mock.patch.object(lambda_conv, "_fold_in_groups", lambda device: False))
     print(f"| layer ({args.batch} x {args.channels} x {args.size} x {args.size}, stride "
           f"{args.stride}) | forward | backward | total |\n|---|---:|---:|---:|")
-    with gpu_tuning[0], gpu_tuning[1]:
-        for name, layer in candidates(args.channels, args.stride):
-            x = torch.randn(args.batch, args.channels, args.size, args.size, requires_grad=True)
-            forward, backward, names = count_kernels(layer, x)
-            print(f"| {name} | {forward} | {backward} | {forward + backward} |")
-            if args.verbose:
-                print("|", ", ".join(f"{op} {count}" for op, count in names.most_common()),
-                      "| | | |")
+    for name, layer in candidates(args.channels, args.stride):
+        x = torch.randn(args.batch, args.channels, args.size, args.size, requires_grad=True)
+        forward, backward, names = count_kernels(layer, x)
+        print(f"| {name} | {forward} | {backward} | {forward + backward} |")
+        if args.verbose:
+            print("|", ", ".join(f"{op} {count}" for op, count in names.most_common()), "| | | |")
     return 0
 
 

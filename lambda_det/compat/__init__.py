@@ -1,7 +1,8 @@
 """What makes detectron2 work on today's torch / numpy / Pillow.
 
-The source-level fixes for detectron2 0.6 live in ``build_detectron2.py`` (applied when the Makefile
-builds detectron2 into ``.venv/``), so a script that imports detectron2 without lambda_det works too.
+The source-level fixes for detectron2 0.6 live in the build script ``tools/build_detectron2.py``
+(applied when the Makefile builds detectron2 into ``.venv/``), so a script that imports detectron2
+without lambda_det works too.
 This module only imports detectron2 for lambda_det: with a clear error when it is missing, and
 without the deprecation warning that torch >= 2.10 prints when fvcore and detectron2 call
 ``torch.jit.script`` at import time (they must stay scriptable, so the call itself is kept).
@@ -17,8 +18,8 @@ _DETECTRON2_MODULES = ("detectron2.modeling", "detectron2.data", "detectron2.eva
 _MISSING_DETECTRON2 = (
     "lambda_det needs detectron2, and none is importable in this environment. `make test` in the "
     "lambda_det checkout builds one into .venv/; in another environment that has torch, run "
-    "`python lambda_det/compat/build_detectron2.py` (pure-Python detectron2 0.6 from PyPI's "
-    "pb1-detectron2 source package) or install your own detectron2 build."
+    "`python tools/build_detectron2.py` from the lambda_det checkout (pure-Python detectron2 0.6 "
+    "from PyPI's pb1-detectron2 source package), or install your own detectron2 build."
 )
 
 

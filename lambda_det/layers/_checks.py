@@ -34,3 +34,10 @@ def check_layer_input(layer: str, x: torch.Tensor, spatial_dims: int,
         raise ValueError(f"{layer} expects {in_channels} input channels, got {shape[1]} "
                          f"(input shape {tuple(shape)})")
     return tuple(shape[2:])
+
+
+def check_odd(name: str, value, alternative: str = "") -> None:
+    """``value`` is an odd int >= 1 (not a bool), or a ValueError naming it (and ``alternative``,
+    e.g. " (or None for global context)")."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value % 2 == 0:
+        raise ValueError(f"{name} must be an odd integer >= 1{alternative}, got {value!r}")

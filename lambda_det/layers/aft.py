@@ -72,17 +72,13 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lambda_det.layers._checks import check_choice, check_int, check_layer_input
+from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
+from lambda_det.layers._common import CONV, CONV_FUNCTION, compute_dtype, strided_pool
 from lambda_det.layers._tracing import static_sizes
 
 __all__ = ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]
-
-_CONV = {1: nn.Conv1d, 2: nn.Conv2d}
-_AVG_POOL = {1: nn.AvgPool1d, 2: nn.AvgPool2d}
-_CONV_FUNCTION = {1: F.conv1d, 2: F.conv2d}
 # Gain/shift reparameterisation of AFT-conv: std = sqrt(var + eps), so a 1x1 window (std 0) works.
 _REPARAM_EPS = 1e-5
 
@@ -116,7 +112,7 @@ def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         raise ValueError(f"position_bias must have shape ({length}, {length}) for {length} "
                          f"positions, got {static_sizes(position_bias)}")
     with torch.autocast(device_type=values.device.type, enabled=False):
-        dtype = torch.promote_types(queries.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
+        dtype = compute_dtype(queries.dtype)
         keys = keys.to(dtype)  # b c t'
         values = values.to(dtype)  # b c t'
         key_weights = torch.exp(keys - keys.detach().amax(dim=-1, keepdim=True))  # b c t', <= 1
@@ -179,7 +175,7 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     radii = tuple(min(size // 2, extent - 1) for size, extent in zip(window, spatial))
     crop = tuple(slice(size // 2 - r, size // 2 + r + 1) for size, r in zip(window, radii))
     with torch.autocast(device_type=values.device.type, enabled=False):
-        dtype = torch.promote_types(queries.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
+        dtype = compute_dtype(queries.dtype)
         kernel = kernel.to(dtype)[(slice(None),) + crop]  # h (2r+1)...
         # Every position in every window: no bias-0 pairs, so no "+ sum" term to cancel against.
         window_covers_input = all(size // 2 >= extent - 1 for size, extent in zip(window, spatial))
@@ -199,7 +195,7 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         # Numerator and denominator channels go through the same per-head kernel in one conv.
         stacked = torch.cat([key_weights * values.to(dtype), key_weights], dim=2)  # b h (c+1) ...
         as_images = stacked.transpose(1, 2).reshape(batch * (channels + 1), heads, *spatial)
-        local = _CONV_FUNCTION[spatial_dims](
+        local = CONV_FUNCTION[spatial_dims](
             as_images, local_kernel.unsqueeze(1), padding=radii, groups=heads)  # (b c+1) h ...
         local = local.reshape(batch, channels + 1, heads, *spatial).transpose(1, 2)  # b h (c+1) ...
         if window_covers_input:
@@ -216,11 +212,12 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 
 
 class _AFTMixer(nn.Module):
-    """Projections, input checks, output projection and pooling shared by the AFT variants."""
+    """What the AFT variants share: projections, input checks, output projection, pooling, and the
+    mixing by :func:`aft_mix` with the variant's :meth:`position_bias` (AFT-conv mixes its own)."""
 
-    def __init__(self, in_channels: int, out_channels: Optional[int], hidden_dim: Optional[int],
-                 key_channels: Optional[int], stride: int, spatial_dims: int, bias: bool,
-                 causal: bool = False):
+    def __init__(self, in_channels: int, out_channels: Optional[int], *,
+                 hidden_dim: Optional[int], key_channels: Optional[int] = None,
+                 causal: bool = False, stride: int, spatial_dims: int, bias: bool):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
         hidden_dim = out_channels if hidden_dim is None else hidden_dim
@@ -242,13 +239,13 @@ class _AFTMixer(nn.Module):
         self.spatial_dims = spatial_dims
         self.causal = causal
 
-        conv = _CONV[spatial_dims]
+        conv = CONV[spatial_dims]
         key_channels = hidden_dim if key_channels is None else key_channels
         self.to_queries = conv(in_channels, hidden_dim, 1, bias=bias)
         self.to_keys = conv(in_channels, key_channels, 1, bias=False)
         self.to_values = conv(in_channels, hidden_dim, 1, bias=bias)
         self.to_output = conv(hidden_dim, out_channels, 1, bias=bias)
-        self.pool = _AVG_POOL[spatial_dims](3, 2, 1) if stride == 2 else nn.Identity()
+        self.pool = strided_pool(spatial_dims, stride)
 
     def reset_parameters(self) -> None:
         """Fan-in normal projections (std fan_in^-1/2, as the lambda layer's K, V), zero biases."""
@@ -265,9 +262,18 @@ class _AFTMixer(nn.Module):
     def _check_spatial(self, spatial: Tuple[int, ...]) -> None:
         pass
 
+    def position_bias(self, spatial: Tuple[int, ...]) -> Optional[torch.Tensor]:
+        """The dense bias ``w[t, t']``, (T, T), for an input of this size; None for w = 0."""
+        return None
+
     def _mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
              spatial: Tuple[int, ...]) -> torch.Tensor:
-        raise NotImplementedError
+        """Y from the projections (B, d, *spatial), in their dtype; (B, d, T)."""
+        batch, num_positions = queries.shape[0], math.prod(spatial)
+        return aft_mix(queries.reshape(batch, self.hidden_dim, num_positions),
+                       keys.reshape(batch, self.hidden_dim, num_positions),
+                       values.reshape(batch, self.hidden_dim, num_positions),
+                       self.position_bias(spatial), causal=self.causal)  # b d t
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the mixer.
@@ -284,7 +290,7 @@ class _AFTMixer(nn.Module):
         keys = self.to_keys(x)  # b d ... (b heads ... for AFT-conv)
         values = self.to_values(x)  # b d ...
         with torch.autocast(device_type=x.device.type, enabled=False):
-            dtype = torch.promote_types(x.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
+            dtype = compute_dtype(x.dtype)
             mixed = self._mix(queries.to(dtype), keys.to(dtype), values.to(dtype), spatial)
             mixed = mixed.reshape(batch, self.hidden_dim, *spatial)  # b d ...
         output = self.to_output(mixed.to(x.dtype))  # b out ...
@@ -294,13 +300,13 @@ class _AFTMixer(nn.Module):
 class _FactorizedBiasMixer(_AFTMixer):
     """AFT-full and AFT-local: ``w[t, t'] = u[t] . v[t']`` (masked to a window for AFT-local)."""
 
-    def __init__(self, in_channels: int, out_channels: Optional[int], hidden_dim: Optional[int],
-                 max_size: int, position_dim: int, causal: bool, stride: int, spatial_dims: int,
-                 bias: bool):
+    def __init__(self, in_channels: int, out_channels: Optional[int], *,
+                 hidden_dim: Optional[int], max_size: int, position_dim: int, causal: bool,
+                 stride: int, spatial_dims: int, bias: bool):
         check_int("max_size", max_size, 1)
         check_int("position_dim", position_dim, 1)
-        super().__init__(in_channels, out_channels, hidden_dim, None, stride, spatial_dims, bias,
-                         causal)
+        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, causal=causal,
+                         stride=stride, spatial_dims=spatial_dims, bias=bias)
         self.max_size = max_size
         self.position_dim = position_dim
         num_positions = max_size ** spatial_dims
@@ -342,19 +348,12 @@ class _FactorizedBiasMixer(_AFTMixer):
         for axis in range(1, positions.shape[1]):
             index = index * self.max_size + positions[:, axis]  # t, row of u and v
         with torch.autocast(device_type=device.type, enabled=False):
-            dtype = torch.promote_types(self.position_u.dtype, torch.float32)
+            dtype = compute_dtype(self.position_u.dtype)
             bias = self.position_u[index].to(dtype) @ self.position_v[index].to(dtype).T  # t t'
             in_window = self._in_window(positions)
             if in_window is not None:
                 bias = bias * in_window.to(dtype)  # t t', 0 (not -inf) outside the window
         return bias
-
-    def _mix(self, queries, keys, values, spatial):
-        batch, num_positions = queries.shape[0], math.prod(spatial)
-        return aft_mix(queries.reshape(batch, self.hidden_dim, num_positions),
-                       keys.reshape(batch, self.hidden_dim, num_positions),
-                       values.reshape(batch, self.hidden_dim, num_positions),
-                       self.position_bias(spatial), causal=self.causal)  # b d t
 
 
 class AFTFull(_FactorizedBiasMixer):
@@ -394,8 +393,9 @@ class AFTFull(_FactorizedBiasMixer):
         spatial_dims: int = 2,
         bias: bool = True,
     ):
-        super().__init__(in_channels, out_channels, hidden_dim, max_size, position_dim, causal,
-                         stride, spatial_dims, bias)
+        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, max_size=max_size,
+                         position_dim=position_dim, causal=causal, stride=stride,
+                         spatial_dims=spatial_dims, bias=bias)
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, hidden_dim={self.hidden_dim}, "
@@ -433,8 +433,9 @@ class AFTLocal(_FactorizedBiasMixer):
         bias: bool = True,
     ):
         check_int("window_size", window_size, 0)
-        super().__init__(in_channels, out_channels, hidden_dim, max_size, position_dim, causal,
-                         stride, spatial_dims, bias)
+        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, max_size=max_size,
+                         position_dim=position_dim, causal=causal, stride=stride,
+                         spatial_dims=spatial_dims, bias=bias)
         self.window_size = window_size
 
     def _in_window(self, positions: torch.Tensor) -> torch.Tensor:
@@ -470,16 +471,9 @@ class AFTSimple(_AFTMixer):
         spatial_dims: int = 2,
         bias: bool = True,
     ):
-        super().__init__(in_channels, out_channels, hidden_dim, None, stride, spatial_dims, bias,
-                         causal)
+        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, causal=causal,
+                         stride=stride, spatial_dims=spatial_dims, bias=bias)
         self.reset_parameters()
-
-    def _mix(self, queries, keys, values, spatial):
-        batch, num_positions = queries.shape[0], math.prod(spatial)
-        return aft_mix(queries.reshape(batch, self.hidden_dim, num_positions),
-                       keys.reshape(batch, self.hidden_dim, num_positions),
-                       values.reshape(batch, self.hidden_dim, num_positions),
-                       None, causal=self.causal)  # b d t
 
     def extra_repr(self) -> str:
         return (f"{self.in_channels}, {self.out_channels}, hidden_dim={self.hidden_dim}, "
@@ -505,11 +499,11 @@ class AFTConv(_AFTMixer):
     Args:
         in_channels: input channels.
         out_channels: output channels (default: in_channels).
+        hidden_dim: channels of Q and V, divisible by heads (default: out_channels).
         heads: number of heads h (channels of K, and bias kernels).
         window_size: odd kernel width s (per axis); offsets up to s // 2 get a learned bias.
         stride: 1, or 2 for the mixer at stride 1 followed by 3x3 average pooling with stride 2
             and padding 1 (as :class:`~lambda_det.layers.LambdaLayer`).
-        hidden_dim: channels of Q and V, divisible by heads (default: out_channels).
         spatial_dims: 2 for (B, C, H, W) maps, 1 for (B, C, L) sequences.
         bias: whether the query, value and output projections have a bias (K never has one).
 
@@ -523,18 +517,17 @@ class AFTConv(_AFTMixer):
         in_channels: int,
         out_channels: Optional[int] = None,
         *,
+        hidden_dim: Optional[int] = None,
         heads: int = 8,
         window_size: int = 7,
         stride: int = 1,
-        hidden_dim: Optional[int] = None,
         spatial_dims: int = 2,
         bias: bool = True,
     ):
         check_int("heads", heads, 1)
-        if not isinstance(window_size, int) or isinstance(window_size, bool) or window_size < 1 \
-                or window_size % 2 == 0:
-            raise ValueError(f"window_size must be an odd integer >= 1, got {window_size!r}")
-        super().__init__(in_channels, out_channels, hidden_dim, heads, stride, spatial_dims, bias)
+        check_odd("window_size", window_size)
+        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, key_channels=heads,
+                         stride=stride, spatial_dims=spatial_dims, bias=bias)
         if self.hidden_dim % heads:
             raise ValueError(f"hidden_dim={self.hidden_dim} is not divisible by heads={heads}: "
                              f"each head has hidden_dim / heads query and value channels")
@@ -560,7 +553,7 @@ class AFTConv(_AFTMixer):
         """
         device = self.position_weight.device
         with torch.autocast(device_type=device.type, enabled=False):
-            dtype = torch.promote_types(self.position_weight.dtype, torch.float32)
+            dtype = compute_dtype(self.position_weight.dtype)
             raw = self.position_weight.to(dtype).flatten(1)  # h s^D
             mean = raw.mean(dim=1, keepdim=True)  # h 1
             var = raw.var(dim=1, unbiased=False, keepdim=True)  # h 1
@@ -578,6 +571,6 @@ class AFTConv(_AFTMixer):
         return output.reshape(batch, self.hidden_dim, *spatial)  # b d ...
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, "
-                f"window_size={self.window_size}, stride={self.stride}, "
-                f"hidden_dim={self.hidden_dim}, spatial_dims={self.spatial_dims}")
+        return (f"{self.in_channels}, {self.out_channels}, hidden_dim={self.hidden_dim}, "
+                f"heads={self.heads}, window_size={self.window_size}, stride={self.stride}, "
+                f"spatial_dims={self.spatial_dims}")

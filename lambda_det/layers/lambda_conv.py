@@ -4,10 +4,11 @@ The position term of a lambda layer (paper Sec. 3.2, 4) is, for every query posi
 
     y_pos[n, h] = sum_{delta in window} (q[n, h] . R[delta]) V[n + delta]          (v,)
 
-with the (k, u) embedding ``R[delta]`` contracted with the query first (DESIGN.md section 3: the
-order of contraction is free). That costs h (k + v) r^2 per position instead of k v r^2 for the
-paper's order (conv of V with R, then the queries), about 3x fewer FLOPs at h=4, k=16, v=64, and
-it never materialises the (b, n, k, v) position lambdas.
+with the (k, u) embedding ``R[delta]`` contracted with the query first (the paper's position
+lambdas ``lambda_p_n = sum_m E[n, m] V[m]``, Sec. 3.2, are linear in E, so the order of
+contraction is free). That costs h (k + v) r^2 multiply-adds per position instead of k v r^2 for
+the paper's order (conv of V with R, then the queries): a third at h=4, k=16, v=64. It never
+materialises the (b, n, k, v) position lambdas.
 
 Translation equivariance makes it two GEMMs. Cut the queries into tiles of t_1 x t_2 positions;
 a tile's queries see a halo of (t_1 + 2 rho_1) x (t_2 + 2 rho_2) context positions, and every tile
@@ -43,7 +44,8 @@ is set; the caller (:class:`~lambda_det.layers.LambdaLayer`) runs it outside aut
 import functools
 import itertools
 import math
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -51,29 +53,63 @@ import torch.nn.functional as F
 from lambda_det.layers._checks import check_choice, check_int
 from lambda_det.layers._tracing import static_sizes
 
-__all__ = ["tiled_position_output", "tiled_halo_entries", "tile_shape", "tuning_key",
-           "DEFAULT_TILE", "POOLED_TILE", "CHUNK_ELEMENTS", "pooled_size"]
+__all__ = ["tiled_position_output", "TiledTuning", "tiled_halo_entries", "tile_shape",
+           "DEFAULT_TILE", "POOLED_TILE", "CPU_CHUNK_ELEMENTS", "GPU_CHUNK_ELEMENTS",
+           "pooled_size"]
 
-# Query tiles per device type and number of spatial axes, and the largest logits block (floats)
-# computed at once: measured fastest at the detection shapes (tools/benchmark_lambda.py,
-# docs/benchmarks.md). Small CPU chunks stay in cache and bound the extra memory; a GPU takes
-# large ones (fewer kernel launches). Other device types use the "cuda" entries. The GPU's tiles
-# equal the CPU's: an H100 sweep (4x4, 4x8, 8x8, 6x6) at c4 and c5 was flat within noise.
-DEFAULT_TILE: Dict[str, Dict[int, Tuple[int, ...]]] = {
-    "cpu": {1: (16,), 2: (4, 4)},
-    "cuda": {1: (16,), 2: (4, 4)},
-}
-CHUNK_ELEMENTS: Dict[str, int] = {"cpu": 1 << 20, "cuda": 1 << 28}
+# Query tiles per number of spatial axes (docs/benchmarks.md: the fastest at the detection
+# shapes, on the CPU and on a GPU alike).
+DEFAULT_TILE = {1: (16,), 2: (4, 4)}
 # Output tiles when the tiles also average-pool (stride 2); each reads a (2 t + 1 + 2 rho) halo.
-POOLED_TILE: Dict[str, Dict[int, Tuple[int, ...]]] = {
-    "cpu": {1: (8,), 2: (2, 2)},
-    "cuda": {1: (8,), 2: (2, 2)},
-}
+POOLED_TILE = {1: (8,), 2: (2, 2)}
+# The largest logits block (floats) computed at once. Small CPU chunks stay in cache and bound the
+# extra memory; a GPU (any device but the CPU) takes large ones: fewer kernel launches.
+CPU_CHUNK_ELEMENTS = 1 << 20
+GPU_CHUNK_ELEMENTS = 1 << 28
 
 
-def tuning_key(device_type: str) -> str:
-    """The key of :data:`DEFAULT_TILE` and :data:`CHUNK_ELEMENTS` for this device type."""
-    return "cpu" if device_type == "cpu" else "cuda"
+@dataclass(frozen=True)
+class TiledTuning:
+    """How the tiled form cuts its work. Any tuning computes the same function (up to rounding).
+
+    Attributes:
+        tile: query tile per axis at stride 1; () for :data:`DEFAULT_TILE`.
+        pooled_tile: output tile per axis at stride 2 (the tiles pool); () for
+            :data:`POOLED_TILE`.
+        chunk_elements: the most logits floats computed at once; 0 for the device's default
+            (:data:`CPU_CHUNK_ELEMENTS` on the CPU, else :data:`GPU_CHUNK_ELEMENTS`).
+        fold_in_groups: how backward adds the halo gradients onto the grid: in groups of
+            disjoint halos (True; on the CPU several times faster than the alternative) or with
+            unfold_backward (False; fewer kernel launches on a GPU). None: True on the CPU only.
+            Never in groups under torch.compile (see :func:`_add_halos`).
+    """
+
+    tile: Tuple[int, ...] = ()
+    pooled_tile: Tuple[int, ...] = ()
+    chunk_elements: int = 0
+    fold_in_groups: Optional[bool] = None
+
+    @classmethod
+    def for_device(cls, device_type: str) -> "TiledTuning":
+        """The defaults for ``device_type`` ("cpu", "cuda", ...) whatever device the tensors are
+        on: e.g. ``for_device("cuda")`` runs the GPU's chunks and halo folding on the CPU."""
+        on_cpu = device_type == "cpu"
+        return cls(chunk_elements=CPU_CHUNK_ELEMENTS if on_cpu else GPU_CHUNK_ELEMENTS,
+                   fold_in_groups=on_cpu)
+
+    def output_tile(self, dims: int, stride: int) -> Tuple[int, ...]:
+        """The tile to cut the outputs into at this stride (before clipping to the input)."""
+        if stride == 1:
+            return self.tile or DEFAULT_TILE[dims]
+        return self.pooled_tile or POOLED_TILE[dims]
+
+    def chunk_elements_on(self, device: torch.device) -> int:
+        if self.chunk_elements:
+            return self.chunk_elements
+        return CPU_CHUNK_ELEMENTS if device.type == "cpu" else GPU_CHUNK_ELEMENTS
+
+    def fold_in_groups_on(self, device: torch.device) -> bool:
+        return device.type == "cpu" if self.fold_in_groups is None else self.fold_in_groups
 
 
 def tile_shape(spatial: Sequence[int], tile: Sequence[int]) -> Tuple[int, ...]:
@@ -82,16 +118,11 @@ def tile_shape(spatial: Sequence[int], tile: Sequence[int]) -> Tuple[int, ...]:
 
 
 def tiled_halo_entries(spatial: Sequence[int], radii: Sequence[int], dim_u: int,
-                       device_type: str = "cpu") -> int:
-    """C: the halo entries per tile that the tiled form works with on such an input."""
-    tiles = DEFAULT_TILE[tuning_key(device_type)]
-    tile = tile_shape(spatial, tiles[len(spatial)])
+                       tile: Sequence[int] = ()) -> int:
+    """C: the halo entries per tile that the tiled form works with on such an input at stride 1
+    (``tile``: the query tile, () for :data:`DEFAULT_TILE`)."""
+    tile = tile_shape(spatial, tile or DEFAULT_TILE[len(spatial)])
     return dim_u * math.prod(t + 2 * radius for t, radius in zip(tile, radii))
-
-
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and getattr(compiler, "is_compiling", lambda: False)())
 
 
 def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int, stride: int,
@@ -194,6 +225,7 @@ class _Geometry(NamedTuple):
     step: Tuple[int, ...]  # from one tile's halo to the next: t (stride 2: 2 t)
     counts: Tuple[int, ...]  # tiles per axis
     chunk_elements: int  # the largest logits block computed at once (floats)
+    fold_in_groups: bool  # how backward adds halo gradients (TiledTuning.fold_in_groups)
 
     @property
     def slots(self) -> int:
@@ -293,20 +325,14 @@ def _halos_by_gather(values: torch.Tensor, geometry: _Geometry, chunk: _Chunk) -
     return gathered.permute(0, 2, 1, 3, 4).reshape(-1, geometry.halo_entries, dim_v)  # tiles C v
 
 
-def _fold_in_groups(device: torch.device) -> bool:
-    """Whether :func:`_add_halos` adds groups of disjoint halos (the CPU) or uses
-    unfold_backward (a GPU: fewer kernel launches).
-
-    Not under torch.compile: its functionalization writes an in-place add into an unfold view
-    back as if the windows covered the whole grid (zeros elsewhere), which loses the gradient
-    between windows (torch 2.14; tests/test_lambda_conv.py compiles a backward).
-    """
-    return device.type == "cpu" and not _is_compiling()
-
-
 def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _Geometry,
                chunk: _Chunk) -> None:
     """Adjoint of :func:`_halos`: adds each tile's halo gradient onto the padded grid, in place.
+
+    In groups of disjoint halos if ``geometry.fold_in_groups``, except under torch.compile: its
+    functionalization writes an in-place add into an unfold view back as if the windows covered
+    the whole grid (zeros elsewhere), which loses the gradient between windows (torch 2.14;
+    tests/test_lambda_conv.py compiles a backward). Otherwise with unfold_backward.
 
     Args:
         grad_halos: (tiles, C, v), as :func:`_halos` returns for this chunk.
@@ -320,10 +346,9 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
     order = ((0, 1 + dims) + tuple(range(1, 1 + dims)) + (2 + 2 * dims,)
              + tuple(range(2 + dims, 2 + 2 * dims)))
     grad = grad.permute(order)  # i u n.. v c..
-    if _fold_in_groups(grad_values.device):
+    if geometry.fold_in_groups and not torch.compiler.is_compiling():
         # Tiles `spacing` apart on every axis have disjoint halos, so a strided window view of
         # the grid takes all of them in one add: at most spacing^dims adds (7 x 7 at r = 23).
-        # On the CPU that is several times faster than unfold_backward, and than tile by tile.
         spacing = [-(-c // s) for c, s in zip(halo, step)]
         for offsets in itertools.product(*[range(min(g, n)) for g, n in zip(spacing, counts)]):
             target = region
@@ -495,7 +520,7 @@ def _pooling_neighbours(queries: torch.Tensor, spatial: Sequence[int]) -> torch.
     return columns.reshape(batch, heads, dim_k * 3 ** dims, *[pooled_size(n) for n in spatial])
 
 
-def _check_arguments(queries, values, window, spatial, tile, chunk_elements, stride) -> None:
+def _check_arguments(queries, values, window, spatial, stride, tuning) -> None:
     """The shapes and options of :func:`tiled_position_output`, or a ValueError naming them."""
     check_choice("stride", stride, (1, 2))
     dims, positions = len(spatial), math.prod(spatial)
@@ -514,14 +539,15 @@ def _check_arguments(queries, values, window, spatial, tile, chunk_elements, str
             or any(size % 2 == 0 for size in window_shape[2:])):
         raise ValueError(f"window must be (k={queries_shape[2]}, u={values_shape[2]}) followed by "
                          f"{dims} odd sizes, got {window_shape}")
+    name, tile = ("tile", tuning.tile) if stride == 1 else ("pooled_tile", tuning.pooled_tile)
     if tile and (len(tile) != dims or any(not isinstance(t, int) or t < 1 for t in tile)):
-        raise ValueError(f"tile must be {dims} integers >= 1, got {tuple(tile)}")
-    check_int("chunk_elements", chunk_elements, 0)
+        raise ValueError(f"{name} must be {dims} integers >= 1, got {tuple(tile)}")
+    check_int("chunk_elements", tuning.chunk_elements, 0)
 
 
 def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: torch.Tensor,
-                          spatial: Sequence[int], tile: Sequence[int] = (),
-                          chunk_elements: int = 0, stride: int = 1) -> torch.Tensor:
+                          spatial: Sequence[int], stride: int = 1,
+                          tuning: TiledTuning = TiledTuning()) -> torch.Tensor:
     """The position term of a lambda layer with the queries contracted first, as tiled GEMMs.
 
     Equal to ``einsum("bhkn,bvkn->bhvn", queries, conv(values, window))`` (the "conv" form, zero
@@ -540,33 +566,31 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
         values: (b, v, u, n).
         window: (k, u, 2 rho_1 + 1, ...) embeddings of the offsets in scope (odd sizes).
         spatial: (H, W) or (L,).
-        tile: output tile per axis (default: :data:`DEFAULT_TILE`, or :data:`POOLED_TILE` at
-            stride 2), clipped to the output size.
-        chunk_elements: the most logits floats computed at once (default: :data:`CHUNK_ELEMENTS`).
         stride: 1, or 2 to average-pool the result as a strided lambda layer does.
+        tuning: tiles, chunks and halo folding (default: by device); tiles are clipped to the
+            output size.
 
     Returns:
         (b, h, v, n_out), n_out = n at stride 1, else the pooled positions ((H + 1) // 2 per axis).
     """
-    _check_arguments(queries, values, window, spatial, tile, chunk_elements, stride)
+    _check_arguments(queries, values, window, spatial, stride, tuning)
     dims = len(spatial)
     batch, heads, dim_k = static_sizes(queries)[:3]
     dim_v, dim_u = static_sizes(values)[1:3]
     radii = [(width - 1) // 2 for width in static_sizes(window)[2:]]
-    device = tuning_key(queries.device.type)
     outputs = list(spatial) if stride == 1 else [pooled_size(size) for size in spatial]
     if batch == 0:
         return queries.new_zeros(0, heads, dim_v, math.prod(outputs))
-    default_tile = DEFAULT_TILE if stride == 1 else POOLED_TILE
-    tile = tile_shape(outputs, tile or default_tile[device][dims])
-    chunk_elements = chunk_elements or CHUNK_ELEMENTS[device]
+    tile = tile_shape(outputs, tuning.output_tile(dims, stride))
     counts = tuple(-(-size // t) for size, t in zip(outputs, tile))
     padded = [count * t for count, t in zip(counts, tile)]
     # The queries a tile's halo must cover reach rho + (stride - 1) past its outer queries.
     reach = [radius + stride - 1 for radius in radii]
     step = tuple(stride * t for t in tile)
     halo = tuple(s - stride + 1 + 2 * r for s, r in zip(step, reach))
-    geometry = _Geometry(batch, heads, dim_u, tile, halo, step, counts, chunk_elements)
+    geometry = _Geometry(batch, heads, dim_u, tile, halo, step, counts,
+                         tuning.chunk_elements_on(queries.device),
+                         tuning.fold_in_groups_on(queries.device))
 
     queries = queries.reshape(batch, heads, dim_k, *spatial)  # b h k ..
     if stride == 2:
@@ -583,7 +607,7 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
     queries = queries.permute(order).reshape(heads, geometry.slots, batch, -1, dim_k)  # h T b N k
 
     widths = tuple(2 * radius + 1 for radius in radii)
-    build_index = _embedding_index if torch.jit.is_tracing() or _is_compiling() else \
+    build_index = _embedding_index if torch.jit.is_tracing() or torch.compiler.is_compiling() else \
         _cached_embedding_index
     index = build_index(tuple(tile), widths, dim_u, stride, queries.device)  # T C J
     values = values.reshape(batch, dim_v, dim_u, *spatial)  # b v u ..

@@ -39,23 +39,16 @@ Implementations (``impl``), with identical parameters and state_dict keys:
   inputs kept for backward. Works for local and global context, 1-D and 2-D.
   At stride 2 the tiles also do the average pool: the 9 stride-1 queries a pooled output
   averages act as one query of depth 9 k, so the large output GEMM runs once per pooled output
-  (:func:`~lambda_det.layers.lambda_conv.tiled_position_output`; measured: the strided c5
-  lambda layer of a 1024 x 1024 LambdaResNet 1.2x faster than pooling afterwards).
-* ``"auto"``: ``"einsum"`` while n <= min(EINSUM_MAX_POSITIONS = 852, C / 3), ``"tiled"`` above.
-  Measured (docs/benchmarks.md; CPU, 1 thread, batch 2, h=4, k=16, forward + backward ms,
-  einsum / conv / tiled): local r=23, d=256: 14x14 18 / 26 / 26, 17x17 40 / 42 / 32,
-  32x32 454 / 158 / 72, 64x64 - / 774 / 281; d=512: 14x14 25 / 53 / 30, 17x17 46 / 84 / 44;
-  global d=256: 20x20 68 / 136 / 77, 28x28 263 / 506 / 257, 32x32 452 / 1123 / 406;
-  1-D local r=23: L=64 3.6 / 3.4 / 2.7, L=1024 440 / 44 / 23. n <= C / 3 is where the einsum's
-  n x n work stops being cheaper than the tiles' n x C (2-D local: up to 15x15). With global
-  context C grows like 4n, so only the cap binds (up to 29x29; both cost O(n^2) there, and E
-  needs k n^2 memory beyond). "conv" never won on the CPU.
-  On a GPU every form is bound by kernel launches at these sizes, where cuDNN's single conv has
-  the fewest: "conv" for sequences and up to ``CONV_MAX_POSITIONS_CUDA`` = 400 positions, the
-  rule above beyond. Measured (H100, fp32, same layers, ms): d=256 14x14 3.9 / 3.0 / 4.2,
-  20x20 4.0 / 3.1 / 4.5, 32x32 10.3 / 3.2 / 4.2, 48x48 66 / 6.4 / 5.4, 64x64 - / 7.6 / 4.7;
-  d=512 batch 8 32x32 12.1 / 11.0 / 5.2; global 24x24 3.8 / 6.3 / 4.4; 1-D L=4096 - / 2.6 / 3.8.
-  (cuDNN convolutions run in TF32 unless ``torch.backends.cudnn.allow_tf32`` is off.)
+  (:func:`~lambda_det.layers.lambda_conv.tiled_position_output`).
+* ``"auto"``: ``"einsum"`` while n <= min(EINSUM_MAX_POSITIONS = 852, C / 3), ``"tiled"`` above
+  (the timings behind this rule: docs/benchmarks.md, "Choosing the implementation").
+  n <= C / 3 is where the einsum's n x n work stops being cheaper than the tiles' n x C (2-D
+  local: up to 15x15). With global context C grows like 4n, so only the cap binds (up to 29x29;
+  both cost O(n^2) there, and E needs k n^2 memory beyond). "conv" is never the fastest on the
+  CPU. On a GPU every form is bound by kernel launches at these sizes, where cuDNN's single conv
+  has the fewest: "conv" for sequences and up to ``CONV_MAX_POSITIONS_CUDA`` = 400 positions,
+  the rule above beyond. (cuDNN convolutions run in TF32 unless
+  ``torch.backends.cudnn.allow_tf32`` is off.)
 
 Numerics: the projections follow the surrounding autocast policy, but the key softmax, the lambdas
 and the outputs are computed in float32 (large sums over m and r^2 overflow fp16 and lose bf16
@@ -65,11 +58,13 @@ import math
 from typing import Callable, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lambda_det.layers._checks import check_choice, check_int, check_layer_input
-from lambda_det.layers.lambda_conv import pooled_size, tiled_halo_entries, tiled_position_output
+from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
+from lambda_det.layers._common import (BATCH_NORM, CONV, CONV_FUNCTION, compute_dtype,
+                                       strided_pool)
+from lambda_det.layers.lambda_conv import (TiledTuning, pooled_size, tiled_halo_entries,
+                                           tiled_position_output)
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
 __all__ = ["LambdaLayer", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS", "CONV_MAX_POSITIONS_CUDA"]
@@ -77,11 +72,6 @@ __all__ = ["LambdaLayer", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS", "CONV_MAX_P
 IMPLEMENTATIONS = ("einsum", "conv", "tiled")
 EINSUM_MAX_POSITIONS = 852
 CONV_MAX_POSITIONS_CUDA = 400
-
-_CONV = {1: nn.Conv1d, 2: nn.Conv2d}
-_BATCH_NORM = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d}
-_AVG_POOL = {1: nn.AvgPool1d, 2: nn.AvgPool2d}
-_CONV_FUNCTION = {1: F.conv1d, 2: F.conv2d}
 
 
 class LambdaLayer(nn.Module):
@@ -105,6 +95,9 @@ class LambdaLayer(nn.Module):
         spatial_dims: 2 for (B, C, H, W) maps, 1 for (B, C, L) sequences.
         norm_layer: builds the norm on queries and values from a channel count (default
             BatchNorm), e.g. detectron2's ``lambda c: get_norm("SyncBN", c)``.
+        tuning: how impl "tiled" cuts its work (tiles, chunks; default: by device), see
+            :class:`~lambda_det.layers.lambda_conv.TiledTuning`. The stride-1 tile also sets the
+            halo size C of the "auto" rule.
 
     Init (paper F.2), normal with standard deviations: W_Q (k * d_in)^-1/2, W_K and W_V d_in^-1/2
     (fan-in), R 1.
@@ -126,6 +119,7 @@ class LambdaLayer(nn.Module):
         max_size: int = 64,
         spatial_dims: int = 2,
         norm_layer: Optional[Callable[[int], nn.Module]] = None,
+        tuning: TiledTuning = TiledTuning(),
     ):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
@@ -137,10 +131,8 @@ class LambdaLayer(nn.Module):
             raise ValueError(
                 f"out_channels={out_channels} is not divisible by heads={heads}: each head "
                 f"outputs out_channels / heads value channels")
-        if scope is not None and (not isinstance(scope, int) or isinstance(scope, bool)
-                                  or scope < 1 or scope % 2 == 0):
-            raise ValueError(f"scope must be an odd integer >= 1 (or None for global context), "
-                             f"got {scope!r}")
+        if scope is not None:
+            check_odd("scope", scope, " (or None for global context)")
         check_choice("stride", stride, (1, 2))
         if impl != "auto" and impl not in IMPLEMENTATIONS:
             raise ValueError(f"impl must be 'auto' or one of {IMPLEMENTATIONS}, got {impl!r}")
@@ -157,9 +149,10 @@ class LambdaLayer(nn.Module):
         self.impl = impl
         self.spatial_dims = spatial_dims
         self.max_size = max_size
+        self.tuning = tuning
 
-        conv = _CONV[spatial_dims]
-        norm_layer = norm_layer or _BATCH_NORM[spatial_dims]
+        conv = CONV[spatial_dims]
+        norm_layer = norm_layer or BATCH_NORM[spatial_dims]
         self.to_queries = conv(in_channels, dim_k * heads, 1, bias=False)
         self.query_norm = norm_layer(dim_k * heads)
         self.to_keys = conv(in_channels, dim_k * dim_u, 1, bias=False)
@@ -172,7 +165,7 @@ class LambdaLayer(nn.Module):
         else:
             self._check_shared_embedding(position_embedding)
         self.position_embedding = position_embedding
-        self.pool = _AVG_POOL[spatial_dims](3, 2, 1) if stride == 2 else nn.Identity()
+        self.pool = strided_pool(spatial_dims, stride)
         self.reset_parameters()
 
     def _check_shared_embedding(self, embedding: RelativePositionEmbedding) -> None:
@@ -210,7 +203,7 @@ class LambdaLayer(nn.Module):
 
         Args:
             spatial: (H, W), or (L,) for sequences.
-            device_type: where it runs ("cpu", "cuda", ...); the tile size may depend on it.
+            device_type: where it runs ("cpu", "cuda", ...).
         """
         if self.impl != "auto":
             return self.impl
@@ -218,7 +211,8 @@ class LambdaLayer(nn.Module):
         if device_type == "cuda" and (self.spatial_dims == 1 or
                                       math.prod(spatial) <= CONV_MAX_POSITIONS_CUDA):
             return "conv"
-        halo = tiled_halo_entries(spatial, self._context_radii(spatial), self.dim_u, device_type)
+        halo = tiled_halo_entries(spatial, self._context_radii(spatial), self.dim_u,
+                                  self.tuning.tile)
         return "einsum" if math.prod(spatial) <= min(EINSUM_MAX_POSITIONS, halo / 3) else "tiled"
 
     def forward(self, x: torch.Tensor, context_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -237,7 +231,7 @@ class LambdaLayer(nn.Module):
         batch, num_positions = x.shape[0], math.prod(spatial)
         queries, keys, values = self._project(x)
         with torch.autocast(device_type=x.device.type, enabled=False):
-            dtype = torch.promote_types(x.dtype, torch.float32)  # fp16/bf16 -> fp32, fp64 stays
+            dtype = compute_dtype(x.dtype)
             queries = queries.to(dtype).reshape(batch, self.heads, self.dim_k, num_positions)  # b h k n
             keys = keys.to(dtype).reshape(batch, self.dim_k, self.dim_u, num_positions)  # b k u m
             values = values.to(dtype).reshape(batch, self.dim_v, self.dim_u, num_positions)  # b v u m
@@ -264,7 +258,7 @@ class LambdaLayer(nn.Module):
         three modules, so state_dict keys and init are per projection.
         """
         weight = torch.cat([self.to_queries.weight, self.to_keys.weight, self.to_values.weight])
-        projected = _CONV_FUNCTION[self.spatial_dims](x, weight)
+        projected = CONV_FUNCTION[self.spatial_dims](x, weight)
         sizes = [self.to_queries.out_channels, self.to_keys.out_channels,
                  self.to_values.out_channels]
         queries, keys, values = projected.split(sizes, dim=1)
@@ -329,7 +323,7 @@ class LambdaLayer(nn.Module):
         kernel = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
         # Every (b, v) slice of V is an image with u channels; R maps it to k channels.
         values_as_images = values.reshape(batch * self.dim_v, self.dim_u, *spatial)
-        position_lambdas = _CONV_FUNCTION[self.spatial_dims](
+        position_lambdas = CONV_FUNCTION[self.spatial_dims](
             values_as_images, kernel, padding=radii)  # (b v) k ...
         position_lambdas = position_lambdas.reshape(batch, self.dim_v, self.dim_k, num_positions)
         return torch.einsum("bhkn,bvkn->bhvn", queries, position_lambdas)
@@ -337,8 +331,8 @@ class LambdaLayer(nn.Module):
     def _position_output_tiled(self, queries, values, spatial, stride=1):
         radii = self._context_radii(spatial)
         window = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
-        return tiled_position_output(queries, values, window, spatial,
-                                     stride=stride)  # b h v n (n pooled at stride 2)
+        return tiled_position_output(queries, values, window, spatial, stride,
+                                     self.tuning)  # b h v n (n pooled at stride 2)
 
     def _pooled_output_tiled(self, queries, keys, values, spatial):
         """The whole output of a strided layer, average pool included, for impl "tiled".

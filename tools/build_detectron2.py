@@ -2,7 +2,7 @@
 
 Run as a script with the interpreter of the target environment (torch must already be installed)::
 
-    .venv/bin/python lambda_det/compat/build_detectron2.py
+    .venv/bin/python tools/build_detectron2.py
 
 Detectron2 is not on PyPI as a wheel. The only installable form is the source package
 ``pb1-detectron2==0.6`` (the v0.6 tag's Python files). Out of the box it does not install or import

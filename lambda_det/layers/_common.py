@@ -1,0 +1,24 @@
+"""What the layers build alike: modules per number of spatial axes, the strided pool, the dtype
+they mix in."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+CONV = {1: nn.Conv1d, 2: nn.Conv2d}
+CONV_FUNCTION = {1: F.conv1d, 2: F.conv2d}
+BATCH_NORM = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d}
+_AVG_POOL = {1: nn.AvgPool1d, 2: nn.AvgPool2d}
+
+
+def strided_pool(spatial_dims: int, stride: int) -> nn.Module:
+    """The paper's downsampling of a layer run at stride 1: at stride 2, a 3-wide average pool
+    with stride 2 and padding 1 (zeros counted); at stride 1, nothing."""
+    return _AVG_POOL[spatial_dims](3, 2, 1) if stride == 2 else nn.Identity()
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the layers mix in: float16 and bfloat16 become float32, float64 stays.
+
+    Long sums (over positions, windows, tiles) overflow float16 and lose bfloat16 precision.
+    """
+    return torch.promote_types(dtype, torch.float32)

@@ -1,0 +1,76 @@
+"""Importing lambda_det's core needs torch alone: no detectron2, so it works in any PyTorch project."""
+import subprocess
+import sys
+
+from conftest import REPO_ROOT, subprocess_env
+
+# Makes detectron2 unimportable in the child, as in an environment that has only torch.
+BLOCK_DETECTRON2 = """
+import importlib.abc
+import sys
+
+
+class BlockDetectron2(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "detectron2":
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, BlockDetectron2())
+try:
+    import detectron2  # noqa: F401
+except ModuleNotFoundError:
+    pass
+else:
+    raise AssertionError("detectron2 is still importable")
+"""
+
+IMPORT_THE_CORE = """
+import importlib
+import pkgutil
+
+import torch
+
+import lambda_det
+import lambda_det.layers
+import lambda_det.benchmark
+
+names = []
+for package in (lambda_det.layers, lambda_det.benchmark):
+    for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        importlib.import_module(module.name)
+        names.append(module.name)
+layer = lambda_det.layers.LambdaLayer(8, heads=2, dim_k=4, scope=3)
+assert layer(torch.randn(1, 8, 5, 5)).shape == (1, 8, 5, 5)
+assert lambda_det.__version__
+loaded = sorted(name for name in sys.modules if name.split(".")[0] == "detectron2")
+assert not loaded, loaded
+print(" ".join(names))
+"""
+
+
+def test_layers_and_benchmark_import_and_run_without_detectron2():
+    result = subprocess.run([sys.executable, "-c", BLOCK_DETECTRON2 + IMPORT_THE_CORE],
+                            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    imported = set(result.stdout.split())
+    assert {"lambda_det.layers.lambda_layer", "lambda_det.layers.lambda_conv",
+            "lambda_det.layers.aft", "lambda_det.layers.position_embedding",
+            "lambda_det.benchmark.harness", "lambda_det.benchmark.candidates"} <= imported
+
+
+def test_detectron2_parts_say_what_is_missing():
+    code = BLOCK_DETECTRON2 + """
+import lambda_det
+try:
+    lambda_det.get_cfg
+except ImportError as error:
+    assert "tools/build_detectron2.py" in str(error), error
+else:
+    raise AssertionError("lambda_det.get_cfg without detectron2")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
