@@ -79,13 +79,13 @@ def load_dataset(name: str) -> List[dict]:
     where = _describe(name)
     try:
         dicts = DatasetCatalog.get(name)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where}: {json_file or 'a JSON file'} is not valid JSON: {error.msg} "
-                         f"at line {error.lineno} column {error.colno} (character {error.pos}): "
-                         f"fix the file or write it again") from None
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{where}: {json_file or 'an annotation file'} is not JSON text (byte "
-                         f"{error.start} is not UTF-8): give the instances JSON file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        what = (f"annotation file {json_file} (dataset {name!r})" if json_file else
+                f"a JSON file of dataset {name!r}")
+        problem = (str(error) if isinstance(error, json.JSONDecodeError) else
+                   f"byte {error.start} is not UTF-8 text")
+        raise ValueError(f"{what} is not valid JSON ({problem}): fix the file or write it "
+                         f"again") from None
     except FileNotFoundError as error:
         root = os.getenv("DETECTRON2_DATASETS", "datasets")
         builtin = json_file and os.path.abspath(json_file).startswith(
