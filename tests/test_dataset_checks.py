@@ -18,7 +18,7 @@ from PIL import Image
 
 import lambda_det
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
-from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
 from lambda_det.config import load_config
@@ -114,6 +114,20 @@ def test_unknown_category_id_names_file_and_id(tmp_path, register):
     with pytest.raises(ValueError, match=r"instances.json\): an annotation has category_id=7, "
                                          r"which is not among the ids of the file's categories "
                                          r"\[1, 2\]"):
+        check_run_datasets(cfg)
+
+
+def test_annotation_file_without_categories_or_images_says_so(tmp_path, register):
+    path = write_dataset(tmp_path)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "categories": []}))
+    cfg = one_dataset(register, tmp_path)
+    with pytest.raises(ValueError, match=r"instances.json\) has no categories: list them under "
+                                         r"\"categories\""):
+        check_run_datasets(cfg)
+    path.write_text(json.dumps({**data, "images": [], "annotations": []}))
+    cfg = register(("lambda_det_test_no_images", path, tmp_path / "images"))  # fresh metadata
+    with pytest.raises(ValueError, match=r"instances.json\) has no images"):
         check_run_datasets(cfg)
 
 
@@ -300,6 +314,21 @@ def test_an_image_that_fails_to_decode_during_training_is_named(tmp_path, regist
     mapper = build_mapper(cfg, is_train=True)
     with pytest.raises(KeyError, match="file_name"):
         mapper({"image_id": 1})
+
+
+def test_check_dataset_tool_reports_the_rate_or_one_error(tmp_path, register, capsys):
+    write_dataset(tmp_path, count=4, suffix=".jpg")
+    tool = load_tool("check_dataset")
+    triple = ["lambda_det_test_tool", str(tmp_path / "instances.json"), str(tmp_path / "images")]
+    assert tool.main(["--coco-dataset", *triple, "lambda_det_test_tool"]) == 0
+    register(triple)  # removed after the test
+    assert re.search(r"4 images of lambda_det_test_tool: .* 4 image files checked \(header\) in "
+                     r".* images/s", capsys.readouterr().out)
+    (tmp_path / "images/004.jpg").write_bytes(b"\xff\xd8\xff")
+    with pytest.raises(SystemExit) as caught:
+        tool.main(["lambda_det_test_tool", "--images", "full"])
+    assert caught.value.code == 2
+    assert re.match(r"error: image file .*004.jpg is not a readable image", capsys.readouterr().err)
 
 
 def test_shapes_pre_flight_is_cheap(datasets_root, monkeypatch):

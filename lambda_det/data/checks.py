@@ -70,11 +70,13 @@ def load_dataset(name: str) -> List[dict]:
     """``DatasetCatalog.get(name)``, with one-line errors that name the annotation file.
 
     Raises:
-        ValueError: the annotation file is not valid JSON (with the line and column), an
-            annotation has a category_id that is not among the file's categories, a record lacks
+        KeyError: ``name`` is not registered.
+        ValueError: the annotation file is not valid JSON (with the line and column), has no
+            categories, an annotation has a category_id that is not among them, a record lacks
             a field, or detectron2's loader rejects the file; the dataset has no images.
         FileNotFoundError: the annotation file does not exist.
     """
+    _check_registered([name])
     json_file = MetadataCatalog.get(name).get("json_file")
     where = _describe(name)
     try:
@@ -105,7 +107,11 @@ def load_dataset(name: str) -> List[dict]:
         raise ValueError(f"{where}: an image or annotation lacks the field {error}; COCO images "
                          f"need id, file_name, height, width and annotations image_id, bbox, "
                          f"category_id (and segmentation for masks)") from None
-    except AssertionError as error:  # pycocotools' and detectron2's format checks
+    except (AssertionError, ValueError) as error:  # pycocotools' and detectron2's checks
+        if (isinstance(error, ValueError)  # load_coco_json's min() of no category ids
+                and MetadataCatalog.get(name).get("thing_classes") == []):
+            raise ValueError(f"{where} has no categories: list them under \"categories\" "
+                             f"(id and name each)") from None
         raise ValueError(f"{where}: {' '.join(str(error).split())}") from None
     if not len(dicts):
         raise ValueError(f"{where} has no images: check that the file lists them under "
@@ -297,8 +303,7 @@ def check_images(dicts: Sequence[dict], mode: str = "header", image_format: str 
 
     threads = threads or min(32, 4 * (os.cpu_count() or 1))
     with ThreadPoolExecutor(threads, thread_name_prefix="check_images") as pool:
-        failures = [failure for failure in pool.map(check, files.items(), chunksize=64)
-                    if failure]
+        failures = [failure for failure in pool.map(check, files.items()) if failure]
     if failures:
         first = failures[0][1]
         more = (f" ({len(failures) - 1} more image files fail this check, e.g. "
