@@ -25,8 +25,9 @@ _NORM_KEYS = ("MODEL.LAMBDA_RESNET.NORM", "MODEL.RESNETS.NORM", "MODEL.FPN.NORM"
 
 
 def add_lambda_det_config(cfg: CN) -> CN:
-    """Add ``MODEL.LAMBDA_RESNET``, ``INPUT.LSJ``, ``DATALOADER.DETERMINISTIC`` and
-    ``SOLVER.LOG_PERIOD`` to ``cfg`` in place; returns ``cfg``.
+    """Add lambda_det's keys to ``cfg`` in place (``MODEL.LAMBDA_RESNET``, ``INPUT.LSJ``,
+    ``DATALOADER.DETERMINISTIC``, ``DATALOADER.CHECK_IMAGES``, ``DATASETS.COCO_INSTANCES``,
+    ``SOLVER.LOG_PERIOD``, ``SOLVER.AMP.DTYPE``; docs/config.md lists them); returns ``cfg``.
 
     Idempotent: a node that is already there is left as it is.
     """
@@ -46,6 +47,13 @@ def add_lambda_det_config(cfg: CN) -> CN:
     # or "bfloat16" (no scaling needed; A100/H100 GPUs and CPUs).
     if "DTYPE" not in cfg.SOLVER.AMP:
         cfg.SOLVER.AMP.DTYPE = "float16"
+    # What tools/train_net.py reads of every image before training (lambda_det.data.checks):
+    # "header" (readable, size, not truncated), "full" (decoded as training will), "none".
+    if "CHECK_IMAGES" not in cfg.DATALOADER:
+        cfg.DATALOADER.CHECK_IMAGES = "header"
+    # COCO-format datasets to register, [name, json_file, image_root] each (lambda_det.data.coco).
+    if "COCO_INSTANCES" not in cfg.DATASETS:
+        cfg.DATASETS.COCO_INSTANCES = []
     return cfg
 
 
@@ -146,7 +154,9 @@ def resolve_config_file(name: str) -> str:
 def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
                 freeze: bool = True) -> CN:
     """The config of a run: lambda_det's defaults, then the file, then ``KEY VALUE`` overrides;
-    on the CPU, SyncBN becomes naiveSyncBN (:func:`adapt_norms_to_device`).
+    the COCO-format datasets of ``DATASETS.COCO_INSTANCES`` are registered
+    (:func:`lambda_det.data.coco.register_coco_datasets`); on the CPU, SyncBN becomes naiveSyncBN
+    (:func:`adapt_norms_to_device`).
 
     Args:
         config_file: a path, or the name of a shipped config (see
@@ -156,7 +166,8 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
 
     Raises:
         FileNotFoundError: ``config_file`` is neither a file nor a shipped config.
-        ValueError: an unknown key, a value of the wrong type, a malformed file or overrides.
+        ValueError: an unknown key, a value of the wrong type, a malformed file or overrides,
+            a dataset name registered with other files.
     """
     cfg = get_cfg()
     if config_file:
@@ -172,6 +183,9 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
         cfg.merge_from_list(opts)
     except (KeyError, ValueError, AssertionError) as error:
         raise _config_error(error, "in the command-line overrides") from None
+    from lambda_det.data.coco import register_coco_datasets  # the data stack, only when loading
+
+    register_coco_datasets(cfg)
     changed = adapt_norms_to_device(cfg)
     if changed:
         logger.info("MODEL.DEVICE is cpu: SyncBN -> naiveSyncBN for %s", ", ".join(changed))

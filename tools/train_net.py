@@ -20,6 +20,8 @@ Unlike detectron2's script:
   training must hold every backbone weight, and ``--eval-only`` needs weights that fit the whole
   model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``); it writes
   OUTPUT_DIR/eval_results.json, so evaluate into another OUTPUT_DIR to keep a training run's;
+* ``--coco-dataset NAME JSON IMAGE_DIR`` (repeatable) registers a COCO-format dataset under
+  NAME for DATASETS.TRAIN / TEST; the datasets and their images are checked before training;
 * a mistake in the input (config, dataset, weights, OUTPUT_DIR) is one ``error: ...`` line and
   exit status 2; ``--debug`` shows its traceback.
 """

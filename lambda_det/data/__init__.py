@@ -1,9 +1,11 @@
-"""Data: the large-scale-jitter mapper and the bundled synthetic shapes dataset."""
-from lambda_det.data.mapper import build_lsj_augmentations, build_mapper
+"""Data: the large-scale-jitter mapper, the bundled synthetic shapes dataset, COCO-format
+datasets named in the config (``DATASETS.COCO_INSTANCES``) and the checks run before training."""
+from lambda_det.data.coco import register_coco_datasets
+from lambda_det.data.mapper import DatasetMapper, build_lsj_augmentations, build_mapper
 from lambda_det.data.shapes import (
     SHAPES_CLASSES, ensure_shapes_dataset, register_shapes_datasets, shapes_root)
 
 register_shapes_datasets()
 
-__all__ = ["build_lsj_augmentations", "build_mapper", "SHAPES_CLASSES", "ensure_shapes_dataset",
-           "register_shapes_datasets", "shapes_root"]
+__all__ = ["build_lsj_augmentations", "build_mapper", "DatasetMapper", "register_coco_datasets",
+           "SHAPES_CLASSES", "ensure_shapes_dataset", "register_shapes_datasets", "shapes_root"]

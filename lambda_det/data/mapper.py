@@ -6,14 +6,18 @@ yacs ``DatasetMapper`` does not build them from a config; this module does, from
 Decision: LSJ is a training augmentation only. Evaluation keeps detectron2's test resize
 (``INPUT.MIN_SIZE_TEST`` / ``MAX_SIZE_TEST``, 1024 / 1024 in the paper configs: longest side
 to 1024), the same one ``DefaultPredictor`` applies, so the test size has a single source.
+
+The mapper is detectron2's ``DatasetMapper``, with one difference: an image it cannot read is
+named (:class:`DatasetMapper`).
 """
 import logging
 from typing import List
 
-from detectron2.data import DatasetMapper
+from detectron2.data import DatasetMapper as Detectron2DatasetMapper
+from detectron2.data import detection_utils
 from detectron2.data import transforms as T
 
-__all__ = ["build_lsj_augmentations", "build_mapper"]
+__all__ = ["build_lsj_augmentations", "build_mapper", "DatasetMapper"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +40,40 @@ def build_lsj_augmentations(image_size: int, min_scale: float, max_scale: float,
             T.RandomFlip(horizontal=True)]
 
 
+def _raised_in(error: BaseException, function) -> bool:
+    """Whether ``error`` was raised inside ``function`` (a frame of its code is on the
+    traceback)."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is function.__code__:
+            return True
+        traceback = traceback.tb_next
+    return False
+
+
+class DatasetMapper(Detectron2DatasetMapper):
+    """Detectron2's ``DatasetMapper`` (the same outputs), whose failure to read an image names
+    the file: PIL's own errors ("image file is truncated", "cannot identify image file <file
+    object>") do not, and they surface from a data-loader worker."""
+
+    def __call__(self, dataset_dict):
+        try:
+            return super().__call__(dataset_dict)
+        except Exception as error:
+            if not _raised_in(error, detection_utils.read_image):
+                raise
+            file_name = dataset_dict.get("file_name")
+            if isinstance(error, FileNotFoundError):
+                raise FileNotFoundError(f"image file {file_name} no longer exists: restore it "
+                                        f"or remove it from the annotation file") from error
+            message = " ".join(f"{type(error).__name__}: {error}".split())
+            raise ValueError(f"image file {file_name} cannot be decoded ({message}): replace it "
+                             f"or remove it from the annotation file (DATALOADER.CHECK_IMAGES "
+                             f"full finds every such file before training)") from error
+
+
 def build_mapper(cfg, is_train: bool) -> DatasetMapper:
-    """Detectron2's ``DatasetMapper``, with LSJ augmentations for training when
-    ``INPUT.LSJ.ENABLED``."""
+    """:class:`DatasetMapper`, with LSJ augmentations for training when ``INPUT.LSJ.ENABLED``."""
     lsj = cfg.INPUT.get("LSJ", None)
     if not lsj or not lsj.ENABLED:
         return DatasetMapper(cfg, is_train)

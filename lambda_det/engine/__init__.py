@@ -1,4 +1,5 @@
 """Training, evaluation and checkpoints (tools/train_net.py is a thin script over these)."""
+import lambda_det.modeling  # noqa: F401  (registers the backbones the trainer builds)
 from lambda_det.engine.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, WeightsMismatchError,
     check_weights, load_checkpoint_file, load_weights)

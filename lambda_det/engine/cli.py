@@ -8,7 +8,6 @@ its traceback.
 """
 import argparse
 import contextlib
-import difflib
 import logging
 import os
 import pickle
@@ -20,11 +19,11 @@ import torch
 from torch import nn
 from torch.multiprocessing import ProcessExitedException
 
-from detectron2.data import DatasetCatalog
 from detectron2.engine import default_argument_parser
 from detectron2.modeling import build_model
 from lambda_det.config import load_config
-from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.data.checks import check_run_datasets
+from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.engine.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, check_weights, load_weights)
 from lambda_det.engine.launch import launch
@@ -33,7 +32,7 @@ from lambda_det.engine.output_dir import (
 from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
 
 __all__ = ["argument_parser", "main", "run", "reporting_user_errors", "check_model",
-           "check_weights_fit", "check_datasets", "USER_ERRORS", "USAGE_ERROR_STATUS"]
+           "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
@@ -63,7 +62,8 @@ def reporting_user_errors(debug: bool = False):
 
 def argument_parser() -> argparse.ArgumentParser:
     """detectron2's ``default_argument_parser`` plus ``--config NAME`` (an alias of
-    --config-file that also takes a shipped config's name), ``--restart`` and ``--debug``."""
+    --config-file that also takes a shipped config's name), ``--restart``, ``--debug`` and
+    ``--coco-dataset NAME JSON IMAGE_DIR`` (see :mod:`lambda_det.data.coco`)."""
     parser = default_argument_parser()
     parser.add_argument("--config", dest="config_file", metavar="NAME",
                         help="config file, or the name of a shipped config (e.g. "
@@ -74,6 +74,10 @@ def argument_parser() -> argparse.ArgumentParser:
                              "<date-time>/")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of errors in the input instead of one line")
+    parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
+                        metavar=("NAME", "JSON", "IMAGE_DIR"),
+                        help="register a COCO-format dataset under NAME (repeatable; added to "
+                             "DATASETS.COCO_INSTANCES); use NAME in DATASETS.TRAIN / TEST")
     return parser
 
 
@@ -112,30 +116,17 @@ def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
         checkpointer.load(weights, checkpointables=[])
 
 
-def check_datasets(names: Sequence[str]) -> None:
-    """Every dataset name is registered (with close matches for a misspelt one)."""
-    registered = DatasetCatalog.list()
-    for name in names:
-        if name not in registered:
-            close = difflib.get_close_matches(name, registered, n=3)
-            raise KeyError(f"dataset {name!r} is not registered"
-                           + (f"; did you mean {' or '.join(map(repr, close))}?" if close else
-                              " (register it with detectron2's DatasetCatalog first)"))
-
-
 def _check_before_launch(args: argparse.Namespace, cfg) -> None:
     """What the run reads, checked once before any process starts and before OUTPUT_DIR is
     touched (the lock is already held): a mistake found later would leave a log or a config
     dump in OUTPUT_DIR, or surface hours later at the final evaluation."""
     model = check_model(cfg)
-    check_datasets(cfg.DATASETS.TEST)
     if args.eval_only:
+        check_run_datasets(cfg, training=False)
         check_weights_fit(model, evaluation_weights(cfg, resume=args.resume), require="all")
         return
     check_batch_size(cfg, args.num_gpus * args.num_machines)
-    load_checked_dataset_dicts(cfg.DATASETS.TRAIN,
-                               filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
-                               require_masks=cfg.MODEL.MASK_ON)
+    check_run_datasets(cfg)
     latest = last_checkpoint(cfg.OUTPUT_DIR)
     if args.resume and latest is not None:  # as Trainer.resume_or_load will load it
         check_weights_fit(model, os.path.join(cfg.OUTPUT_DIR, latest), require="all")
@@ -155,6 +146,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lock = None
     with reporting_user_errors(args.debug):
         cfg = load_config(args.config_file, args.opts)
+        if args.coco_dataset:  # as an override, so that every process registers them
+            args.opts = [*args.opts, *coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES,
+                                                             args.coco_dataset)]
+            cfg = load_config(args.config_file, args.opts)
         if args.machine_rank == 0:  # the machine whose main process writes OUTPUT_DIR
             lock = OutputDirLock(cfg.OUTPUT_DIR).acquire()
     try:

@@ -1,0 +1,458 @@
+"""Datasets: the pre-flight's catalogue of bad input, and COCO-format datasets named in the config
+or on tools/train_net.py's command line (the README's "Your own dataset" example included)."""
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import lambda_det
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.detection_utils import read_image
+from lambda_det.config import load_config
+from lambda_det.data import build_mapper, register_coco_datasets
+from lambda_det.data.checks import (
+    check_image_file, check_images, check_num_classes, check_run_datasets,
+    load_checked_dataset_dicts)
+from lambda_det.engine import Trainer
+
+TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
+        "MODEL.LAMBDA_RESNET.SCOPE": 3, "MODEL.LAMBDA_RESNET.NORM": "BN", "MODEL.FPN.NORM": "BN",
+        "MODEL.ROI_BOX_HEAD.NORM": "BN", "MODEL.ROI_MASK_HEAD.NORM": "BN",
+        "SOLVER.IMS_PER_BATCH": 2, "SOLVER.WARMUP_ITERS": 1, "SOLVER.STEPS": (1,),
+        "SOLVER.MAX_ITER": 2, "DATALOADER.NUM_WORKERS": 0, "MODEL.RPN.POST_NMS_TOPK_TEST": 50,
+        "TEST.DETECTIONS_PER_IMAGE": 20}
+TINY_ARGS = [item for key, value in TINY.items() for item in (key, str(value))]
+CATEGORIES = [{"id": 1, "name": "box"}, {"id": 2, "name": "disc"}]
+
+
+def write_dataset(folder: Path, count: int = 3, suffix: str = ".png", annotate=None) -> Path:
+    """``folder/images/*`` and ``folder/instances.json``: ``count`` 48 x 64 images with one
+    24 x 16 box each (category 1); ``annotate(annotation)`` may change each annotation."""
+    images_dir = folder / "images"
+    images_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    images, annotations = [], []
+    for image_id in range(1, count + 1):
+        name = f"{image_id:03d}{suffix}"
+        cv2.imwrite(str(images_dir / name), rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))
+        images.append({"id": image_id, "file_name": name, "height": 48, "width": 64})
+        annotation = {"id": image_id, "image_id": image_id, "category_id": 1, "iscrowd": 0,
+                      "bbox": [8.0, 8.0, 24.0, 16.0], "area": 384.0,
+                      "segmentation": [[8, 8, 32, 8, 32, 24, 8, 24]]}
+        if annotate is not None:
+            annotate(annotation)
+        annotations.append(annotation)
+    path = folder / "instances.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations,
+                                "categories": CATEGORIES}))
+    return path
+
+
+@pytest.fixture
+def register(request):
+    """Registers [name, json, images] triples through DATASETS.COCO_INSTANCES under names unique
+    to the test; removes them afterwards. Returns the config that names them."""
+    registered = []
+
+    def register_triples(*triples, **overrides):
+        cfg = lambda_det.get_cfg()
+        cfg.merge_from_file(str(CONFIGS / "Demo/lambda_r26_shapes.yaml"))
+        cfg.merge_from_list([item for key, value in {**TINY, **overrides}.items()
+                             for item in (key, str(value))])
+        cfg.DATASETS.COCO_INSTANCES = [[name, str(json_file), str(images)]
+                                       for name, json_file, images in triples]
+        registered.extend(name for name, _, _ in triples if name not in DatasetCatalog.list())
+        names = register_coco_datasets(cfg)
+        cfg.DATASETS.TRAIN = (names[0],)
+        cfg.DATASETS.TEST = ()
+        return cfg
+
+    yield register_triples
+    for name in registered:
+        if name in DatasetCatalog.list():
+            DatasetCatalog.remove(name)
+            MetadataCatalog.remove(name)
+
+
+def one_dataset(register, folder: Path, **overrides):
+    return register(("lambda_det_test_own", folder / "instances.json", folder / "images"),
+                    **overrides)
+
+
+# ---- the annotation file ----
+
+def test_annotation_file_that_is_not_json_names_file_and_position(tmp_path, register):
+    path = write_dataset(tmp_path)
+    path.write_text('{"images": [],\n  , "annotations": []}')  # a stray comma on line 2
+    cfg = one_dataset(register, tmp_path)
+    with pytest.raises(ValueError, match=rf"annotation file {re.escape(str(path))} \(dataset "
+                                         r"'lambda_det_test_own'\) is not valid JSON \(Expecting "
+                                         r".*: line 2 column 3 \(char 17\)\): fix the file"):
+        check_run_datasets(cfg)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n")  # an image given in place of the JSON
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))} .* is not valid JSON \(byte 0 "
+                                         r"is not UTF-8 text\)"):
+        check_run_datasets(cfg)
+
+
+def test_unknown_category_id_names_file_and_id(tmp_path, register):
+    write_dataset(tmp_path, annotate=lambda annotation: annotation.update(category_id=7))
+    cfg = one_dataset(register, tmp_path)
+    with pytest.raises(ValueError, match=r"instances.json\): an annotation has category_id=7, "
+                                         r"which is not among the ids of the file's categories "
+                                         r"\[1, 2\]"):
+        check_run_datasets(cfg)
+
+
+def test_annotation_file_without_categories_or_images_says_so(tmp_path, register):
+    path = write_dataset(tmp_path)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "categories": []}))
+    cfg = one_dataset(register, tmp_path)
+    with pytest.raises(ValueError, match=r"instances.json\) has no categories: list them under "
+                                         r"\"categories\""):
+        check_run_datasets(cfg)
+    path.write_text(json.dumps({**data, "images": [], "annotations": []}))
+    cfg = register(("lambda_det_test_no_images", path, tmp_path / "images"))  # fresh metadata
+    with pytest.raises(ValueError, match=r"instances.json\) has no images"):
+        check_run_datasets(cfg)
+
+
+@pytest.mark.parametrize("problem,reason", [
+    ("empty", r"of 3 images, 3 without annotations"),
+    ("crowd", r"of 3 images, 3 with only crowd annotations"),
+])
+def test_dataset_with_nothing_to_train_on_says_why(tmp_path, register, problem, reason):
+    path = write_dataset(tmp_path, annotate=lambda annotation: annotation.update(iscrowd=1))
+    if problem == "empty":
+        data = json.loads(path.read_text())
+        data["annotations"] = []
+        path.write_text(json.dumps(data))
+    cfg = one_dataset(register, tmp_path)
+    for filter_empty in (True, False):
+        with pytest.raises(ValueError, match=rf"no image has an annotation to train on \({reason}\)"):
+            load_checked_dataset_dicts(cfg.DATASETS.TRAIN, filter_empty=filter_empty)
+
+
+def test_one_usable_annotation_is_enough(tmp_path, register):
+    path = write_dataset(tmp_path, annotate=lambda annotation: annotation.update(iscrowd=1))
+    data = json.loads(path.read_text())
+    data["annotations"][1]["iscrowd"] = 0
+    path.write_text(json.dumps(data))
+    cfg = one_dataset(register, tmp_path)
+    dicts = load_checked_dataset_dicts(cfg.DATASETS.TRAIN)
+    assert [Path(record["file_name"]).name for record in dicts] == ["002.png"]  # as detectron2
+
+
+def test_class_count_mismatch_names_both_numbers_and_the_override(tmp_path, register):
+    write_dataset(tmp_path / "a")
+    cfg = one_dataset(register, tmp_path / "a", **{"MODEL.ROI_HEADS.NUM_CLASSES": 3})
+    with pytest.raises(ValueError, match=r"MODEL.ROI_HEADS.NUM_CLASSES is 3, but dataset "
+                                         r"'lambda_det_test_own' .* has 2 categories: add "
+                                         r"'MODEL.ROI_HEADS.NUM_CLASSES 2' to the command line"):
+        check_run_datasets(cfg)
+    cfg.MODEL.ROI_HEADS.NUM_CLASSES = 2
+    check_run_datasets(cfg)
+    cfg.MODEL.META_ARCHITECTURE = "RetinaNet"  # RetinaNet counts its classes elsewhere
+    cfg.MODEL.RETINANET.NUM_CLASSES = 80
+    with pytest.raises(ValueError, match=r"MODEL.RETINANET.NUM_CLASSES is 80, but .* has 2 "
+                                         r"categories"):
+        check_num_classes(cfg, cfg.DATASETS.TRAIN)
+
+
+def test_a_name_registered_twice_with_other_files_is_refused(tmp_path, register):
+    write_dataset(tmp_path / "a")
+    write_dataset(tmp_path / "b")
+    entry = ("lambda_det_test_twice", tmp_path / "a/instances.json", tmp_path / "a/images")
+    register(entry)
+    register(entry)  # the same files again: nothing to do
+    with pytest.raises(ValueError, match=r"dataset name 'lambda_det_test_twice' .* is already "
+                                         r"registered with annotation file .*a/instances.json .* "
+                                         r"not .*b/instances.json .* give this dataset another"):
+        register(("lambda_det_test_twice", tmp_path / "b/instances.json", tmp_path / "b/images"))
+    with pytest.raises(ValueError, match=r"dataset name 'coco_2017_train' .* is already "
+                                         r"registered"):  # one of detectron2's builtin names
+        register(("coco_2017_train", tmp_path / "a/instances.json", tmp_path / "a/images"))
+    cfg = lambda_det.get_cfg()
+    cfg.DATASETS.COCO_INSTANCES = [["only_a_name", "x.json"]]
+    with pytest.raises(ValueError, match=r"\[name, json_file, image_root\] .* got \['only_a_"):
+        register_coco_datasets(cfg)
+
+
+def test_config_and_overrides_register_coco_datasets(tmp_path, register):
+    write_dataset(tmp_path)
+    register(("lambda_det_test_from_config", tmp_path / "instances.json", tmp_path / "images"))
+    config = tmp_path / "own.yaml"
+    config.write_text(f"_BASE_: {CONFIGS / 'Demo/lambda_r26_shapes.yaml'}\n"
+                      f"DATASETS:\n  COCO_INSTANCES: [['lambda_det_test_from_config', "
+                      f"'{tmp_path / 'instances.json'}', '{tmp_path / 'images'}']]\n"
+                      f"  TRAIN: ('lambda_det_test_from_config',)\n")
+    cfg = load_config(str(config), ["MODEL.ROI_HEADS.NUM_CLASSES", "2", "DATASETS.TEST", "()"])
+    assert cfg.DATASETS.COCO_INSTANCES == [["lambda_det_test_from_config",
+                                           str(tmp_path / "instances.json"),
+                                           str(tmp_path / "images")]]
+    assert MetadataCatalog.get("lambda_det_test_from_config").json_file == str(
+        tmp_path / "instances.json")
+    check_run_datasets(cfg)
+    assert len(DatasetCatalog.get("lambda_det_test_from_config")) == 3
+
+
+# ---- the images ----
+
+def write_image(path: Path, width: int = 64, height: int = 48, **save) -> Path:
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (height, width, 3),
+                                                      dtype=np.uint8)).save(path, **save)
+    return path
+
+
+def test_readable_images_pass_even_with_bytes_after_their_end_marker(tmp_path):
+    for name in ("a.jpg", "a.png", "a.bmp"):
+        check_image_file(str(write_image(tmp_path / name)), 64, 48)
+    padded = tmp_path / "padded.jpg"
+    padded.write_bytes((tmp_path / "a.jpg").read_bytes() + b"\0" * 5000)  # e.g. a camera's trailer
+    check_image_file(str(padded), 64, 48)
+    # EXIF orientation 6 (rotated 90 degrees): detectron2 reads it as 48 x 64.
+    exif = Image.Exif()
+    exif[274] = 6
+    rotated = write_image(tmp_path / "rotated.jpg", exif=exif)
+    assert read_image(str(rotated), "BGR").shape[:2] == (64, 48)
+    check_image_file(str(rotated), 48, 64)
+    with pytest.raises(ValueError, match=r"rotated.jpg is 48x64 \(width x height\) but its "
+                                         r"annotation says 64x48"):
+        check_image_file(str(rotated), 64, 48)
+
+
+@pytest.mark.parametrize("problem,message", [
+    ("not an image", r"bad.jpg is not a readable image \(UnidentifiedImageError: cannot identify"),
+    ("truncated jpeg", r"bad.jpg is truncated \(no JPEG end-of-image marker FFD9 at its end, and "
+                       r"decoding fails: image file is truncated"),
+    ("truncated png", r"bad.png is truncated \(no PNG IEND chunk at its end, and decoding fails"),
+    ("size", r"bad.png is 64x48 \(width x height\) but its annotation says 64x40: fix "
+             r"width/height"),
+    ("missing", r"image file .*bad.png does not exist"),
+])
+@pytest.mark.parametrize("mode", ["header", "full"])
+def test_bad_images_are_named(tmp_path, problem, message, mode):
+    suffix = ".jpg" if "jpeg" in problem or problem == "not an image" else ".png"
+    path = write_image(tmp_path / f"bad{suffix}")
+    height = 48
+    if problem == "not an image":
+        path.write_text("<html>404 not found</html>")
+    elif problem.startswith("truncated"):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        if mode == "full":  # a full decode reports the decoder's error
+            message = r"bad.(jpg|png) is not a readable image \(OSError: image file is truncated"
+    elif problem == "size":
+        height = 40
+    elif problem == "missing":
+        path.unlink()
+    error = FileNotFoundError if problem == "missing" else ValueError
+    with pytest.raises(error, match=message):
+        check_image_file(str(path), 64, height, mode)
+
+
+def test_every_bad_image_is_counted_in_one_line(tmp_path):
+    good = [{"file_name": str(write_image(tmp_path / f"{i}.png")), "width": 64, "height": 48}
+            for i in range(20)]
+    bad = []
+    for i in range(3):
+        path = tmp_path / f"bad{i}.png"
+        path.write_bytes(b"not a png")
+        bad.append({"file_name": str(path), "width": 64, "height": 48})
+    assert check_images(good) == 20
+    assert check_images(good, mode="none") == 0
+    with pytest.raises(ValueError) as caught:
+        check_images(good[:5] + bad + good[5:])
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"image file {bad[0]['file_name']} is not a readable image")
+    assert message.endswith(f"(2 more image files fail this check, e.g. {bad[1]['file_name']})")
+    with pytest.raises(ValueError, match="DATALOADER.CHECK_IMAGES must be one of"):
+        check_images(good, mode="quick")
+
+
+def test_a_run_checks_its_images_by_config(tmp_path, register):
+    write_dataset(tmp_path)
+    image = tmp_path / "images/002.png"
+    image.write_bytes(image.read_bytes()[:200])
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    with pytest.raises(ValueError, match=rf"image file {re.escape(str(image))} is truncated"):
+        check_run_datasets(cfg)
+    cfg.DATALOADER.CHECK_IMAGES = "none"
+    check_run_datasets(cfg)
+    cfg.DATALOADER.CHECK_IMAGES = "full"
+    with pytest.raises(ValueError, match=rf"{re.escape(str(image))} is not a readable image"):
+        check_run_datasets(cfg)
+
+
+def test_an_image_that_fails_to_decode_during_training_is_named(tmp_path, register):
+    write_dataset(tmp_path, count=2)
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2,
+                                             "DATALOADER.DETERMINISTIC": True, "SEED": 3,
+                                             "OUTPUT_DIR": str(tmp_path / "out")})
+    check_run_datasets(cfg)
+    trainer = Trainer(cfg)
+    for image in (tmp_path / "images").iterdir():  # damaged after the pre-flight
+        image.write_bytes(image.read_bytes()[:300])
+    with pytest.raises(ValueError, match=r"image file .*images/00[12].png cannot be decoded "
+                                         r"\(OSError: image file is truncated\): replace it"):
+        trainer.train()
+    # The mapper's other errors are left as they are.
+    mapper = build_mapper(cfg, is_train=True)
+    with pytest.raises(KeyError, match="file_name"):
+        mapper({"image_id": 1})
+
+
+def test_check_dataset_tool_reports_the_rate_or_one_error(tmp_path, register, capsys):
+    write_dataset(tmp_path, count=4, suffix=".jpg")
+    tool = load_tool("check_dataset")
+    triple = ["lambda_det_test_tool", str(tmp_path / "instances.json"), str(tmp_path / "images")]
+    assert tool.main(["--coco-dataset", *triple, "lambda_det_test_tool"]) == 0
+    register(triple)  # removed after the test
+    assert re.search(r"4 images of lambda_det_test_tool: .* 4 image files checked \(header\) in "
+                     r".* images/s", capsys.readouterr().out)
+    (tmp_path / "images/004.jpg").write_bytes(b"\xff\xd8\xff")
+    with pytest.raises(SystemExit) as caught:
+        tool.main(["lambda_det_test_tool", "--images", "full"])
+    assert caught.value.code == 2
+    assert re.match(r"error: image file .*004.jpg is not a readable image", capsys.readouterr().err)
+
+
+def test_shapes_pre_flight_is_cheap(datasets_root, monkeypatch):
+    """The demo's data (256 + 48 images) checked in well under 2% of its ~14 minutes."""
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
+    lambda_det.data.register_shapes_datasets()
+    try:
+        cfg = load_config("lambda_r26_shapes")
+        start = time.perf_counter()
+        check_run_datasets(cfg)
+        assert time.perf_counter() - start < 0.02 * 14 * 60 / 2
+    finally:
+        monkeypatch.undo()
+        lambda_det.data.register_shapes_datasets()
+
+
+# ---- tools/train_net.py ----
+
+def run_train_net(*args, cwd: Path = REPO_ROOT, env: dict = None, timeout: int = 600):
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools/train_net.py"), *map(str, args)],
+                          capture_output=True, text=True, env=env or subprocess_env(), cwd=cwd,
+                          timeout=timeout)
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != "run.lock"}
+
+
+def damage(problem: str, folder: Path) -> tuple:
+    """Breaks the dataset in ``folder``; returns the flags and overrides that go with it."""
+    if problem == "invalid json":
+        (folder / "instances.json").write_text('{"images": [}')
+    elif problem == "truncated image":
+        image = folder / "images/003.png"
+        image.write_bytes(image.read_bytes()[:100])
+    elif problem == "unknown category":
+        data = json.loads((folder / "instances.json").read_text())
+        data["annotations"][2]["category_id"] = 9
+        (folder / "instances.json").write_text(json.dumps(data))
+    elif problem == "class count":
+        return [], ["MODEL.ROI_HEADS.NUM_CLASSES", "5"]
+    elif problem == "name taken":
+        return ["--coco-dataset", "own", folder / "instances.json", folder], []
+    return [], []
+
+
+CLI_CASES = {
+    "invalid json": ["instances.json (dataset 'own') is not valid JSON (Expecting value: line 1 "
+                     "column 13 (char 12))"],
+    "truncated image": ["images/003.png is truncated (no PNG IEND chunk"],
+    "unknown category": ["category_id=9", "instances.json"],
+    "class count": ["MODEL.ROI_HEADS.NUM_CLASSES is 5", "has 2 categories",
+                    "'MODEL.ROI_HEADS.NUM_CLASSES 2'"],
+    "name taken": ["dataset name 'own'", "give this dataset another name"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("problem", CLI_CASES)
+def test_train_net_refuses_a_bad_dataset_in_one_line_and_changes_nothing(tmp_path, problem):
+    data = tmp_path / "data"
+    write_dataset(data)
+    flags, overrides = damage(problem, data)
+    earlier = tmp_path / "run"  # an interrupted earlier run, continued with --resume
+    earlier.mkdir()
+    for name, text in {"last_checkpoint": "model_0000001.pth", "model_0000001.pth": "weights",
+                       "metrics.json": "{}\n", "log.txt": "log\n", "config.yaml": "cfg\n"}.items():
+        (earlier / name).write_text(text)
+    before = snapshot(earlier)
+    result = run_train_net("--config", "lambda_r26_shapes", "--resume",
+                           "--coco-dataset", "own", data / "instances.json", data / "images",
+                           *flags, *TINY_ARGS, "MODEL.ROI_HEADS.NUM_CLASSES", "2",
+                           "DATASETS.TRAIN", "('own',)", "DATASETS.TEST", "('own',)",
+                           "OUTPUT_DIR", earlier, *overrides)
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    for fragment in CLI_CASES[problem]:
+        assert fragment in errors[0], (fragment, errors[0])
+    assert snapshot(earlier) == before
+
+
+def readme_commands() -> list:
+    """The shell commands of the README's "Your own dataset" example (first bash block)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("\n## Your own dataset\n", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = block.replace("\\\n", " ").splitlines()
+    return [shlex.split(line, comments=True) for line in lines if shlex.split(line, comments=True)]
+
+
+def test_readme_example_uses_only_the_command_line():
+    commands = readme_commands()
+    scripts = [command[1] for command in commands if command[0] == "python"]
+    assert scripts == ["-c", "tools/train_net.py", "tools/ap_table.py"]
+    train = next(command for command in commands if command[1] == "tools/train_net.py")
+    assert train.count("--coco-dataset") == 2
+    assert "lambda_det_shapes_train" not in " ".join(train)  # nothing registered in Python
+
+
+@pytest.mark.slow
+def test_readme_own_dataset_example_trains_evaluates_and_prints_the_table(tmp_path,
+                                                                          datasets_root):
+    (tmp_path / "datasets").symlink_to(datasets_root)  # the example's files, generated once
+    env = subprocess_env()
+    env.pop("DETECTRON2_DATASETS", None)  # the example uses the default, ./datasets
+    outputs = []
+    for command in readme_commands():
+        assert command[0] == "python"
+        command = [sys.executable, *command[1:]]
+        if command[1].startswith("tools/"):
+            command[1] = str(REPO_ROOT / command[1])
+        if command[1].endswith("train_net.py"):
+            command += TINY_ARGS
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path,
+                                timeout=600)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+        outputs.append(result.stdout)
+    runs = [path.parent for path in tmp_path.glob("output/*/eval_results.json")]
+    assert len(runs) == 1
+    results = json.loads((runs[0] / "eval_results.json").read_text())["results"]
+    assert {"bbox", "segm"} <= set(results)
+    config = (runs[0] / "config.yaml").read_text()
+    assert "COCO_INSTANCES" in config and "train.json" in config  # a rerun knows its datasets
+    assert outputs[-1].startswith("| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |")
+    assert f"| {runs[0].name} |" in outputs[-1]
