@@ -59,8 +59,10 @@ def add_lambda_det_config(cfg: CN) -> CN:
 
 def _lambda_resnet_node() -> CN:
     node = CN()
-    # One of 26, 50, 101, 152, 200, 270, 350, 420.
-    node.DEPTH = 50
+    # One of 26, 50, 101, 152, 200, 270, 350, 420. DEPTH, NORM and OUT_FEATURES left None take
+    # MODEL.RESNETS.DEPTH / NORM / OUT_FEATURES, so a stock config keeps its meaning when only
+    # MODEL.BACKBONE.NAME changes.
+    node.DEPTH = None
     # "paper" (Table 19: listed c4 blocks + all c5), "c4" (all of c4 and c5), "none" (ResNet-RS
     # baseline) or four C/L letters for c2..c5 (Table 12), e.g. "CCLL".
     node.PLACEMENT = "paper"
@@ -81,8 +83,8 @@ def _lambda_resnet_node() -> CN:
     node.SHARE_POSITION_EMBEDDINGS = False
     node.WIDTH_MULTIPLIER = 1.0
     # Backbone norm (detectron2's get_norm names). The paper: synchronized BN, from scratch.
-    node.NORM = "BN"
-    node.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
+    node.NORM = None
+    node.OUT_FEATURES = None
     # What PLACEMENT puts in its blocks: "lambda", or "aft_conv" (Attention Free Transformer's
     # conv form, lambda_det.layers.AFTConv) with its own heads and odd window size, or any mixer
     # registered with lambda_det.modeling.register_mixer.

@@ -30,6 +30,7 @@ from lambda_det.engine.launch import launch
 from lambda_det.engine.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, last_checkpoint, prepare_output_dir)
 from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
+from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "main", "run", "reporting_user_errors", "check_model",
            "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
@@ -126,6 +127,7 @@ def _check_before_launch(args: argparse.Namespace, cfg) -> None:
         check_weights_fit(model, evaluation_weights(cfg, resume=args.resume), require="all")
         return
     check_batch_size(cfg, args.num_gpus * args.num_machines)
+    check_training_recipe(cfg)
     check_run_datasets(cfg)
     latest = last_checkpoint(cfg.OUTPUT_DIR)
     if args.resume and latest is not None:  # as Trainer.resume_or_load will load it

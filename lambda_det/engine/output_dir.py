@@ -33,11 +33,13 @@ class OutputDirLock:
         self.output_dir = output_dir
         self.path = os.path.join(output_dir, LOCK_FILE)
         self._fd: Optional[int] = None
+        self._created_folder = False
 
     def acquire(self) -> "OutputDirLock":
         """Raises :class:`OutputDirBusyError` naming the holder when another process has it."""
         import fcntl  # POSIX; detectron2 runs on Linux
 
+        self._created_folder = not os.path.isdir(self.output_dir)
         os.makedirs(self.output_dir, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -55,9 +57,15 @@ class OutputDirLock:
         return self
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
+        """Release the lock; a folder the lock created and nothing else wrote into (a run that
+        stopped at its checks) is removed again."""
+        if self._fd is None:
+            return
+        if self._created_folder and os.listdir(self.output_dir) == [LOCK_FILE]:
+            os.remove(self.path)
+            os.rmdir(self.output_dir)
+        os.close(self._fd)  # closing the descriptor releases the flock
+        self._fd = None
 
     def __enter__(self) -> "OutputDirLock":
         return self.acquire()

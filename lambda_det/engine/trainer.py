@@ -28,6 +28,7 @@ from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.output_dir import last_checkpoint
+from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["Trainer", "setup_cfg", "evaluation_weights", "check_batch_size",
            "write_json_atomically"]
@@ -117,6 +118,7 @@ class Trainer(DefaultTrainer):
             raise ValueError(f"SOLVER.LOG_PERIOD must be an integer >= 1 (iterations), "
                              f"got {period!r}")
         check_batch_size(cfg, comm.get_world_size())
+        check_training_recipe(cfg)
         if cfg.DATALOADER.get("DETERMINISTIC", False):
             if cfg.SEED < 0:
                 raise ValueError("DATALOADER.DETERMINISTIC needs a fixed SEED >= 0, got "

@@ -1,8 +1,12 @@
 """Detectron2 builders for LambdaResNet backbones (plain, FPN, RetinaNet FPN).
 
-Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has the
-``MODEL.LAMBDA_RESNET`` node (``lambda_det.add_lambda_resnet_config`` or ``lambda_det.get_cfg``).
+Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has lambda_det's keys
+(``lambda_det.config.get_cfg`` or ``add_lambda_det_config``). The swap keeps what a stock
+config says: ``MODEL.LAMBDA_RESNET.DEPTH``, ``NORM`` and ``OUT_FEATURES`` left unset (None)
+follow ``MODEL.RESNETS.DEPTH``, ``NORM`` and ``OUT_FEATURES``, and the build logs which it took;
+``MODEL.RESNETS`` keys a LambdaResNet has no use for are named in a warning when set.
 """
+import logging
 from typing import Any, Callable, Dict
 
 from detectron2.config import CfgNode
@@ -15,7 +19,22 @@ from lambda_det.modeling.mixers import MIXERS
 
 __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
            "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config",
-           "MIXER_OPTIONS_FROM_CONFIG"]
+           "backbone_setting", "check_training_recipe", "MIXER_OPTIONS_FROM_CONFIG",
+           "LAMBDA_DET_BACKBONES"]
+
+logger = logging.getLogger(__name__)
+
+LAMBDA_DET_BACKBONES = ("build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
+                        "build_retinanet_lambda_resnet_fpn_backbone")
+# MODEL.LAMBDA_RESNET keys that, left None, take their MODEL.RESNETS counterpart.
+FOLLOWS_RESNETS = ("DEPTH", "NORM", "OUT_FEATURES")
+# MODEL.RESNETS keys of detectron2's ResNet that a LambdaResNet (ResNet-RS blocks) does not have,
+# with detectron2's defaults.
+UNUSED_RESNETS_KEYS = {"NUM_GROUPS": 1, "WIDTH_PER_GROUP": 64, "RES5_DILATION": 1,
+                       "STEM_OUT_CHANNELS": 64, "RES2_OUT_CHANNELS": 256,
+                       "DEFORM_ON_PER_STAGE": [False, False, False, False]}
+# Detectron2's ImageNet-pretrained ResNets (what stock configs load): they fit no LambdaResNet.
+STOCK_IMAGENET_WEIGHTS = "ImageNetPretrained/"
 
 # Each mixer's options from its MODEL.LAMBDA_RESNET keys; a registered mixer not listed here is
 # built with its defaults.
@@ -33,21 +52,81 @@ MIXER_OPTIONS_FROM_CONFIG: Dict[str, Callable[[CfgNode], Dict[str, Any]]] = {
 }
 
 
+def backbone_setting(cfg, key: str):
+    """``MODEL.LAMBDA_RESNET.<key>``, or for DEPTH, NORM and OUT_FEATURES left None, the
+    ``MODEL.RESNETS`` value of the same name."""
+    value = cfg.MODEL.LAMBDA_RESNET[key]
+    if value is None and key in FOLLOWS_RESNETS:
+        return cfg.MODEL.RESNETS[key]
+    return value
+
+
+def _log_settings(cfg) -> None:
+    followed = [f"{key} {cfg.MODEL.RESNETS[key]!r}" for key in FOLLOWS_RESNETS
+                if cfg.MODEL.LAMBDA_RESNET[key] is None]
+    if followed:
+        logger.info("MODEL.LAMBDA_RESNET follows MODEL.RESNETS for %s", ", ".join(followed))
+    unused = [f"{key}={cfg.MODEL.RESNETS[key]!r}" for key, default in UNUSED_RESNETS_KEYS.items()
+              if key in cfg.MODEL.RESNETS and list_or_value(cfg.MODEL.RESNETS[key]) != default]
+    if unused:
+        logger.warning("a LambdaResNet has no use for MODEL.RESNETS %s (ResNet-RS blocks); "
+                       "they are ignored", ", ".join(unused))
+
+
+def list_or_value(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def check_training_recipe(cfg) -> None:
+    """Refuse to train a lambda_det backbone in a way that cannot work: detectron2's ImageNet
+    ResNet weights (stock configs load them; they fit no LambdaResNet), or, from scratch, a
+    frozen norm or frozen stages (random weights that never train).
+
+    Raises:
+        ValueError: naming the key and the value that fixes it.
+    """
+    if cfg.MODEL.BACKBONE.NAME not in LAMBDA_DET_BACKBONES:
+        return
+    weights = cfg.MODEL.WEIGHTS
+    if STOCK_IMAGENET_WEIGHTS in weights:
+        raise ValueError(
+            f"MODEL.WEIGHTS {weights!r} is a detectron2 ImageNet ResNet, which does not fit a "
+            f"LambdaResNet, and no pretrained LambdaResNet weights exist: train from scratch "
+            f"with MODEL.WEIGHTS \"\" MODEL.BACKBONE.FREEZE_AT 0 and a trainable norm (e.g. "
+            f"MODEL.LAMBDA_RESNET.NORM SyncBN), or convert a classifier you pretrained with "
+            f"tools/convert_timm_checkpoint.py")
+    if weights:
+        return
+    norm = backbone_setting(cfg, "NORM")
+    if norm == "FrozenBN":
+        source = ("MODEL.RESNETS.NORM" if cfg.MODEL.LAMBDA_RESNET.NORM is None
+                  else "MODEL.LAMBDA_RESNET.NORM")
+        raise ValueError(f"{source} 'FrozenBN' freezes randomly initialised statistics when "
+                         f"training from scratch (MODEL.WEIGHTS is empty): set "
+                         f"MODEL.LAMBDA_RESNET.NORM to SyncBN (several GPUs), BN or GN")
+    if cfg.MODEL.BACKBONE.FREEZE_AT > 0:
+        raise ValueError(f"MODEL.BACKBONE.FREEZE_AT {cfg.MODEL.BACKBONE.FREEZE_AT} freezes "
+                         f"randomly initialised stages when training from scratch (MODEL.WEIGHTS "
+                         f"is empty): set MODEL.BACKBONE.FREEZE_AT 0")
+
+
 def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
-    """A LambdaResNet from ``cfg.MODEL.LAMBDA_RESNET`` and ``cfg.MODEL.BACKBONE.FREEZE_AT``."""
+    """A LambdaResNet from ``cfg.MODEL.LAMBDA_RESNET`` (DEPTH, NORM and OUT_FEATURES left None
+    follow ``MODEL.RESNETS``) and ``cfg.MODEL.BACKBONE.FREEZE_AT``."""
     if "LAMBDA_RESNET" not in cfg.MODEL:
         raise KeyError(f"MODEL.LAMBDA_RESNET is missing: {MISSING_CONFIG_HINT}")
     node = cfg.MODEL.LAMBDA_RESNET
+    _log_settings(cfg)
     if node.MIXER not in MIXERS:
         raise ValueError(f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
                          f"they are {', '.join(repr(name) for name in sorted(MIXERS))}")
     options_from_config = MIXER_OPTIONS_FROM_CONFIG.get(node.MIXER, lambda node: {})
     return LambdaResNet(
-        node.DEPTH,
+        backbone_setting(cfg, "DEPTH"),
         placement=node.PLACEMENT,
         se=node.SE,
-        out_features=list(node.OUT_FEATURES),
-        norm=node.NORM,
+        out_features=list(backbone_setting(cfg, "OUT_FEATURES")),
+        norm=backbone_setting(cfg, "NORM"),
         freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT,
         width_multiplier=node.WIDTH_MULTIPLIER,
         in_channels=input_shape.channels,
@@ -59,11 +138,13 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
 def _fpn_in_features(cfg, bottom_up: LambdaResNet):
     """MODEL.FPN.IN_FEATURES, checked against what the LambdaResNet outputs."""
     in_features = list(cfg.MODEL.FPN.IN_FEATURES)
-    outputs = list(cfg.MODEL.LAMBDA_RESNET.OUT_FEATURES)
+    outputs = list(backbone_setting(cfg, "OUT_FEATURES"))
     missing = [name for name in in_features if name not in bottom_up.output_shape()]
     if missing:
+        key = ("MODEL.RESNETS.OUT_FEATURES" if cfg.MODEL.LAMBDA_RESNET.OUT_FEATURES is None
+               else "MODEL.LAMBDA_RESNET.OUT_FEATURES")
         raise ValueError(f"MODEL.FPN.IN_FEATURES {in_features} needs {missing}, which "
-                         f"MODEL.LAMBDA_RESNET.OUT_FEATURES {outputs} does not output")
+                         f"{key} {outputs} does not output")
     return in_features
 
 
