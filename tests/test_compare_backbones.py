@@ -15,7 +15,7 @@ import pytest
 
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.evaluation.compare import (
-    PRESETS, RECIPE_FILE, Variant, parse_variant, plan_comparison, run_comparison)
+    PRESETS, RECIPE_FILE, RunFailedError, Variant, parse_variant, plan_comparison, run_comparison)
 from lambda_det.evaluation.compare_report import (
     format_comparison, median_iteration_time, summarize, write_report)
 
@@ -41,7 +41,8 @@ def metrics(ap: float) -> dict:
 
 def fabricated_comparison(tmp_path):
     runs = {
-        "conv": {0: fake_run(tmp_path / "conv/seed0", metrics(40.0), metrics(30.0), [1.0, 3.0, 2.0]),
+        "conv": {0: fake_run(tmp_path / "conv/seed0", metrics(40.0), metrics(30.0),
+                             [1.0, 3.0, 2.0]),
                  1: fake_run(tmp_path / "conv/seed1", metrics(42.0), metrics(34.0), [4.0, 6.0])},
         "lambda": {0: fake_run(tmp_path / "lambda/seed0", metrics(43.0), metrics(31.0), [2.0]),
                    1: fake_run(tmp_path / "lambda/seed1", metrics(44.0), metrics(33.0), [2.0])},
@@ -116,7 +117,8 @@ def test_one_seed_is_not_a_ranking(tmp_path):
             "lambda": {3: fake_run(tmp_path / "l", metrics(45.0), metrics(35.0))}}
     summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
     difference = summary["variants"]["lambda"]["difference"]["bbox"]["AP"]
-    assert difference["std"] is None and difference["reading"] == "one seed: no spread, not a ranking"
+    assert difference["std"] is None
+    assert difference["reading"] == "one seed: no spread, not a ranking"
     markdown = format_comparison(summary)
     assert "one seed: no spread, not a ranking" in markdown
     assert "| lambda | 45.0 | 46.0 |" in markdown  # no ± without a spread
@@ -149,6 +151,17 @@ def test_report_files(tmp_path):
     assert chart.read_bytes().startswith(PNG_MAGIC) and chart.stat().st_size > 10_000
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
         "comparison.json", "comparison.md", "comparison.png"]  # no temporary files left
+
+
+def test_nan_is_null_in_the_json_file(tmp_path):
+    nan_small = {**metrics(40.0), "APs": math.nan}
+    runs = {"conv": {0: fake_run(tmp_path / "c", nan_small, nan_small)},
+            "lambda": {0: fake_run(tmp_path / "l", nan_small, nan_small)}}
+    summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
+    _, data, _ = write_report(summary, str(tmp_path / "report"))
+    loaded = json.loads(Path(data).read_text(), parse_constant=pytest.fail)
+    assert loaded["variants"]["lambda"]["difference"]["bbox"]["APs"]["mean"] is None
+    assert "| conv | 40.0 | 41.0 | 42.0 | nan |" in format_comparison(summary)
 
 
 def test_summary_needs_the_same_seeds_for_every_variant(tmp_path):
@@ -264,7 +277,6 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
     train_net.write_text("import sys; print('error: bad dataset', file=sys.stderr); sys.exit(2)")
     compare = load_tool("compare_backbones")
     comparison = plan(tmp_path)
-    from lambda_det.evaluation.compare import RunFailedError
     with pytest.raises(RunFailedError, match=r"conv seed 0 failed \(exit status 2\)"):
         run_comparison(comparison, str(train_net), log=lambda line: None)
     # The CLI: a mistake in the input is one line and status 2, before anything trains.
@@ -320,6 +332,7 @@ def compare_command(output: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # five tiny trainings and evaluations: 6 minutes on 2 busy cores
 def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datasets_root):
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(small_datasets_root)

@@ -124,7 +124,9 @@ def summarize(runs: Mapping[str, Mapping[int, str]], baseline: str,
                     entry["difference"][task][metric] = stats
         variants[name] = entry
     return {"recipe": dict(recipe), "dataset": dataset, "seeds": seeds, "baseline": baseline,
-            "tasks": tasks, "variants": variants}
+            "tasks": tasks, "reading_rule": f"per-seed paired differences: |mean| <= std is "
+                                            f"'{WITHIN}'; with one seed, '{ONE_SEED}'",
+            "variants": variants}
 
 
 def _value(stats: Optional[Mapping], signed: bool = False, digits: int = 1) -> str:
@@ -257,13 +259,22 @@ def _write_text(path: Path, text: str) -> None:
         f.write(text)
 
 
+def _strict_json(value):
+    """NaN (COCO's AP for an empty size bucket) as null: NaN is not JSON."""
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_strict_json(item) for item in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def write_report(summary: Mapping, folder: str) -> List[str]:
     """comparison.md, comparison.json and comparison.png in ``folder``; returns their paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     markdown, data, chart = (folder / f"comparison.{ext}" for ext in ("md", "json", "png"))
     _write_text(markdown, format_comparison(summary))
-    _write_text(data, json.dumps(summary, indent=2, allow_nan=True) + "\n")
+    _write_text(data, json.dumps(_strict_json(summary), indent=2, allow_nan=False) + "\n")
     plot_comparison(summary, str(chart))
     return [str(markdown), str(data), str(chart)]
 
