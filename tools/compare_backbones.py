@@ -99,6 +99,10 @@ def main(argv=None) -> int:
     except RunFailedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: the same command continues the comparison (finished runs are kept, "
+              "the interrupted one resumes from its last checkpoint)", file=sys.stderr)
+        return 130
     with reporting_user_errors(args.debug):
         runs = {variant.name: {run.seed: str(run.folder) for run in comparison.runs
                                if run.variant == variant} for variant in variants}
