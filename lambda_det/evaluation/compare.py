@@ -1,0 +1,274 @@
+"""A backbone comparison under one recipe: every (variant, seed) pair trained and evaluated by
+tools/train_net.py into its own folder, ``OUTPUT/<variant>/seed<SEED>/``, then reported by
+:mod:`lambda_det.evaluation.compare_report`.
+
+A variant is a name and ``MODEL.LAMBDA_RESNET.*`` overrides on the shared config: only the
+backbone may differ, so the recipe stays the same. Each run is a separate train_net.py process
+(its own logs, OUTPUT_DIR lock, launcher and global state) started with ``--resume``: a new
+pair trains from scratch, an interrupted one continues from its last checkpoint, and a finished
+one (with eval_results.json) is not started at all. Each folder records the full config of its
+run (``compare_recipe.yaml``, written before training); a later invocation whose config differs
+stops before training anything, so runs of two recipes never mix in one report.
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
+from lambda_det.config import load_config, resolve_config_file
+from lambda_det.engine.atomic import atomic_path
+from lambda_det.engine.output_dir import last_checkpoint
+
+__all__ = ["Variant", "PairRun", "Comparison", "PRESETS", "DEFAULT_VARIANTS", "RECIPE_FILE",
+           "RunFailedError", "parse_variant", "plan_comparison", "run_comparison",
+           "count_parameters"]
+
+KEY_PREFIX = "MODEL.LAMBDA_RESNET."
+RECIPE_FILE = "compare_recipe.yaml"
+# The paper's Table 14 rows: the conv twin (ResNet-RS), the +SE twin, the lambda backbone; and
+# the same blocks with AFT-conv as the mixer.
+PRESETS: Dict[str, Tuple[str, ...]] = {
+    "conv": (KEY_PREFIX + "PLACEMENT", "none"),
+    "se": (KEY_PREFIX + "PLACEMENT", "none", KEY_PREFIX + "SE", "True"),
+    "lambda": (KEY_PREFIX + "MIXER", "lambda"),
+    "aft_conv": (KEY_PREFIX + "MIXER", "aft_conv"),
+}
+DEFAULT_VARIANTS = ("conv", "se", "lambda")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_PER_RUN_KEYS = ("SEED", "OUTPUT_DIR")
+
+
+class RunFailedError(RuntimeError):
+    """A train_net.py run of the comparison ended without results."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: Tuple[str, ...]  # KEY VALUE KEY VALUE ...
+
+
+@dataclass(frozen=True)
+class PairRun:
+    variant: Variant
+    seed: int
+    folder: Path
+    opts: Tuple[str, ...]  # every override train_net.py gets: shared, variant, SEED, OUTPUT_DIR
+    recipe: str  # the run's full config (without OUTPUT_DIR), as YAML
+
+    @property
+    def finished(self) -> bool:
+        return (self.folder / "eval_results.json").is_file()
+
+    @property
+    def started(self) -> bool:
+        return last_checkpoint(str(self.folder)) is not None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    config_file: str
+    opts: Tuple[str, ...]
+    variants: Tuple[Variant, ...]
+    seeds: Tuple[int, ...]
+    output: Path
+    runs: Tuple[PairRun, ...]
+    parameters: Dict[str, Dict[str, int]]
+
+
+def parse_variant(spec: str) -> Variant:
+    """``NAME`` (one of :data:`PRESETS`) or ``NAME:KEY=VALUE,KEY=VALUE`` where KEY is a
+    ``MODEL.LAMBDA_RESNET`` key, with or without that prefix (e.g. ``k8:DIM_K=8,HEADS=8``).
+    ``NAME:`` alone is the base config as it is."""
+    name, colon, body = spec.partition(":")
+    if not _NAME.match(name):
+        raise ValueError(f"variant name {name!r} (in {spec!r}) names a folder: use letters, "
+                         f"digits and _ . + - (e.g. lambda_k8:DIM_K=8)")
+    if not colon:
+        if name not in PRESETS:
+            raise ValueError(f"unknown variant {name!r}: name one of {', '.join(PRESETS)}, or "
+                             f"define it as NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)")
+        return Variant(name, PRESETS[name])
+    overrides: List[str] = []
+    # Split at the commas that start a new KEY=, so that list values (a,b) stay whole.
+    for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_.]*\s*=)", body) if body.strip() else []:
+        key, equals, value = (part.strip() for part in item.partition("="))
+        if not equals or not key or not value:
+            raise ValueError(f"variant {spec!r}: {item!r} is not KEY=VALUE (e.g. "
+                             f"{name}:PLACEMENT=c4,DIM_K=8)")
+        key = key if "." in key else KEY_PREFIX + key
+        if not key.startswith(KEY_PREFIX):
+            raise ValueError(f"variant {name!r} sets {key}: a variant may change only "
+                             f"{KEY_PREFIX}* keys (the backbone); put recipe changes in the "
+                             f"shared KEY VALUE overrides, which every variant gets")
+        overrides += [key, value]
+    return Variant(name, tuple(overrides))
+
+
+def count_parameters(cfg) -> Dict[str, int]:
+    """Parameters of the model and of its image network (the ResNet without FPN), counted on a
+    model built on the meta device (no memory, no random numbers)."""
+    from lambda_det.engine.cli import check_model
+
+    model = check_model(cfg)
+    backbone = getattr(model.backbone, "bottom_up", model.backbone)
+    return {"parameters": sum(p.numel() for p in model.parameters()),
+            "backbone_parameters": sum(p.numel() for p in backbone.parameters())}
+
+
+def _recipe(cfg) -> str:
+    """The config a run trains with, without OUTPUT_DIR (a moved --output is the same run)."""
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.OUTPUT_DIR = ""
+    return cfg.dump()
+
+
+def _flatten(node, prefix: str = "") -> Dict[str, object]:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    flat = {}
+    for key, value in node.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else key))
+    return flat
+
+
+def _first_difference(old: str, new: str) -> str:
+    old_items, new_items = _flatten(yaml.safe_load(old)), _flatten(yaml.safe_load(new))
+    for key in sorted(set(old_items) | set(new_items)):
+        if old_items.get(key) != new_items.get(key):
+            return f"{key} {old_items.get(key)!r} there, {new_items.get(key)!r} now"
+    return "the same keys"
+
+
+def _check_folder(run: PairRun) -> None:
+    """A pair's folder is new, empty, or holds a run of the same recipe (never mixed or
+    replaced: the user's results stay)."""
+    recorded = run.folder / RECIPE_FILE
+    if recorded.is_file():
+        old = recorded.read_text()
+        if old != run.recipe:
+            raise ValueError(
+                f"{run.folder} holds a {run.variant.name} run of another config "
+                f"({_first_difference(old, run.recipe)}): rerun with the config and overrides "
+                f"it was started with, or pass another --output")
+    elif run.folder.is_dir() and any(run.folder.iterdir()):
+        raise FileExistsError(f"{run.folder} holds files but no {RECIPE_FILE}, so it is not a "
+                              f"run of this comparison: pass another --output")
+
+
+def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant],
+                    seeds: Sequence[int], output: str, dataset: Optional[str] = None
+                    ) -> Comparison:
+    """Every (variant, seed) run with its config, checked before anything trains: the config
+    and overrides load, each variant's model builds (on the meta device) and differs from the
+    others', seeds are fixed and distinct, and no run folder holds another recipe.
+
+    Raises:
+        ValueError, FileNotFoundError, FileExistsError: a mistake in the input (one line).
+    """
+    config_file = os.path.abspath(resolve_config_file(config))
+    opts = tuple(opts)
+    if len(opts) % 2:
+        raise ValueError(f"config overrides must be KEY VALUE pairs, got an odd number: "
+                         f"{list(opts)}")
+    for key in opts[::2]:
+        if key in _PER_RUN_KEYS:
+            raise ValueError(f"{key} is set per run (SEED by --seeds, OUTPUT_DIR by --output "
+                             f"as OUTPUT/<variant>/seed<SEED>): remove it from the overrides")
+    if not variants:
+        raise ValueError("no variants to compare: pass --variant NAME ...")
+    names = [v.name for v in variants]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"variant names repeat ({', '.join(duplicates)}): give each a "
+                         f"distinct name (NAME:KEY=VALUE,...)")
+    if not seeds:
+        raise ValueError("no seeds: pass --seeds with one or more SEED values (e.g. 0 1 2)")
+    for seed in seeds:
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed {seed!r} is not an integer >= 0: a comparison needs fixed "
+                             f"seeds (SEED -1 would draw a new one each run)")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds repeat in {list(seeds)}: pass distinct SEED values")
+    output = Path(output).resolve()
+    parameters, models, runs = {}, {}, []
+    for variant in variants:
+        cfg = load_config(config_file, opts + variant.overrides + ("SEED", str(seeds[0])))
+        if not cfg.DATASETS.TEST:
+            raise ValueError("DATASETS.TEST is empty: a comparison needs a test dataset "
+                             "(e.g. DATASETS.TEST \"('coco_2017_val',)\")")
+        if len(cfg.DATASETS.TEST) > 1 and dataset is None:
+            raise ValueError(f"DATASETS.TEST has several datasets {tuple(cfg.DATASETS.TEST)}: "
+                             f"pass --dataset NAME, the one the report compares")
+        if dataset is not None and dataset not in cfg.DATASETS.TEST:
+            raise ValueError(f"--dataset {dataset!r} is not in DATASETS.TEST "
+                             f"{tuple(cfg.DATASETS.TEST)}: name one of them")
+        recipe = _recipe(cfg)
+        for other, other_recipe in models.items():
+            if other_recipe == recipe:
+                raise ValueError(
+                    f"variants {other!r} and {variant.name!r} train the same model from "
+                    f"{config}: start from a config whose backbone differs from both (e.g. a "
+                    f"lambda_* config), or give one of them its overrides "
+                    f"(e.g. --variant lambda:PLACEMENT=paper)")
+        models[variant.name] = recipe
+        parameters[variant.name] = count_parameters(cfg)
+        for seed in seeds:
+            folder = output / variant.name / f"seed{seed}"
+            run_opts = opts + variant.overrides + ("SEED", str(seed), "OUTPUT_DIR", str(folder))
+            run = PairRun(variant, seed, folder, run_opts,
+                          _recipe(load_config(config_file, run_opts)))
+            _check_folder(run)
+            runs.append(run)
+    return Comparison(config_file, opts, tuple(variants), tuple(seeds), output, tuple(runs),
+                      parameters)
+
+
+def train_command(train_net: str, comparison: Comparison, run: PairRun,
+                  num_gpus: int = 1) -> List[str]:
+    """The train_net.py command of one pair (``--resume``: continues an interrupted run, and
+    starts a new one from scratch)."""
+    return [sys.executable, train_net, "--config-file", comparison.config_file,
+            "--num-gpus", str(num_gpus), "--resume", *run.opts]
+
+
+def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
+                   log: Callable[[str], None] = print) -> None:
+    """Train and evaluate every unfinished pair, one after another (each on ``num_gpus``
+    processes through train_net.py's launcher); finished pairs are reused.
+
+    Raises:
+        RunFailedError: a run exited with an error or wrote no eval_results.json; the runs
+            before it are kept, and the same call continues from there.
+    """
+    total = len(comparison.runs)
+    for index, run in enumerate(comparison.runs, start=1):
+        where = f"[{index}/{total}] {run.variant.name} seed {run.seed}"
+        if run.finished:
+            log(f"{where}: finished, reusing {run.folder}")
+            continue
+        run.folder.mkdir(parents=True, exist_ok=True)
+        recorded = run.folder / RECIPE_FILE
+        if not recorded.is_file():
+            with atomic_path(recorded) as temporary, open(temporary, "w") as f:
+                f.write(run.recipe)
+        command = train_command(train_net, comparison, run, num_gpus)
+        state = ("continuing from its last checkpoint" if run.started else "training")
+        log(f"{where}: {state} in {run.folder}\n  {shlex.join(command)}")
+        status = subprocess.run(command).returncode
+        if status != 0:
+            raise RunFailedError(
+                f"{run.variant.name} seed {run.seed} failed (exit status {status}): see its "
+                f"output above and {run.folder / 'log.txt'}; the same command continues the "
+                f"comparison from there")
+        if not run.finished:
+            raise RunFailedError(f"{run.variant.name} seed {run.seed} ended without "
+                                 f"{run.folder / 'eval_results.json'}: see its log.txt")

@@ -1,0 +1,280 @@
+"""The report of a backbone comparison: per variant, COCO AP over seeds (mean and sample
+standard deviation), the paired difference to a baseline variant, parameters and training time
+per iteration; as a dict (the JSON file), a markdown text and a bar chart with error bars.
+
+A difference counts as "beyond the spread" only when |mean| > std of the per-seed paired
+differences. That is a loose screen, not a significance test: with a few seeds it keeps the
+report from ranking variants whose difference the seeds alone could produce.
+"""
+import json
+import math
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from lambda_det.engine.atomic import atomic_path
+from lambda_det.evaluation.ap_table import load_results
+
+__all__ = ["METRICS", "summarize", "format_comparison", "plot_comparison", "write_report",
+           "mean_std", "median_iteration_time", "read_difference"]
+
+METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+TASK_LABELS = {"bbox": "box", "segm": "mask"}
+ONE_SEED = "one seed: no spread, not a ranking"
+WITHIN = "within the seed-to-seed spread"
+
+
+def mean_std(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    """Mean and sample standard deviation (n - 1); std is None for a single value."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
+    return {"mean": mean, "std": std}
+
+
+def read_difference(mean: float, std: Optional[float]) -> str:
+    """What a paired difference (variant - baseline) over seeds allows one to say."""
+    if std is None:
+        return ONE_SEED
+    if math.isnan(mean) or math.isnan(std):
+        return "undefined (nan)"
+    if abs(mean) <= std:
+        return WITHIN
+    return "above the baseline, beyond the spread" if mean > 0 else \
+        "below the baseline, beyond the spread"
+
+
+def median_iteration_time(run_dir: str) -> Optional[float]:
+    """The median of the ``time`` entries (seconds per training iteration) in a run's
+    metrics.json, or None when it logged none."""
+    path = Path(run_dir) / "metrics.json"
+    times = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a run killed mid-write
+                continue
+            if isinstance(record, dict) and "time" in record:
+                times.append(float(record["time"]))
+    if not times:
+        return None
+    times.sort()
+    middle = len(times) // 2
+    return times[middle] if len(times) % 2 else (times[middle - 1] + times[middle]) / 2
+
+
+def _statistics(per_seed: Mapping[str, float]) -> dict:
+    return {**mean_std(list(per_seed.values())), "per_seed": dict(per_seed)}
+
+
+def summarize(runs: Mapping[str, Mapping[int, str]], baseline: str,
+              parameters: Mapping[str, Mapping[str, int]],
+              overrides: Mapping[str, Sequence[str]], recipe: Mapping,
+              dataset: Optional[str] = None) -> dict:
+    """The comparison of finished runs, as a JSON-ready dict.
+
+    Args:
+        runs: variant name -> seed -> run folder (with eval_results.json); every variant has
+            the same seeds. The first variant comes first in the report.
+        baseline: the variant whose per-seed results the others are paired with.
+        parameters: variant name -> {"parameters": n, "backbone_parameters": n}.
+        overrides: variant name -> its config overrides (KEY VALUE ...).
+        recipe: what all runs share (config file, overrides), reported as is.
+        dataset: the test dataset to report, for runs that evaluated several.
+    """
+    seeds = sorted(next(iter(runs.values())))
+    for name, by_seed in runs.items():
+        if sorted(by_seed) != seeds:
+            raise ValueError(f"variant {name!r} has the seeds {sorted(by_seed)}, not {seeds}: "
+                             f"every variant needs the same seeds to pair them")
+    if baseline not in runs:
+        raise ValueError(f"baseline {baseline!r} is not one of the variants {list(runs)}")
+    results = {name: {seed: load_results(folder, dataset) for seed, folder in by_seed.items()}
+               for name, by_seed in runs.items()}
+    # Tasks every run reports (a box-only detector has no "segm").
+    tasks = [task for task in TASK_LABELS
+             if all(task in r for by_seed in results.values() for r in by_seed.values())]
+    if not tasks:
+        raise ValueError("the runs share no bbox or segm results to compare")
+    variants = {}
+    for name, by_seed in runs.items():
+        times = {str(seed): median_iteration_time(folder) for seed, folder in by_seed.items()}
+        measured = {seed: t for seed, t in times.items() if t is not None}
+        entry = {
+            "overrides": list(overrides.get(name, ())),
+            **dict(parameters.get(name, {})),
+            "seconds_per_iteration": _statistics(measured) if measured else None,
+            "runs": {str(seed): str(folder) for seed, folder in by_seed.items()},
+            "results": {}, "difference": {},
+        }
+        for task in tasks:
+            entry["results"][task] = {}
+            for metric in METRICS:
+                per_seed = {str(s): results[name][s][task].get(metric, math.nan) for s in seeds}
+                entry["results"][task][metric] = _statistics(per_seed)
+        if name != baseline:
+            for task in tasks:
+                entry["difference"][task] = {}
+                for metric in METRICS:
+                    per_seed = {str(s): entry["results"][task][metric]["per_seed"][str(s)]
+                                - results[baseline][s][task].get(metric, math.nan)
+                                for s in seeds}
+                    stats = _statistics(per_seed)
+                    stats["reading"] = read_difference(stats["mean"], stats["std"])
+                    entry["difference"][task][metric] = stats
+        variants[name] = entry
+    return {"recipe": dict(recipe), "dataset": dataset, "seeds": seeds, "baseline": baseline,
+            "tasks": tasks, "reading_rule": f"per-seed paired differences: |mean| <= std is "
+                                            f"'{WITHIN}'; with one seed, '{ONE_SEED}'",
+            "variants": variants}
+
+
+def _value(stats: Optional[Mapping], signed: bool = False, digits: int = 1) -> str:
+    if stats is None:
+        return "–"
+    mean, std = stats["mean"], stats["std"]
+    if math.isnan(mean):
+        return "nan"
+    text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return text if std is None else f"{text} ± {std:.{digits}f}"
+
+
+def _millions(count: Optional[int]) -> str:
+    return "–" if count is None else f"{count / 1e6:.2f}"
+
+
+def _short(overrides: Sequence[str]) -> str:
+    pairs = [f"{key.replace('MODEL.LAMBDA_RESNET.', '')}={value}"
+             for key, value in zip(overrides[::2], overrides[1::2])]
+    return ", ".join(pairs) or "(the base config)"
+
+
+def _reading(summary: Mapping, name: str) -> str:
+    """One sentence per variant: which differences to the baseline exceed the spread."""
+    baseline, entry = summary["baseline"], summary["variants"][name]
+    differences = [(TASK_LABELS[task], metric, stats)
+                   for task, by_metric in entry["difference"].items()
+                   for metric, stats in by_metric.items()]
+    headline = ", ".join(f"{label} AP {_value(by_metric['AP'], signed=True)}"
+                         for label, by_metric in ((TASK_LABELS[t], entry["difference"][t])
+                                                  for t in summary["tasks"]))
+    start = f"- **{name}** vs {baseline}: {headline}"
+    if len(summary["seeds"]) == 1:
+        return f"{start}. {ONE_SEED}: run more --seeds before reading a difference."
+    beyond = [(label, metric, stats) for label, metric, stats in differences
+              if stats["reading"].endswith("beyond the spread")]
+    if not beyond:
+        return (f"{start}. Every difference is {WITHIN} (|mean| <= std over "
+                f"{len(summary['seeds'])} seeds): these runs do not rank {name} and {baseline}.")
+    listed = ", ".join(f"{label} {metric} {_value(stats, signed=True)}"
+                       for label, metric, stats in beyond)
+    return (f"{start}. Beyond the spread (|mean| > std): {listed}; the other "
+            f"{len(differences) - len(beyond)} differences are {WITHIN}.")
+
+
+def format_comparison(summary: Mapping) -> str:
+    """The markdown report: parameters and time, AP per task, paired differences, a reading."""
+    seeds, baseline, variants = summary["seeds"], summary["baseline"], summary["variants"]
+    recipe = summary["recipe"]
+    lines = [
+        "# Backbone comparison",
+        "",
+        f"Config `{recipe.get('config')}`"
+        + (f" with `{' '.join(map(str, recipe['overrides']))}`" if recipe.get("overrides")
+           else "")
+        + f"; seeds {', '.join(map(str, seeds))}; baseline **{baseline}**"
+        + (f"; test dataset {summary['dataset']}" if summary.get("dataset") else "") + ".",
+        f"COCO AP (%), mean ± sample standard deviation over {len(seeds)} seed"
+        f"{'s' if len(seeds) > 1 else ''} (one seed: no ±).",
+        "",
+        "| Variant | Overrides | Params (M) | Backbone params (M) | s / iter (median) |",
+        "|:--|:--|--:|--:|--:|",
+    ]
+    for name, entry in variants.items():
+        lines.append(f"| {name} | {_short(entry['overrides'])} | "
+                     f"{_millions(entry.get('parameters'))} | "
+                     f"{_millions(entry.get('backbone_parameters'))} | "
+                     f"{_value(entry['seconds_per_iteration'], digits=2)} |")
+    header = "| Variant | " + " | ".join(METRICS) + " |"
+    rule = "|:--|" + "--:|" * len(METRICS)
+    for task in summary["tasks"]:
+        lines += ["", f"## {TASK_LABELS[task].capitalize()} AP", "", header, rule]
+        for name, entry in variants.items():
+            cells = [_value(entry["results"][task][m]) for m in METRICS]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    others = [name for name in variants if name != baseline]
+    if others:
+        lines += ["", f"## Paired difference to {baseline}",
+                  "",
+                  f"Per seed (variant - {baseline}, same seed), then mean ± std over seeds.",
+                  "", "| Variant | Task | " + " | ".join(METRICS) + " |",
+                  "|:--|:--|" + "--:|" * len(METRICS)]
+        for name in others:
+            for task in summary["tasks"]:
+                cells = [_value(variants[name]["difference"][task][m], signed=True)
+                         for m in METRICS]
+                lines.append(f"| {name} | {TASK_LABELS[task]} | " + " | ".join(cells) + " |")
+        lines += ["", "## Reading", ""]
+        lines += [_reading(summary, name) for name in others]
+        if len(seeds) > 1:
+            lines += ["", "|mean| > std is a loose screen, not a significance test: more seeds "
+                          "narrow the spread."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_comparison(summary: Mapping, path: str) -> str:
+    """Bars per metric and variant (mean over seeds) with the std as error bars; one panel per
+    task. Written atomically as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks, variants = summary["tasks"], summary["variants"]
+    figure, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.2), squeeze=False)
+    width = 0.8 / len(variants)
+    for axis, task in zip(axes[0], tasks):
+        for index, (name, entry) in enumerate(variants.items()):
+            stats = [entry["results"][task][m] for m in METRICS]
+            means = [s["mean"] for s in stats]
+            errors = [s["std"] or 0.0 for s in stats]
+            offset = (index - (len(variants) - 1) / 2) * width
+            axis.bar([i + offset for i in range(len(METRICS))], means, width, yerr=errors,
+                     capsize=3, label=name)
+        axis.set_xticks(range(len(METRICS)), METRICS)
+        axis.set_ylabel("AP (%)")
+        seeds = len(summary["seeds"])
+        axis.set_title(f"{TASK_LABELS[task]} AP, mean ± std over {seeds} seed"
+                       f"{'s' if seeds > 1 else ''}")
+        axis.legend(fontsize=8)
+    figure.tight_layout()
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, dpi=120, format="png")
+    plt.close(figure)
+    return path
+
+
+def _write_text(path: Path, text: str) -> None:
+    with atomic_path(path) as temporary, open(temporary, "w") as f:
+        f.write(text)
+
+
+def _strict_json(value):
+    """NaN (COCO's AP for an empty size bucket) as null: NaN is not JSON."""
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_strict_json(item) for item in value]
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def write_report(summary: Mapping, folder: str) -> List[str]:
+    """comparison.md, comparison.json and comparison.png in ``folder``; returns their paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    markdown, data, chart = (folder / f"comparison.{ext}" for ext in ("md", "json", "png"))
+    _write_text(markdown, format_comparison(summary))
+    _write_text(data, json.dumps(_strict_json(summary), indent=2, allow_nan=False) + "\n")
+    plot_comparison(summary, str(chart))
+    return [str(markdown), str(data), str(chart)]
+

@@ -1,0 +1,393 @@
+"""tools/compare_backbones.py: variants, the aggregation over seeds, the report files, reuse of
+finished runs and continuation of interrupted ones."""
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, load_tool, subprocess_env
+from lambda_det.evaluation.compare import (
+    PRESETS, RECIPE_FILE, RunFailedError, Variant, parse_variant, plan_comparison, run_comparison)
+from lambda_det.evaluation.compare_report import (
+    format_comparison, median_iteration_time, summarize, write_report)
+
+METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_run(folder: Path, bbox: dict, segm: dict, times=()) -> str:
+    """A run folder as train_net.py leaves it: eval_results.json and metrics.json."""
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"config": "", "results": {"bbox": bbox, "segm": segm}}
+    (folder / "eval_results.json").write_text(json.dumps(record))
+    lines = [json.dumps({"iteration": i, "time": t, "total_loss": 1.0})
+             for i, t in enumerate(times)]
+    (folder / "metrics.json").write_text("\n".join(lines + [json.dumps(bbox)[:20]]) + "\n")
+    return str(folder)
+
+
+def metrics(ap: float) -> dict:
+    """AP as given, the other metrics at fixed offsets from it."""
+    return {metric: ap + offset for offset, metric in enumerate(METRICS)}
+
+
+def fabricated_comparison(tmp_path):
+    runs = {
+        "conv": {0: fake_run(tmp_path / "conv/seed0", metrics(40.0), metrics(30.0),
+                             [1.0, 3.0, 2.0]),
+                 1: fake_run(tmp_path / "conv/seed1", metrics(42.0), metrics(34.0), [4.0, 6.0])},
+        "lambda": {0: fake_run(tmp_path / "lambda/seed0", metrics(43.0), metrics(31.0), [2.0]),
+                   1: fake_run(tmp_path / "lambda/seed1", metrics(44.0), metrics(33.0), [2.0])},
+    }
+    parameters = {"conv": {"parameters": 2_000_000, "backbone_parameters": 1_500_000},
+                  "lambda": {"parameters": 1_800_000, "backbone_parameters": 1_300_000}}
+    overrides = {"conv": PRESETS["conv"], "lambda": PRESETS["lambda"]}
+    return summarize(runs, "conv", parameters, overrides,
+                     recipe={"config": "lambda_r26_shapes.yaml", "overrides": []})
+
+
+def test_parse_variant_presets_and_definitions():
+    assert parse_variant("conv") == Variant("conv", ("MODEL.LAMBDA_RESNET.PLACEMENT", "none"))
+    assert parse_variant("se").overrides == ("MODEL.LAMBDA_RESNET.PLACEMENT", "none",
+                                             "MODEL.LAMBDA_RESNET.SE", "True")
+    assert parse_variant("aft_conv").overrides == ("MODEL.LAMBDA_RESNET.MIXER", "aft_conv")
+    # Short and full keys; a list value keeps its commas.
+    assert parse_variant("k8:DIM_K=8,MODEL.LAMBDA_RESNET.OUT_FEATURES=['res4', 'res5']") == \
+        Variant("k8", ("MODEL.LAMBDA_RESNET.DIM_K", "8",
+                       "MODEL.LAMBDA_RESNET.OUT_FEATURES", "['res4', 'res5']"))
+    assert parse_variant("base:") == Variant("base", ())
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("nope", "unknown variant 'nope'"),
+    ("lr:SOLVER.BASE_LR=0.1", "only MODEL.LAMBDA_RESNET.* keys"),
+    ("k8:DIM_K", "is not KEY=VALUE"),
+    ("a/b:DIM_K=8", "names a folder"),
+])
+def test_parse_variant_rejects_bad_specs(spec, words):
+    with pytest.raises(ValueError, match=words.replace("*", r"\*").replace("(", r"\(")):
+        parse_variant(spec)
+
+
+def test_aggregation_matches_hand_computed_means_spreads_and_differences(tmp_path):
+    summary = fabricated_comparison(tmp_path)
+    conv, lam = summary["variants"]["conv"], summary["variants"]["lambda"]
+    assert summary["seeds"] == [0, 1] and summary["tasks"] == ["bbox", "segm"]
+    # box AP: conv 40, 42 -> 41 ± sqrt(2); lambda 43, 44 -> 43.5 ± sqrt(0.5).
+    assert conv["results"]["bbox"]["AP"]["mean"] == pytest.approx(41.0)
+    assert conv["results"]["bbox"]["AP"]["std"] == pytest.approx(math.sqrt(2))
+    assert lam["results"]["bbox"]["AP"]["mean"] == pytest.approx(43.5)
+    assert lam["results"]["bbox"]["AP"]["std"] == pytest.approx(math.sqrt(0.5))
+    assert lam["results"]["bbox"]["APl"]["mean"] == pytest.approx(48.5)  # offset 5
+    # Paired per seed: box AP differences 3, 2 -> 2.5 ± sqrt(0.5), beyond the spread.
+    box = lam["difference"]["bbox"]["AP"]
+    assert box["per_seed"] == {"0": 3.0, "1": 2.0}
+    assert box["mean"] == pytest.approx(2.5) and box["std"] == pytest.approx(math.sqrt(0.5))
+    assert box["reading"] == "above the baseline, beyond the spread"
+    # mask AP differences +1, -1 -> 0 ± sqrt(2): within the spread, whatever the means say.
+    mask = lam["difference"]["segm"]["AP"]
+    assert mask["mean"] == pytest.approx(0.0) and mask["std"] == pytest.approx(math.sqrt(2))
+    assert mask["reading"] == "within the seed-to-seed spread"
+    assert conv["difference"] == {}
+    # Time: per run the median of metrics.json's "time" (2.0 and 5.0), then over seeds.
+    assert conv["seconds_per_iteration"]["per_seed"] == {"0": 2.0, "1": 5.0}
+    assert conv["seconds_per_iteration"]["mean"] == pytest.approx(3.5)
+    assert conv["seconds_per_iteration"]["std"] == pytest.approx(math.sqrt(4.5))
+    assert conv["parameters"] == 2_000_000
+    markdown = format_comparison(summary)
+    assert "| conv | PLACEMENT=none | 2.00 | 1.50 | 3.50 ± 2.12 |" in markdown
+    assert "| conv | 41.0 ± 1.4 | 42.0 ± 1.4 |" in markdown
+    assert "| lambda | box | +2.5 ± 0.7 |" in markdown
+    assert "| lambda | mask | +0.0 ± 1.4 |" in markdown
+    # The words: which differences exceed the spread, and that the others do not rank.
+    assert "Beyond the spread (|mean| > std): box AP +2.5 ± 0.7" in markdown
+    assert "differences are within the seed-to-seed spread" in markdown
+
+
+def test_one_seed_is_not_a_ranking(tmp_path):
+    runs = {"conv": {3: fake_run(tmp_path / "c", metrics(40.0), metrics(30.0))},
+            "lambda": {3: fake_run(tmp_path / "l", metrics(45.0), metrics(35.0))}}
+    summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
+    difference = summary["variants"]["lambda"]["difference"]["bbox"]["AP"]
+    assert difference["std"] is None
+    assert difference["reading"] == "one seed: no spread, not a ranking"
+    markdown = format_comparison(summary)
+    assert "one seed: no spread, not a ranking" in markdown
+    assert "| lambda | 45.0 | 46.0 |" in markdown  # no ± without a spread
+    assert "beyond the spread" not in markdown
+
+
+def test_every_difference_within_the_spread_says_so(tmp_path):
+    runs = {"conv": {0: fake_run(tmp_path / "c0", metrics(40.0), metrics(30.0)),
+                     1: fake_run(tmp_path / "c1", metrics(42.0), metrics(32.0))},
+            "se": {0: fake_run(tmp_path / "s0", metrics(41.0), metrics(31.0)),
+                   1: fake_run(tmp_path / "s1", metrics(41.0), metrics(31.0))}}
+    markdown = format_comparison(summarize(runs, "conv", {}, {}, recipe={"config": "x"}))
+    assert "Every difference is within the seed-to-seed spread" in markdown
+    assert "do not rank se and conv" in markdown
+
+
+def test_median_iteration_time_skips_a_truncated_line_and_missing_times(tmp_path):
+    fake_run(tmp_path / "a", metrics(1.0), metrics(1.0), [5.0, 1.0, 3.0, 2.0])
+    assert median_iteration_time(str(tmp_path / "a")) == 2.5
+    fake_run(tmp_path / "b", metrics(1.0), metrics(1.0))
+    assert median_iteration_time(str(tmp_path / "b")) is None
+
+
+def test_report_files(tmp_path):
+    summary = fabricated_comparison(tmp_path / "runs")
+    markdown, data, chart = map(Path, write_report(summary, str(tmp_path / "report")))
+    assert markdown.read_text() == format_comparison(summary)
+    assert json.loads(data.read_text())["variants"]["lambda"]["difference"]["bbox"]["AP"][
+        "mean"] == pytest.approx(2.5)
+    assert chart.read_bytes().startswith(PNG_MAGIC) and chart.stat().st_size > 10_000
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        "comparison.json", "comparison.md", "comparison.png"]  # no temporary files left
+
+
+def test_nan_is_null_in_the_json_file(tmp_path):
+    nan_small = {**metrics(40.0), "APs": math.nan}
+    runs = {"conv": {0: fake_run(tmp_path / "c", nan_small, nan_small)},
+            "lambda": {0: fake_run(tmp_path / "l", nan_small, nan_small)}}
+    summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
+    _, data, _ = write_report(summary, str(tmp_path / "report"))
+    loaded = json.loads(Path(data).read_text(), parse_constant=pytest.fail)
+    assert loaded["variants"]["lambda"]["difference"]["bbox"]["APs"]["mean"] is None
+    assert "| conv | 40.0 | 41.0 | 42.0 | nan |" in format_comparison(summary)
+
+
+def test_summary_needs_the_same_seeds_for_every_variant(tmp_path):
+    runs = {"conv": {0: fake_run(tmp_path / "c", metrics(1.0), metrics(1.0))},
+            "lambda": {1: fake_run(tmp_path / "l", metrics(1.0), metrics(1.0))}}
+    with pytest.raises(ValueError, match="every variant needs the same seeds"):
+        summarize(runs, "conv", {}, {}, recipe={})
+
+
+# Planning: everything checked before a run starts.
+
+def plan(tmp_path, variants=("conv", "lambda"), seeds=(0, 1), opts=(), config="lambda_r26_shapes"):
+    return plan_comparison(config, list(opts), [parse_variant(v) for v in variants],
+                           list(seeds), str(tmp_path / "cmp"))
+
+
+def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
+    comparison = plan(tmp_path, variants=("conv", "se", "lambda"))
+    assert [(r.variant.name, r.seed, r.folder.relative_to(tmp_path / "cmp").as_posix())
+            for r in comparison.runs] == [
+        ("conv", 0, "conv/seed0"), ("conv", 1, "conv/seed1"), ("se", 0, "se/seed0"),
+        ("se", 1, "se/seed1"), ("lambda", 0, "lambda/seed0"), ("lambda", 1, "lambda/seed1")]
+    assert comparison.runs[1].opts[-4:] == ("SEED", "1", "OUTPUT_DIR",
+                                            str(tmp_path / "cmp/conv/seed1"))
+    counts = comparison.parameters
+    # SE adds parameters to the conv twin; the lambda backbone has fewer than the conv twin.
+    assert counts["se"]["backbone_parameters"] > counts["conv"]["backbone_parameters"]
+    assert counts["lambda"]["backbone_parameters"] < counts["conv"]["backbone_parameters"]
+    for count in counts.values():
+        assert 0 < count["backbone_parameters"] < count["parameters"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(config="r101_mask_rcnn"), "variants 'conv' and 'lambda' train the same model"),
+    (dict(opts=["SEED", "3"]), "SEED is set per run"),
+    (dict(seeds=(1, 1)), "seeds repeat"),
+    (dict(seeds=(-1,)), "seed -1 is not an integer >= 0"),
+    (dict(opts=["DATASETS.TEST", "()"]), "DATASETS.TEST is empty"),
+    (dict(opts=["MODEL.LAMBDA_RESNET.DEPTH", "27"]), "depth must be one of"),
+    (dict(opts=["MODEL.LAMBDA_RESNET.DEPHT", "26"]), "Non-existent key: MODEL.LAMBDA_RESNET.DEPHT"),
+])
+def test_plan_rejects_bad_input(tmp_path, kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        plan(tmp_path, **kwargs)
+
+
+def test_plan_refuses_a_folder_of_another_recipe_or_not_made_by_it(tmp_path):
+    comparison = plan(tmp_path)
+    run = comparison.runs[0]
+    run.folder.mkdir(parents=True)
+    (run.folder / RECIPE_FILE).write_text(run.recipe)
+    (run.folder / "model_final.pth").write_text("the user's weights")
+    plan(tmp_path)  # the same recipe: fine
+    with pytest.raises(ValueError, match=r"holds a conv run of another config \(SOLVER.BASE_LR "
+                                         r"0.04 there, 0.02 now\)"):
+        plan(tmp_path, opts=["SOLVER.BASE_LR", "0.02"])
+    (run.folder / RECIPE_FILE).unlink()
+    with pytest.raises(FileExistsError, match="not a run of this comparison"):
+        plan(tmp_path)
+    assert (run.folder / "model_final.pth").read_text() == "the user's weights"
+
+
+FAKE_TRAIN_NET = textwrap.dedent("""
+    # Stands in for tools/train_net.py: records its arguments, writes eval_results.json.
+    import json, os, sys
+    args = sys.argv[1:]
+    output = args[args.index("OUTPUT_DIR") + 1]
+    with open(os.environ["CALLS"], "a") as f:
+        f.write(json.dumps(args) + "\\n")
+    ap = float(args[args.index("SEED") + 1])
+    metrics = {m: ap for m in ("AP", "AP50", "AP75", "APs", "APm", "APl")}
+    with open(os.path.join(output, "eval_results.json"), "w") as f:
+        json.dump({"config": "", "results": {"bbox": metrics, "segm": metrics}}, f)
+""")
+
+
+def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_ones(
+        tmp_path, monkeypatch):
+    calls, train_net = tmp_path / "calls.jsonl", tmp_path / "train_net.py"
+    train_net.write_text(FAKE_TRAIN_NET)
+    monkeypatch.setenv("CALLS", str(calls))
+    comparison = plan(tmp_path)
+    finished, interrupted = comparison.runs[0], comparison.runs[1]
+    for run in (finished, interrupted):
+        run.folder.mkdir(parents=True)
+        (run.folder / RECIPE_FILE).write_text(run.recipe)
+    fake_run(finished.folder, metrics(1.0), metrics(1.0))
+    (interrupted.folder / "last_checkpoint").write_text("model_0000099.pth")
+    lines = []
+    run_comparison(plan(tmp_path), str(train_net), num_gpus=2, log=lines.append)
+    assert lines[0] == f"[1/4] conv seed 0: finished, reusing {finished.folder}"
+    assert lines[1].startswith(f"[2/4] conv seed 1: continuing from its last checkpoint in "
+                               f"{interrupted.folder}")
+    assert lines[2].startswith("[3/4] lambda seed 0: training in")
+    called = [json.loads(line) for line in calls.read_text().splitlines()]
+    assert [c[c.index("OUTPUT_DIR") + 1] for c in called] == [
+        str(r.folder) for r in comparison.runs[1:]]
+    for args in called:
+        assert args[:2] == ["--config-file", str(REPO_ROOT / "configs/Demo/lambda_r26_shapes.yaml")]
+        assert args[2:5] == ["--num-gpus", "2", "--resume"]
+    assert "MODEL.LAMBDA_RESNET.PLACEMENT" in called[0] and "MODEL.LAMBDA_RESNET.MIXER" in called[1]
+    for run in comparison.runs:
+        assert (run.folder / RECIPE_FILE).read_text() == run.recipe
+    # A second invocation trains nothing.
+    lines.clear()
+    run_comparison(plan(tmp_path), str(train_net), log=lines.append)
+    assert len(calls.read_text().splitlines()) == 3
+    assert all("finished, reusing" in line for line in lines) and len(lines) == 4
+
+
+def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
+    train_net = tmp_path / "train_net.py"
+    train_net.write_text("import sys; print('error: bad dataset', file=sys.stderr); sys.exit(2)")
+    compare = load_tool("compare_backbones")
+    comparison = plan(tmp_path)
+    with pytest.raises(RunFailedError, match=r"conv seed 0 failed \(exit status 2\)"):
+        run_comparison(comparison, str(train_net), log=lambda line: None)
+    # The CLI: a mistake in the input is one line and status 2, before anything trains.
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main(["--config", "lambda_r26_shapes", "--variant", "conv", "lamda",
+                      "--output", str(tmp_path / "cli")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: unknown variant 'lamda': name one of conv, se, lambda, aft_conv, or define it as "
+        "NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)"]
+    assert not (tmp_path / "cli").exists()
+
+
+def test_overrides_may_follow_list_options():
+    compare = load_tool("compare_backbones")
+    assert compare.split_overrides(
+        ["--config", "x", "--seeds", "0", "1", "MODEL.DEVICE", "cpu", "--output", "OUT",
+         "SOLVER.MAX_ITER", "4", "--variant", "conv", "k8:DIM_K=8"]) == (
+        ["--config", "x", "--seeds", "0", "1", "--output", "OUT", "--variant", "conv",
+         "k8:DIM_K=8"], ["MODEL.DEVICE", "cpu", "SOLVER.MAX_ITER", "4"])
+
+
+# End to end, with real trainings (tiny: 4 iterations, 8 validation images at 128 px).
+
+TINY = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",
+        "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "4", "SOLVER.STEPS", "(2, 3)",
+        "SOLVER.WARMUP_ITERS", "1", "SOLVER.CHECKPOINT_PERIOD", "1", "SOLVER.LOG_PERIOD", "1",
+        "DATALOADER.NUM_WORKERS", "0", "INPUT.LSJ.IMAGE_SIZE", "128", "INPUT.MIN_SIZE_TEST",
+        "128", "INPUT.MAX_SIZE_TEST", "128", "MODEL.RPN.POST_NMS_TOPK_TEST", "50",
+        "TEST.DETECTIONS_PER_IMAGE", "20"]
+
+
+@pytest.fixture
+def small_datasets_root(datasets_root, tmp_path) -> Path:
+    """The bundled shapes dataset with 8 of its validation images (evaluation in seconds)."""
+    from lambda_det.data.shapes import VERSION
+
+    name = f"lambda_det_shapes_{VERSION}"
+    root = tmp_path / "datasets"
+    shutil.copytree(datasets_root / name, root / name)
+    val = json.loads((root / name / "val.json").read_text())
+    val["images"] = val["images"][:8]
+    kept = {image["id"] for image in val["images"]}
+    val["annotations"] = [a for a in val["annotations"] if a["image_id"] in kept]
+    (root / name / "val.json").write_text(json.dumps(val))
+    return root
+
+
+def compare_command(output: Path):
+    return [sys.executable, str(REPO_ROOT / "tools/compare_backbones.py"), "--config",
+            "lambda_r26_shapes", "--variant", "conv", "lambda", "--seeds", "0", "1", *TINY,
+            "--output", str(output)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # five tiny trainings and evaluations: 6 minutes on 2 busy cores
+def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datasets_root):
+    env = subprocess_env()
+    env["DETECTRON2_DATASETS"] = str(small_datasets_root)
+    output = tmp_path / "cmp"
+    first = output / "conv/seed0"
+    # Interrupt the first pair after its first checkpoint (iteration 1 of 4).
+    process = subprocess.Popen(compare_command(output), env=env, cwd=REPO_ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not (first / "last_checkpoint").is_file() and process.poll() is None:
+        assert time.monotonic() < deadline, "the first run wrote no checkpoint"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (first / "eval_results.json").exists(), "the run ended before the kill"
+    assert not (output / "lambda").exists()
+
+    result = subprocess.run(compare_command(output), env=env, cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[1/4] conv seed 0: continuing from its last checkpoint" in result.stdout
+    starts = [line.rsplit(" ", 1)[1] for line in (first / "log.txt").read_text().splitlines()
+              if "Starting training from iteration" in line]
+    assert starts[0] == "0" and len(starts) == 2 and int(starts[1]) > 0, starts
+
+    # The report agrees with the runs' own eval_results.json.
+    summary = json.loads((output / "comparison.json").read_text())
+    assert summary["seeds"] == [0, 1] and list(summary["variants"]) == ["conv", "lambda"]
+    per_run = {(v, s): json.loads((output / v / f"seed{s}/eval_results.json").read_text())[
+        "results"] for v in ("conv", "lambda") for s in (0, 1)}
+    for task in ("bbox", "segm"):
+        for metric in METRICS:
+            values = {v: [per_run[v, s][task][metric] for s in (0, 1)] for v in ("conv", "lambda")}
+            conv = summary["variants"]["conv"]["results"][task][metric]
+            assert conv["mean"] == pytest.approx(sum(values["conv"]) / 2)
+            assert conv["std"] == pytest.approx(abs(values["conv"][0] - values["conv"][1])
+                                                / math.sqrt(2))
+            difference = summary["variants"]["lambda"]["difference"][task][metric]
+            diffs = [a - b for a, b in zip(values["lambda"], values["conv"])]
+            assert difference["mean"] == pytest.approx(sum(diffs) / 2)
+            assert difference["std"] == pytest.approx(abs(diffs[0] - diffs[1]) / math.sqrt(2))
+    for variant in ("conv", "lambda"):
+        entry = summary["variants"][variant]
+        assert entry["seconds_per_iteration"]["mean"] > 0 and entry["parameters"] > 0
+    markdown = (output / "comparison.md").read_text()
+    assert markdown in result.stdout and "## Paired difference to conv" in markdown
+    assert "## Reading" in markdown and "- **lambda** vs conv:" in markdown
+    assert (output / "comparison.png").read_bytes().startswith(PNG_MAGIC)
+
+    # A second invocation reuses every finished pair: no training, the same report.
+    stamps = {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
+    again = subprocess.run(compare_command(output), env=env, cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stdout.count("finished, reusing") == 4 and "train_net.py" not in again.stdout
+    assert stamps == {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
+    assert json.loads((output / "comparison.json").read_text()) == summary

@@ -1,0 +1,122 @@
+#!/usr/bin/env python
+"""Compare backbones under one recipe: train and evaluate every (variant, seed) with
+tools/train_net.py, then report AP over seeds, paired differences to a baseline, parameters
+and time per iteration (OUTPUT/comparison.md, .json, .png).
+
+    python tools/compare_backbones.py --config lambda_r101_mask_rcnn --num-gpus 8 --seeds 0 1 2
+    python tools/compare_backbones.py --config lambda_r26_shapes --variant conv lambda aft_conv \
+        --seeds 0 1 2 --output output/compare_shapes
+
+Variants (default: conv se lambda; the first is the baseline unless --baseline names another):
+``conv`` (MODEL.LAMBDA_RESNET.PLACEMENT none, the ResNet-RS twin), ``se`` (PLACEMENT none, SE
+True), ``lambda`` (MIXER lambda, the config's placement), ``aft_conv`` (MIXER aft_conv), or
+``NAME:KEY=VALUE,KEY=VALUE`` with MODEL.LAMBDA_RESNET keys (e.g. ``k8:DIM_K=8``). Trailing
+``KEY VALUE`` pairs override the config for every run (e.g. the datasets). Runs go to
+OUTPUT/<variant>/seed<SEED>/; run again, the command reuses finished runs and continues
+interrupted ones.
+"""
+import argparse
+import re
+import sys
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TOOLS.parent))  # run from a checkout as a script
+
+from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.evaluation.compare import (  # noqa: E402
+    DEFAULT_VARIANTS, RunFailedError, parse_variant, plan_comparison, run_comparison)
+from lambda_det.evaluation.compare_report import summarize, write_report  # noqa: E402
+
+
+# The shared overrides are the KEY VALUE pairs whose KEY is a config key (upper case, e.g.
+# MODEL.DEVICE) and not an option's value: they may follow --seeds 0 1 2 or precede --output.
+CONFIG_KEY = re.compile(r"[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*$")
+ONE_VALUE_OPTIONS = ("--config", "--config-file", "--baseline", "--output", "--num-gpus",
+                     "--dataset")
+
+
+def split_overrides(argv):
+    """(options, KEY VALUE overrides)."""
+    options, overrides, index = [], [], 0
+    while index < len(argv):
+        token = argv[index]
+        if CONFIG_KEY.match(token) and not (options and options[-1] in ONE_VALUE_OPTIONS):
+            overrides += argv[index:index + 2]
+            index += 2
+        else:
+            options.append(token)
+            index += 1
+    return options, overrides
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s --config NAME [options] [KEY VALUE ...]",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 2)[2])
+    parser.add_argument("--config", "--config-file", dest="config", required=True,
+                        metavar="NAME", help="config file, or the name of a shipped config")
+    parser.add_argument("--variant", dest="variants", nargs="+", action="extend",
+                        metavar="SPEC", help=f"variants (default: {' '.join(DEFAULT_VARIANTS)})")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="SEED",
+                        help="SEED of each run of a variant (default: 0 1 2)")
+    parser.add_argument("--baseline", help="the variant the others are paired with (default: "
+                                           "the first)")
+    parser.add_argument("--output", help="root of the run folders and the report (default: "
+                                         "./output/compare_<config name>)")
+    parser.add_argument("--num-gpus", type=int, default=1,
+                        help="processes per run, passed to train_net.py (GPUs, or gloo CPU "
+                             "processes with MODEL.DEVICE cpu)")
+    parser.add_argument("--dataset", help="the test dataset to report, when DATASETS.TEST "
+                                          "has several")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
+    return parser
+
+
+def log(message: str) -> None:
+    print(message, flush=True)  # before a train_net.py child writes to the same terminal
+
+
+def main(argv=None) -> int:
+    options, opts = split_overrides(list(sys.argv[1:] if argv is None else argv))
+    args = argument_parser().parse_args(options)
+    with reporting_user_errors(args.debug):
+        if args.num_gpus < 1:
+            raise ValueError(f"--num-gpus {args.num_gpus}: pass 1 or more")
+        variants = [parse_variant(spec) for spec in args.variants or DEFAULT_VARIANTS]
+        baseline = args.baseline or variants[0].name
+        if baseline not in [v.name for v in variants]:
+            raise ValueError(f"--baseline {baseline!r} is not one of the variants "
+                             f"{[v.name for v in variants]}")
+        output = args.output or f"output/compare_{Path(args.config).stem}"
+        comparison = plan_comparison(args.config, opts, variants, args.seeds, output,
+                                     dataset=args.dataset)
+    log(f"{len(variants)} variants x {len(args.seeds)} seeds under {comparison.output}")
+    try:
+        run_comparison(comparison, str(TOOLS / "train_net.py"), args.num_gpus, log=log)
+    except RunFailedError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted: the same command continues the comparison (finished runs are kept, "
+              "the interrupted one resumes from its last checkpoint)", file=sys.stderr)
+        return 130
+    with reporting_user_errors(args.debug):
+        runs = {variant.name: {run.seed: str(run.folder) for run in comparison.runs
+                               if run.variant == variant} for variant in variants}
+        summary = summarize(
+            runs, baseline, comparison.parameters,
+            overrides={variant.name: variant.overrides for variant in variants},
+            recipe={"config": comparison.config_file, "overrides": list(comparison.opts)},
+            dataset=args.dataset)
+        paths = write_report(summary, str(comparison.output))
+    print()
+    print(Path(paths[0]).read_text(), end="")
+    log("wrote " + ", ".join(paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
