@@ -6,8 +6,12 @@ from typing import List, Optional, Sequence
 
 import yaml
 
-from detectron2.config import CfgNode as CN
-from detectron2.config import get_cfg as get_detectron2_cfg
+from lambda_det.compat import import_detectron2
+
+import_detectron2()  # quietly, and with a helpful error when it is missing
+
+from detectron2.config import CfgNode as CN  # noqa: E402
+from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
 
 __all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
            "resolve_config_file", "adapt_norms_to_device", "MISSING_CONFIG_HINT"]

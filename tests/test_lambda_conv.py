@@ -158,6 +158,7 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_torch_compile_forward_and_backward_match_eager(fresh_dynamo):
     torch.manual_seed(0)
     layer = LambdaLayer(8, heads=2, dim_k=4, dim_u=2, scope=5, impl="tiled")

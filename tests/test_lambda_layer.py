@@ -325,6 +325,7 @@ def test_jit_trace_matches_eager(impl):
     torch.testing.assert_close(traced(x), layer(x))
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager():
     layer = make_layer("conv", dtype=torch.float32, in_channels=8, heads=2, dim_k=4, scope=3).eval()
     x = torch.randn(1, 8, 6, 5)

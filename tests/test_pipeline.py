@@ -76,6 +76,7 @@ def output_shapes(backbone) -> dict:
 
 
 @pytest.mark.parametrize("relative", SHIPPED_CONFIGS)
+@pytest.mark.slow
 def test_every_shipped_config_builds_and_runs(relative):
     cfg = load_config(relative)
     cfg.MODEL.DEVICE = "cpu"
@@ -307,6 +308,7 @@ TINY_TRAINING = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_R
                  "MODEL.RPN.POST_NMS_TOPK_TEST", "50", "TEST.DETECTIONS_PER_IMAGE", "20"]
 
 
+@pytest.mark.slow
 def test_train_net_trains_evaluates_and_reports_ap_by_size(tmp_path, datasets_root):
     output = tmp_path / "run"
     result = run_tool("train_net.py", "--config", "lambda_r26_shapes.yaml", *TINY_TRAINING,

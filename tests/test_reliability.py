@@ -80,6 +80,7 @@ def shapes(monkeypatch, datasets_root):
     lambda_det.data.register_shapes_datasets()
 
 
+@pytest.mark.slow
 def test_resume_is_bit_exact(tmp_path, shapes):
     straight, straight_losses = train(tiny_cfg(tmp_path / "straight"))
     interrupted_dir = tmp_path / "interrupted"
@@ -378,6 +379,7 @@ def logged_losses(output: Path):
     return [line["total_loss"] for line in lines if "total_loss" in line]
 
 
+@pytest.mark.slow
 def test_two_cpu_processes_follow_the_one_process_trajectory(tmp_path, datasets_root):
     overrides = []
     for key, value in {**TINY, "SOLVER.IMS_PER_BATCH": 4, "SOLVER.LOG_PERIOD": 1,

@@ -1,5 +1,9 @@
 """Data: the large-scale-jitter mapper, the bundled synthetic shapes dataset, COCO-format
 datasets named in the config (``DATASETS.COCO_INSTANCES``) and the checks run before training."""
+from lambda_det.compat import import_detectron2
+
+import_detectron2()  # quietly, and with a helpful error when it is missing
+
 from lambda_det.data.coco import register_coco_datasets
 from lambda_det.data.mapper import DatasetMapper, build_lsj_augmentations, build_mapper
 from lambda_det.data.shapes import (

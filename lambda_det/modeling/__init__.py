@@ -1,4 +1,8 @@
 """LambdaResNet backbones; importing this module registers the detectron2 builders."""
+from lambda_det.compat import import_detectron2
+
+import_detectron2()  # quietly, and with a helpful error when it is missing
+
 from lambda_det.modeling.build import (
     build_lambda_resnet_backbone, build_lambda_resnet_fpn_backbone,
     build_retinanet_lambda_resnet_fpn_backbone)
