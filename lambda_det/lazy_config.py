@@ -46,11 +46,12 @@ def resolve_lazy_config_file(name: str) -> str:
     return path
 
 
-def _leaf_keys(node, prefix: str = "") -> Iterator[str]:
+def _all_keys(node, prefix: str = "") -> Iterator[str]:
+    """Every key of a nested dict, dotted."""
     if isinstance(node, dict):
         for key, value in node.items():
-            yield from _leaf_keys(value, f"{prefix}{key}.")
-    yield prefix[:-1]
+            yield f"{prefix}{key}"
+            yield from _all_keys(value, f"{prefix}{key}.")
 
 
 def _check_value_type(key: str, old, new) -> None:
@@ -59,16 +60,15 @@ def _check_value_type(key: str, old, new) -> None:
     if old is None or new is None:
         return
     if isinstance(old, bool):
-        wrong = not isinstance(new, bool)
+        wrong, kind = not isinstance(new, bool), "true or false"
     elif isinstance(old, int):
-        wrong = isinstance(new, bool) or not isinstance(new, int)
+        wrong, kind = isinstance(new, bool) or not isinstance(new, int), "an integer"
     elif isinstance(old, float):
-        wrong = isinstance(new, bool) or not isinstance(new, (int, float))
+        wrong, kind = isinstance(new, bool) or not isinstance(new, (int, float)), "a number"
     else:
         return
     if wrong:
-        raise ValueError(f"override {key}={new!r}: {key} is a {type(old).__name__} (now {old!r}); "
-                         f"pass a {type(old).__name__}")
+        raise ValueError(f"override {key}={new!r}: {key} takes {kind} (it is {old!r})")
 
 
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -95,7 +95,7 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
         value = override.value()
         old = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
         if old is _ABSENT and not (override.is_add() or override.is_force_add()):
-            keys = list(_leaf_keys(OmegaConf.to_container(cfg, resolve=False)))
+            keys = list(_all_keys(OmegaConf.to_container(cfg, resolve=False)))
             close = difflib.get_close_matches(key, keys, n=1, cutoff=0.8)
             hint = f"did you mean {close[0]}? " if close else ""
             raise ValueError(f"config key {key} does not exist: {hint}check its spelling, or "

@@ -96,7 +96,6 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
         check_weights_fit(model, evaluation_weights(cfg, args.resume), require="all")
         return
     _check_batch_size(cfg, args.num_gpus * args.num_machines)
-    instantiate(cfg.dataloader.train.dataset)  # registered, on disk, well-formed
     output_dir = cfg.train.output_dir
     latest = last_checkpoint(output_dir)
     if args.resume and latest is not None:
@@ -104,6 +103,7 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
     elif cfg.train.init_checkpoint:
         _check_file(cfg.train.init_checkpoint)
         check_weights_fit(model, cfg.train.init_checkpoint, require="backbone")
+    instantiate(cfg.dataloader.train.dataset)  # registered, on disk, well-formed
     previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
                                   machine_rank=args.machine_rank)
     if previous:

@@ -33,7 +33,8 @@ dataloader.test = L(build_detection_test_loader)(
     dataset=L(get_detection_dataset_dicts)(names="coco_2017_val", filter_empty=False),
     mapper=L(DatasetMapper)(
         is_train=False,
-        augmentations=[L(T.ResizeShortestEdge)(short_edge_length=1024, max_size=1024)],
+        augmentations=[L(T.ResizeShortestEdge)(short_edge_length=1024, max_size=1024,
+                                             sample_style="choice")],
         image_format="BGR",
     ),
     num_workers=4,

@@ -90,6 +90,7 @@ model = L(GeneralizedRCNN)(
             test_score_thresh=0.05,
             test_nms_thresh=0.5,
             test_topk_per_image=100,
+            loss_weight={"loss_box_reg": 1.0},  # loss_cls: 1.0 unless given
         ),
         mask_in_features=["p2", "p3", "p4", "p5"],
         mask_pooler=L(ROIPooler)(output_size=14, scales=FPN_SCALES, sampling_ratio=0,
