@@ -331,8 +331,9 @@ def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(tmp_path, datasets
     assert result.returncode == 0, result.stderr[-3000:]
     assert (output / "last_checkpoint").read_text() == "model_final.pth"
     checkpoint = torch.load(output / "model_final.pth", weights_only=True)
-    assert checkpoint["iteration"] == 1 and "optimizer" in checkpoint
-    assert checkpoint["model"]["backbone.bottom_up.stem.conv1.weight"].shape[0] == 16
+    assert checkpoint["iteration"] == 1 and {"optimizer", "hooks"} <= set(checkpoint["trainer"])
+    # width_multiplier=0.25 from the command line: res5 is 2048 * 0.25 channels wide.
+    assert checkpoint["model"]["backbone.bottom_up.res5.1.conv1.weight"].shape[:2] == (128, 512)
     metrics = [json.loads(line) for line in (output / "metrics.json").read_text().splitlines()]
     assert any("total_loss" in record for record in metrics)
     assert "\x1b[" not in (output / "log.txt").read_text()
