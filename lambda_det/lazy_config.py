@@ -72,10 +72,10 @@ def _check_value_type(key: str, old, new) -> None:
 
 
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """Hydra-syntax ``key=value`` overrides, in place. Unlike detectron2's
-    ``LazyConfig.apply_overrides``, a key must exist (a misspelt key would otherwise be added
-    and ignored) and keep its kind of value; ``+key=value`` adds a new one (e.g. an argument
-    the recipe leaves at its default).
+    """Hydra-syntax overrides, in place: ``key=value`` sets, ``+key=value`` adds (e.g. an
+    argument the recipe leaves at its default), ``~key`` removes (e.g. another mixer's options).
+    Unlike detectron2's ``LazyConfig.apply_overrides``, a key set or removed must exist (a
+    misspelt key would otherwise be added and ignored) and a value keeps its kind.
 
     Raises:
         ValueError: a malformed override, an unknown key, or a value of the wrong kind.
@@ -90,9 +90,6 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
                          f"key=value, e.g. train.max_iter=100)") from None
     for override in parsed:
         key = override.key_or_group
-        if override.is_delete():
-            raise ValueError(f"override ~{key}: deleting keys is not supported; set it instead")
-        value = override.value()
         old = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
         if old is _ABSENT and not (override.is_add() or override.is_force_add()):
             keys = list(_all_keys(OmegaConf.to_container(cfg, resolve=False)))
@@ -100,9 +97,14 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
             hint = f"did you mean {close[0]}? " if close else ""
             raise ValueError(f"config key {key} does not exist: {hint}check its spelling, or "
                              f"write +{key}=... to add it")
-        parent = key.rpartition(".")[0]
-        if parent and not OmegaConf.is_config(OmegaConf.select(cfg, parent, default=None)):
-            raise ValueError(f"override {key}: {parent} is not a config node")
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
+        if not isinstance(parent, DictConfig):
+            raise ValueError(f"override {key}: {parent_key} is not a config node")
+        if override.is_delete():
+            del parent[leaf]
+            continue
+        value = override.value()
         if old is not _ABSENT:
             _check_value_type(key, old, value)
         OmegaConf.update(cfg, key, value, merge=True)

@@ -2,6 +2,7 @@
 tools/lazyconfig_train_net.py."""
 import copy
 import json
+import os
 import subprocess
 import sys
 import types
@@ -14,7 +15,6 @@ from torch import nn
 import lambda_det.data  # noqa: F401  (registers the shapes dataset)
 from conftest import CONFIGS, REPO_ROOT, subprocess_env
 from detectron2.config import instantiate
-from detectron2.data import DatasetMapper
 from detectron2.engine import DefaultTrainer
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
@@ -23,6 +23,7 @@ from detectron2.solver import build_lr_scheduler, build_optimizer
 from lambda_det import model_zoo
 from lambda_det.config import load_config
 from lambda_det.data import build_mapper
+from lambda_det.data.shapes import register_shapes_datasets
 from lambda_det.engine import lazy
 from lambda_det.lazy_config import load_lazy_config, scale_to_world_size
 
@@ -145,7 +146,9 @@ def recipe_values_of_yaml(cfg) -> dict:
         "warmup": (solver.WARMUP_ITERS, solver.WARMUP_FACTOR, solver.WARMUP_METHOD),
         "batch": solver.IMS_PER_BATCH, "reference_world_size": solver.REFERENCE_WORLD_SIZE,
         "checkpoint_period": solver.CHECKPOINT_PERIOD, "eval_period": cfg.TEST.EVAL_PERIOD,
-        "log_period": solver.LOG_PERIOD, "amp": solver.AMP.ENABLED, "seed": cfg.SEED,
+        "log_period": solver.LOG_PERIOD, "amp": (solver.AMP.ENABLED, solver.AMP.DTYPE),
+        "compile": cfg.MODEL.LAMBDA_RESNET.COMPILE, "seed": cfg.SEED,
+        "check_images": cfg.DATALOADER.CHECK_IMAGES,
         "weights": cfg.MODEL.WEIGHTS, "output_dir": cfg.OUTPUT_DIR,
         "train_datasets": tuple(cfg.DATASETS.TRAIN), "test_datasets": tuple(cfg.DATASETS.TEST),
         "filter_empty": cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
@@ -171,7 +174,9 @@ def recipe_values_of_lazy(cfg) -> dict:
         "warmup": (schedule.warmup_iters, schedule.warmup_factor, schedule.warmup_method),
         "batch": loader.total_batch_size, "reference_world_size": train.reference_world_size,
         "checkpoint_period": train.checkpointer.period, "eval_period": train.eval_period,
-        "log_period": train.log_period, "amp": train.amp.enabled, "seed": train.seed,
+        "log_period": train.log_period, "amp": (train.amp.enabled, train.amp.dtype),
+        "compile": train.compile_backbone, "seed": train.seed,
+        "check_images": cfg.dataloader.check_images,
         "weights": train.init_checkpoint, "output_dir": train.output_dir,
         "train_datasets": tuple(loader.dataset.names),
         "test_datasets": (cfg.dataloader.test.dataset.names,),
@@ -227,10 +232,12 @@ def test_same_solver_schedule_and_input(recipe, world_size):
 
     yaml_mapper = build_mapper(yaml_cfg, is_train=True)
     lazy_mapper = instantiate(lazy_cfg.dataloader.train.mapper)
+    assert type(lazy_mapper) is type(yaml_mapper)
     assert {key: repr(value) for key, value in vars(lazy_mapper).items()} == \
         {key: repr(value) for key, value in vars(yaml_mapper).items()}
-    yaml_test, lazy_test = DatasetMapper(yaml_cfg, False), instantiate(
-        lazy_cfg.dataloader.test.mapper)
+    yaml_test = build_mapper(yaml_cfg, is_train=False)
+    lazy_test = instantiate(lazy_cfg.dataloader.test.mapper)
+    assert type(lazy_test) is type(yaml_test)
     for key in ("is_train", "image_format", "augmentations"):
         assert repr(getattr(lazy_test, key)) == repr(getattr(yaml_test, key)), key
 
@@ -244,7 +251,7 @@ def test_same_solver_schedule_and_input(recipe, world_size):
     (["optimizer.lr=fast"], "optimizer.lr takes a number (it is 0.04)"),
     (["train.amp.enabled=1"], "train.amp.enabled takes true or false"),
     (["train.max_iter"], "malformed override: "),
-    (["~train.seed"], "override ~train.seed: deleting keys is not supported"),
+    (["~train.sed"], "config key train.sed does not exist: did you mean train.seed?"),
     (["train.device=cdua"], "train.device 'cdua' is not a torch device"),
     (["+train.max_iter.x=1"], "override train.max_iter.x: train.max_iter is not a config node"),
 ])
@@ -257,9 +264,11 @@ def test_bad_overrides_are_named(overrides, message):
 def test_overrides_set_and_add_values():
     cfg = load_lazy_config("lambda_r26_shapes.py", [
         "train.max_iter=2", "optimizer.lr=1", "model.backbone.bottom_up.scope=null",
-        "+model.roi_heads.mask_head.loss_weight=2.0", "model.backbone.out_channels=48"])
+        "+model.roi_heads.mask_head.loss_weight=2.0", "model.backbone.out_channels=48",
+        "~model.backbone.bottom_up.share_position_embeddings"])
     assert (cfg.train.max_iter, cfg.optimizer.lr, cfg.model.backbone.bottom_up.scope) == (2, 1, None)
     assert cfg.model.roi_heads.mask_head.loss_weight == 2.0
+    assert "share_position_embeddings" not in cfg.model.backbone.bottom_up
     # The FPN width reaches the heads.
     assert cfg.model.proposal_generator.head.in_channels == 48
     assert cfg.model.roi_heads.mask_head.input_shape.channels == 48
@@ -295,6 +304,39 @@ def test_bad_inputs_stop_the_tool_before_it_starts(arguments, message, tmp_path,
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), errors
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+@pytest.fixture
+def shapes_in(datasets_root):
+    """The shapes datasets registered under ``datasets_root`` for this test."""
+    previous = os.environ.get("DETECTRON2_DATASETS")
+    os.environ["DETECTRON2_DATASETS"] = str(datasets_root)
+    register_shapes_datasets()
+    yield
+    if previous is None:
+        del os.environ["DETECTRON2_DATASETS"]
+    else:
+        os.environ["DETECTRON2_DATASETS"] = previous
+    register_shapes_datasets()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.roi_heads.num_classes=80", "error: model.roi_heads.num_classes is 80, but dataset "
+                                       "'lambda_det_shapes_train' has 3 categories: add "
+                                       "model.roi_heads.num_classes=3 to the command line"),
+    ("model.backbone.bottom_up.freeze_at=2", "error: model.backbone.bottom_up.freeze_at 2 "
+                                             "freezes randomly initialised stages"),
+    ("model.backbone.bottom_up.norm=FrozenBN", "error: model.backbone.bottom_up.norm 'FrozenBN' "
+                                               "freezes randomly initialised statistics"),
+])
+def test_the_training_recipe_and_datasets_are_checked(override, message, shapes_in, tmp_path,
+                                                      capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        lazy.main(["--config", "lambda_r26_shapes", override,
+                   f"train.output_dir={tmp_path / 'run'}"])
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(message), errors
 
 
 def run_tool(*args: str, datasets_root: Path, timeout: int = 900):

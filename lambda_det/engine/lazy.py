@@ -14,20 +14,25 @@ from omegaconf import DictConfig, OmegaConf
 from torch.multiprocessing import ProcessExitedException
 
 from detectron2.config import instantiate
-from detectron2.engine import (
-    AMPTrainer, SimpleTrainer, create_ddp_model, default_writers, hooks)
+from detectron2.data import MetadataCatalog
+from detectron2.engine import SimpleTrainer, create_ddp_model, default_writers, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
+from lambda_det.data.checks import check_images, load_dataset
+from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.cli import (
-    USAGE_ERROR_STATUS, argument_parser, check_datasets, check_weights_fit, reporting_user_errors)
+    USAGE_ERROR_STATUS, argument_parser, check_weights_fit, reporting_user_errors)
 from lambda_det.engine.launch import launch
 from lambda_det.engine.output_dir import OutputDirLock, last_checkpoint, prepare_output_dir
 from lambda_det.engine.trainer import _plain, plain_default_setup, write_json_atomically
 from lambda_det.lazy_config import (
     load_lazy_config, resolve_lazy_config_file, scale_to_world_size)
+from lambda_det.modeling import LambdaResNet
+from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
 
-__all__ = ["main", "run", "train", "evaluate", "evaluation_weights", "build_meta_model"]
+__all__ = ["main", "run", "train", "evaluate", "evaluation_weights", "build_meta_model",
+           "check_datasets", "check_training_recipe"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,22 +85,74 @@ def _check_batch_size(cfg: DictConfig, world_size: int) -> None:
                          f"{world_size} processes: use a multiple of {world_size}")
 
 
-def _test_dataset_names(cfg: DictConfig) -> Sequence[str]:
-    names = OmegaConf.select(cfg, "dataloader.test.dataset.names", default=None)
-    if names is None:
-        return []
+def _dataset_names(node) -> Sequence[str]:
+    names = node.names
     return [names] if isinstance(names, str) else list(names)
+
+
+def _check_num_classes(cfg: DictConfig, names: Sequence[str]) -> None:
+    num_classes = OmegaConf.select(cfg, "model.roi_heads.num_classes", default=None)
+    for name in names:
+        classes = MetadataCatalog.get(name).get("thing_classes")
+        if num_classes is not None and classes is not None and len(classes) != num_classes:
+            raise ValueError(f"model.roi_heads.num_classes is {num_classes}, but dataset "
+                             f"{name!r} has {len(classes)} categories: add "
+                             f"model.roi_heads.num_classes={len(classes)} to the command line")
+
+
+def check_datasets(cfg: DictConfig, training: bool = True) -> None:
+    """The pre-flight of tools/train_net.py (``check_run_datasets``) for a recipe: the
+    training set (when ``training``) loads through ``dataloader.train.dataset`` with its
+    checks, each test set loads; each has as many categories as the model has classes, and
+    their images pass ``dataloader.check_images`` ("header", "full" or "none")."""
+    mode = cfg.dataloader.get("check_images", "header")
+    image_format = cfg.dataloader.train.mapper.get("image_format", "BGR")
+    if training:
+        dicts = instantiate(cfg.dataloader.train.dataset)
+        _check_num_classes(cfg, _dataset_names(cfg.dataloader.train.dataset))
+        check_images(dicts, mode, image_format)
+    for name in _dataset_names(cfg.dataloader.test.dataset):
+        dicts = load_dataset(name)
+        _check_num_classes(cfg, [name])
+        check_images(dicts, mode, image_format)
+
+
+def check_training_recipe(cfg: DictConfig) -> None:
+    """What tools/train_net.py refuses for a LambdaResNet (``check_training_recipe``): a
+    detectron2 ImageNet ResNet as init_checkpoint, or from scratch a frozen norm or frozen
+    stages (random weights that never train)."""
+    bottom_up = OmegaConf.select(cfg, "model.backbone.bottom_up", default=None)
+    if bottom_up is None or bottom_up.get("_target_") not in (
+            LambdaResNet, f"{LambdaResNet.__module__}.LambdaResNet"):
+        return
+    weights = cfg.train.init_checkpoint
+    if STOCK_IMAGENET_WEIGHTS in weights:
+        raise ValueError(f"train.init_checkpoint {weights!r} is a detectron2 ImageNet ResNet, "
+                         f"which does not fit a LambdaResNet: train from scratch "
+                         f"(train.init_checkpoint=''), or convert a classifier you pretrained "
+                         f"with tools/convert_timm_checkpoint.py")
+    if weights:
+        return
+    if bottom_up.get("norm") == "FrozenBN":
+        raise ValueError("model.backbone.bottom_up.norm 'FrozenBN' freezes randomly initialised "
+                         "statistics when training from scratch (train.init_checkpoint is "
+                         "empty): set it to SyncBN (several GPUs), BN or GN")
+    if bottom_up.get("freeze_at", 0) > 0:
+        raise ValueError(f"model.backbone.bottom_up.freeze_at {bottom_up.freeze_at} freezes "
+                         f"randomly initialised stages when training from scratch "
+                         f"(train.init_checkpoint is empty): set it to 0")
 
 
 def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
     """What the run reads, checked once before any process starts and before the output folder
     is written (the lock is already held)."""
     model = build_meta_model(cfg)
-    check_datasets(_test_dataset_names(cfg))
     if args.eval_only:
         check_weights_fit(model, evaluation_weights(cfg, args.resume), require="all")
+        check_datasets(cfg, training=False)
         return
     _check_batch_size(cfg, args.num_gpus * args.num_machines)
+    check_training_recipe(cfg)
     output_dir = cfg.train.output_dir
     latest = last_checkpoint(output_dir)
     if args.resume and latest is not None:
@@ -103,7 +160,7 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
     elif cfg.train.init_checkpoint:
         _check_file(cfg.train.init_checkpoint)
         check_weights_fit(model, cfg.train.init_checkpoint, require="backbone")
-    instantiate(cfg.dataloader.train.dataset)  # registered, on disk, well-formed
+    check_datasets(cfg)
     previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
                                   machine_rank=args.machine_rank)
     if previous:
@@ -141,15 +198,22 @@ def _printable(node):
 def train(cfg: DictConfig, resume: bool) -> None:
     """Train ``cfg.model`` for train.max_iter iterations, checkpointing and evaluating as
     ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint."""
+    check_training_recipe(cfg)
     model = instantiate(cfg.model).to(cfg.train.device)
     logger.info("Model:\n%s", model)
+    if cfg.train.get("compile_backbone", False):
+        model.backbone.compile()  # in place: parameter names and checkpoints stay the same
     cfg.optimizer.params.model = model
     optimizer = instantiate(cfg.optimizer)
     train_loader = instantiate(cfg.dataloader.train)
     ddp_options = {"device_ids": None} if _on_cpu(cfg) else {}  # detectron2 assumes GPU ids
     model = create_ddp_model(model, **cfg.train.ddp, **ddp_options)
-    trainer = (AMPTrainer if cfg.train.amp.enabled else SimpleTrainer)(
-        model, train_loader, optimizer)
+    if cfg.train.amp.enabled:
+        trainer = MixedPrecisionTrainer(model, train_loader, optimizer,
+                                        dtype=cfg.train.amp.get("dtype", "float16"),
+                                        device_type=torch.device(cfg.train.device).type)
+    else:
+        trainer = SimpleTrainer(model, train_loader, optimizer)
     checkpointer = AtomicCheckpointer(model, cfg.train.output_dir, trainer=trainer)
     main = comm.is_main_process()
     trainer.register_hooks([

@@ -4,11 +4,10 @@ from omegaconf import OmegaConf
 
 from detectron2.config import LazyCall as L
 from detectron2.data import (
-    DatasetMapper, build_detection_test_loader, build_detection_train_loader,
-    get_detection_dataset_dicts)
+    build_detection_test_loader, build_detection_train_loader, get_detection_dataset_dicts)
 from detectron2.data import transforms as T
 from detectron2.evaluation import COCOEvaluator
-from lambda_det.data import build_lsj_augmentations
+from lambda_det.data import DatasetMapper, build_lsj_augmentations  # names unreadable images
 from lambda_det.data.checks import load_checked_dataset_dicts
 
 dataloader = OmegaConf.create()
@@ -39,6 +38,9 @@ dataloader.test = L(build_detection_test_loader)(
     ),
     num_workers=4,
 )
+
+# Before training: every image's header is read ("full": decoded; "none": skipped).
+dataloader.check_images = "header"
 
 dataloader.evaluator = L(COCOEvaluator)(
     dataset_name="${..test.dataset.names}",

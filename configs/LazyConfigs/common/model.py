@@ -31,18 +31,18 @@ model = L(GeneralizedRCNN)(
             norm="SyncBN",
             freeze_at=0,  # from scratch: everything trains
             width_multiplier=1.0,
-            share_position_embeddings=False,
             in_channels=3,
-            # Lambda layers: heads h, query depth k, intra-depth u, local scope r (None: global).
+            mixer="lambda",
+            # The lambda mixer's options: heads h, query depth k, intra-depth u, local scope r
+            # (None: global context, over feature maps up to max_size), one position embedding
+            # for all layers or one each. Another mixer takes its own (see aft_conv_r101).
             heads=4,
             dim_k=16,
             dim_u=1,
             scope=23,
             impl="auto",
             max_size=64,
-            mixer="lambda",
-            aft_heads=8,
-            aft_window_size=7,
+            share_position_embeddings=False,
         ),
         in_features=["res2", "res3", "res4", "res5"],
         out_channels=256,

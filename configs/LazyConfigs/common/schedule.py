@@ -35,7 +35,8 @@ train = dict(
     reference_world_size=64,
     device="cuda",  # cpu: SyncBN becomes naiveSyncBN, --num-gpus N starts N gloo processes
     seed=-1,  # -1 draws one
-    amp=dict(enabled=False),
+    amp=dict(enabled=False, dtype="float16"),  # or bfloat16 (no loss scaling), GPU or CPU
+    compile_backbone=False,  # torch.compile the backbone (LSJ crops give one input size)
     ddp=dict(broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
     checkpointer=dict(period=5000, max_to_keep=100),
     eval_period=0,  # evaluate once, at the end
