@@ -13,7 +13,11 @@ from typing import Iterator, List, Sequence
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from detectron2.config import LazyConfig
+from lambda_det.compat import import_detectron2
+
+import_detectron2()  # quietly, and with a helpful error when it is missing
+
+from detectron2.config import LazyConfig  # noqa: E402
 
 __all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
            "adapt_lazy_norms_to_device", "scale_to_world_size", "REQUIRED_KEYS"]

@@ -4,7 +4,11 @@ from typing import Sequence
 
 from fvcore.common.param_scheduler import MultiStepParamScheduler, ParamScheduler
 
-from detectron2.solver import WarmupParamScheduler
+from lambda_det.compat import import_detectron2
+
+import_detectron2()  # quietly, and with a helpful error when it is missing
+
+from detectron2.solver import WarmupParamScheduler  # noqa: E402
 
 __all__ = ["warmup_multistep"]
 
