@@ -42,7 +42,8 @@ setup(
     # The shipped configs travel inside the package (lambda_det.model_zoo finds them there).
     packages=find_packages(include=["lambda_det", "lambda_det.*"]) + ["lambda_det.model_zoo.configs"],
     package_dir={"lambda_det.model_zoo.configs": "configs"},
-    package_data={"lambda_det.model_zoo.configs": ["*.yaml", "*/*.yaml"]},
+    package_data={"lambda_det.model_zoo.configs": ["*.yaml", "*/*.yaml",
+                                                   "LazyConfigs/*/*.py"]},
     include_package_data=True,
     install_requires=[
         # torch.onnx.export(dynamo=...) needs 2.5; tested with 2.14 (CPU) and 2.11 (CUDA).

@@ -178,6 +178,9 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
     cfg = get_cfg()
     if config_file:
         path = resolve_config_file(config_file)
+        if path.endswith(".py"):
+            raise ValueError(f"{path} is a LazyConfig recipe: train it with "
+                             f"tools/lazyconfig_train_net.py, or pass a yaml config")
         try:
             cfg.merge_from_file(path)
         except (KeyError, ValueError, AssertionError, yaml.YAMLError) as error:

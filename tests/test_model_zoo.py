@@ -52,12 +52,13 @@ def test_configs_resolve_from_an_installed_wheel_in_another_folder(tmp_path):
     env["PYTHONPATH"] = str(site)  # before the checkout's editable install
     script = ("import lambda_det, lambda_det.model_zoo as zoo; print(lambda_det.__file__); "
               "print(zoo.get_config_file('lambda_r152_mask_rcnn')); "
-              "print(zoo.get_config('lambda_r152_mask_rcnn').MODEL.LAMBDA_RESNET.DEPTH)")
+              "print(zoo.get_config('lambda_r152_mask_rcnn').MODEL.LAMBDA_RESNET.DEPTH); "
+              "print(zoo.get_config('lambda_r152_mask_rcnn.py').model.backbone.bottom_up.depth)")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             env=env, cwd=elsewhere)
     assert result.returncode == 0, result.stderr[-2000:]
-    package, config, depth = result.stdout.split()
+    package, config, depth, lazy_depth = result.stdout.split()
     assert package == str(site / "lambda_det" / "__init__.py")
     assert config == str(site / "lambda_det/model_zoo/configs/COCO-InstanceSegmentation/"
                                 "lambda_r152_mask_rcnn.yaml")
-    assert depth == "152"
+    assert depth == lazy_depth == "152"  # the LazyConfig recipe and its common/ pieces ship too

@@ -30,8 +30,8 @@ from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIt
 from lambda_det.engine.output_dir import last_checkpoint
 from lambda_det.modeling.build import check_training_recipe
 
-__all__ = ["Trainer", "setup_cfg", "evaluation_weights", "check_batch_size",
-           "write_json_atomically"]
+__all__ = ["Trainer", "setup_cfg", "plain_default_setup", "evaluation_weights",
+           "check_batch_size", "write_json_atomically"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +42,19 @@ def setup_cfg(args: argparse.Namespace) -> CfgNode:
     the config dumped to OUTPUT_DIR)."""
     args.config_file = resolve_config_file(args.config_file) if args.config_file else ""
     cfg = load_config(args.config_file, args.opts)
-    # default_setup logs the config files through pygments' terminal colours, which then land in
-    # log.txt and in piped output as escape codes: log them plain, for this call only.
+    plain_default_setup(cfg, args)
+    return cfg
+
+
+def plain_default_setup(cfg, args: argparse.Namespace) -> None:
+    """Detectron2's ``default_setup`` (yaml or LazyConfig) without terminal colours: it logs the
+    config files through pygments, whose escape codes would land in log.txt and piped output."""
     highlight = engine_defaults._highlight
     engine_defaults._highlight = lambda code, filename: code
     try:
         default_setup(cfg, args)
     finally:
         engine_defaults._highlight = highlight
-    return cfg
 
 
 def check_batch_size(cfg: CfgNode, world_size: int) -> None:

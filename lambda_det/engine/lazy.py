@@ -1,0 +1,278 @@
+"""Training and evaluation of LazyConfig recipes (tools/lazyconfig_train_net.py), in the shape of
+detectron2's tools/lazyconfig_train_net.py, with what tools/train_net.py adds for yaml configs:
+one run per ``train.output_dir`` (--resume / --restart), checkpoints read safely and written
+atomically, the inputs checked before any process starts (one ``error: ...`` line, exit 2),
+gloo processes on the CPU, and OUTPUT_DIR/eval_results.json.
+"""
+import argparse
+import logging
+import os
+from typing import Optional, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.multiprocessing import ProcessExitedException
+
+from detectron2.config import instantiate
+from detectron2.data import MetadataCatalog
+from detectron2.engine import SimpleTrainer, create_ddp_model, default_writers, hooks
+from detectron2.evaluation import inference_on_dataset, print_csv_format
+from detectron2.utils import comm
+from lambda_det.data.checks import check_images, load_dataset
+from lambda_det.engine.amp import MixedPrecisionTrainer
+from lambda_det.engine.checkpoint import AtomicCheckpointer
+from lambda_det.engine.cli import (
+    USAGE_ERROR_STATUS, argument_parser, check_weights_fit, reporting_user_errors)
+from lambda_det.engine.launch import launch
+from lambda_det.engine.output_dir import OutputDirLock, last_checkpoint, prepare_output_dir
+from lambda_det.engine.trainer import _plain, plain_default_setup, write_json_atomically
+from lambda_det.lazy_config import (
+    load_lazy_config, resolve_lazy_config_file, scale_to_world_size)
+from lambda_det.modeling import LambdaResNet
+from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
+
+__all__ = ["main", "run", "train", "evaluate", "evaluation_weights", "build_meta_model",
+           "check_datasets", "check_training_recipe"]
+
+logger = logging.getLogger(__name__)
+
+
+def _on_cpu(cfg: DictConfig) -> bool:
+    return cfg.train.device == "cpu"
+
+
+def build_meta_model(cfg: DictConfig) -> torch.nn.Module:
+    """``cfg.model`` on the meta device: its arguments checked in a fraction of a second, with
+    no memory and no random numbers drawn."""
+    with torch.device("meta"):
+        return instantiate(cfg.model)
+
+
+def evaluation_weights(cfg: DictConfig, resume: bool) -> str:
+    """What --eval-only evaluates: the last checkpoint of train.output_dir with ``resume`` (when
+    there is one), else train.init_checkpoint.
+
+    Raises:
+        ValueError: no weights at all (that would evaluate a randomly initialised model).
+        FileNotFoundError: a local checkpoint file that does not exist.
+    """
+    output_dir, weights = cfg.train.output_dir, cfg.train.init_checkpoint
+    latest = last_checkpoint(output_dir) if resume else None
+    if latest is not None:
+        return os.path.join(output_dir, latest)
+    if not weights:
+        where = f" and train.output_dir {output_dir!r} has no last_checkpoint" if resume else ""
+        raise ValueError(f"--eval-only needs trained weights: train.init_checkpoint is "
+                         f"empty{where}; pass train.init_checkpoint=PATH")
+    _check_file(weights)
+    return weights
+
+
+def _check_file(weights: str) -> None:
+    if "://" not in weights and not os.path.isfile(weights):
+        raise FileNotFoundError(f"train.init_checkpoint file {weights!r} does not exist: pass "
+                                f"the path of a checkpoint, or train.init_checkpoint='' to "
+                                f"start from scratch")
+
+
+def _check_batch_size(cfg: DictConfig, world_size: int) -> None:
+    batch = cfg.dataloader.train.total_batch_size
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"dataloader.train.total_batch_size must be a positive integer "
+                         f"(images per iteration over all processes), got {batch!r}")
+    if batch % world_size:
+        raise ValueError(f"dataloader.train.total_batch_size {batch} does not split over "
+                         f"{world_size} processes: use a multiple of {world_size}")
+
+
+def _dataset_names(node) -> Sequence[str]:
+    names = node.names
+    return [names] if isinstance(names, str) else list(names)
+
+
+def _check_num_classes(cfg: DictConfig, names: Sequence[str]) -> None:
+    num_classes = OmegaConf.select(cfg, "model.roi_heads.num_classes", default=None)
+    for name in names:
+        classes = MetadataCatalog.get(name).get("thing_classes")
+        if num_classes is not None and classes is not None and len(classes) != num_classes:
+            raise ValueError(f"model.roi_heads.num_classes is {num_classes}, but dataset "
+                             f"{name!r} has {len(classes)} categories: add "
+                             f"model.roi_heads.num_classes={len(classes)} to the command line")
+
+
+def check_datasets(cfg: DictConfig, training: bool = True) -> None:
+    """The pre-flight of tools/train_net.py (``check_run_datasets``) for a recipe: the
+    training set (when ``training``) loads through ``dataloader.train.dataset`` with its
+    checks, each test set loads; each has as many categories as the model has classes, and
+    their images pass ``dataloader.check_images`` ("header", "full" or "none")."""
+    mode = cfg.dataloader.get("check_images", "header")
+    image_format = cfg.dataloader.train.mapper.get("image_format", "BGR")
+    if training:
+        dicts = instantiate(cfg.dataloader.train.dataset)
+        _check_num_classes(cfg, _dataset_names(cfg.dataloader.train.dataset))
+        check_images(dicts, mode, image_format)
+    for name in _dataset_names(cfg.dataloader.test.dataset):
+        dicts = load_dataset(name)
+        _check_num_classes(cfg, [name])
+        check_images(dicts, mode, image_format)
+
+
+def check_training_recipe(cfg: DictConfig) -> None:
+    """What tools/train_net.py refuses for a LambdaResNet (``check_training_recipe``): a
+    detectron2 ImageNet ResNet as init_checkpoint, or from scratch a frozen norm or frozen
+    stages (random weights that never train)."""
+    bottom_up = OmegaConf.select(cfg, "model.backbone.bottom_up", default=None)
+    if bottom_up is None or bottom_up.get("_target_") not in (
+            LambdaResNet, f"{LambdaResNet.__module__}.LambdaResNet"):
+        return
+    weights = cfg.train.init_checkpoint
+    if STOCK_IMAGENET_WEIGHTS in weights:
+        raise ValueError(f"train.init_checkpoint {weights!r} is a detectron2 ImageNet ResNet, "
+                         f"which does not fit a LambdaResNet: train from scratch "
+                         f"(train.init_checkpoint=''), or convert a classifier you pretrained "
+                         f"with tools/convert_timm_checkpoint.py")
+    if weights:
+        return
+    if bottom_up.get("norm") == "FrozenBN":
+        raise ValueError("model.backbone.bottom_up.norm 'FrozenBN' freezes randomly initialised "
+                         "statistics when training from scratch (train.init_checkpoint is "
+                         "empty): set it to SyncBN (several GPUs), BN or GN")
+    if bottom_up.get("freeze_at", 0) > 0:
+        raise ValueError(f"model.backbone.bottom_up.freeze_at {bottom_up.freeze_at} freezes "
+                         f"randomly initialised stages when training from scratch "
+                         f"(train.init_checkpoint is empty): set it to 0")
+
+
+def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
+    """What the run reads, checked once before any process starts and before the output folder
+    is written (the lock is already held)."""
+    model = build_meta_model(cfg)
+    if args.eval_only:
+        check_weights_fit(model, evaluation_weights(cfg, args.resume), require="all")
+        check_datasets(cfg, training=False)
+        return
+    _check_batch_size(cfg, args.num_gpus * args.num_machines)
+    check_training_recipe(cfg)
+    output_dir = cfg.train.output_dir
+    latest = last_checkpoint(output_dir)
+    if args.resume and latest is not None:
+        check_weights_fit(model, os.path.join(output_dir, latest), require="all")
+    elif cfg.train.init_checkpoint:
+        _check_file(cfg.train.init_checkpoint)
+        check_weights_fit(model, cfg.train.init_checkpoint, require="backbone")
+    check_datasets(cfg)
+    previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
+                                  machine_rank=args.machine_rank)
+    if previous:
+        print(f"--restart: moved the previous run to {previous}", flush=True)
+
+
+def evaluate(cfg: DictConfig, model: torch.nn.Module):
+    """COCO evaluation of ``model`` on ``dataloader.test`` with ``dataloader.evaluator``;
+    the main process prints the results and writes train.output_dir/eval_results.json."""
+    results = inference_on_dataset(model, instantiate(cfg.dataloader.test),
+                                   instantiate(cfg.dataloader.evaluator))
+    if comm.is_main_process() and results:
+        print_csv_format(results)
+        os.makedirs(cfg.train.output_dir, exist_ok=True)
+        config = _printable(OmegaConf.to_container(cfg, resolve=True))
+        write_json_atomically(os.path.join(cfg.train.output_dir, "eval_results.json"),
+                              {"config": OmegaConf.to_yaml(config), "results": _plain(results)})
+    return results
+
+
+def _printable(node):
+    """A config as plain data for the record in eval_results.json: callables by name, other
+    objects (the model the trainer put into optimizer.params) by type."""
+    if isinstance(node, dict):
+        return {key: _printable(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_printable(value) for value in node]
+    if node is None or isinstance(node, (str, int, float, bool)):
+        return node
+    if hasattr(node, "__qualname__"):
+        return f"{node.__module__}.{node.__qualname__}"
+    return f"<{type(node).__name__}>"
+
+
+def train(cfg: DictConfig, resume: bool) -> None:
+    """Train ``cfg.model`` for train.max_iter iterations, checkpointing and evaluating as
+    ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint."""
+    check_training_recipe(cfg)
+    model = instantiate(cfg.model).to(cfg.train.device)
+    logger.info("Model:\n%s", model)
+    if cfg.train.get("compile_backbone", False):
+        model.backbone.compile()  # in place: parameter names and checkpoints stay the same
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    train_loader = instantiate(cfg.dataloader.train)
+    ddp_options = {"device_ids": None} if _on_cpu(cfg) else {}  # detectron2 assumes GPU ids
+    model = create_ddp_model(model, **cfg.train.ddp, **ddp_options)
+    if cfg.train.amp.enabled:
+        trainer = MixedPrecisionTrainer(model, train_loader, optimizer,
+                                        dtype=cfg.train.amp.get("dtype", "float16"),
+                                        device_type=torch.device(cfg.train.device).type)
+    else:
+        trainer = SimpleTrainer(model, train_loader, optimizer)
+    checkpointer = AtomicCheckpointer(model, cfg.train.output_dir, trainer=trainer)
+    main = comm.is_main_process()
+    trainer.register_hooks([
+        hooks.IterationTimer(),
+        hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+        hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
+        hooks.EvalHook(cfg.train.eval_period, lambda: evaluate(cfg, model)),
+        hooks.PeriodicWriter(default_writers(cfg.train.output_dir, cfg.train.max_iter),
+                             period=cfg.train.log_period) if main else None,
+    ])
+    resuming = resume and checkpointer.has_checkpoint()
+    # A resumed checkpoint must fit the whole model; initial weights, the image network.
+    checkpointer.require = "all" if resuming else "backbone"
+    checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=resume)
+    trainer.train(trainer.iter + 1 if resuming else 0, cfg.train.max_iter)
+
+
+def run(args: argparse.Namespace):
+    """What every training or evaluation process runs."""
+    with reporting_user_errors(args.debug):
+        cfg = load_lazy_config(args.config_file, args.opts)
+        scale_to_world_size(cfg, comm.get_world_size())
+        plain_default_setup(cfg, args)
+        if args.eval_only:
+            model = instantiate(cfg.model).to(cfg.train.device)
+            AtomicCheckpointer(model, require="all").load(evaluation_weights(cfg, args.resume),
+                                                          checkpointables=[])
+            return evaluate(cfg, model)
+    return train(cfg, args.resume)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """tools/lazyconfig_train_net.py: returns the exit status."""
+    parser = argument_parser()
+    parser.description = "Train or evaluate a LazyConfig recipe (configs/LazyConfigs/)."
+    args = parser.parse_args(argv)
+    print("Command Line Args:", args)
+    lock = None
+    with reporting_user_errors(args.debug):
+        if not args.config_file:
+            raise ValueError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
+                             "lambda_r152_mask_rcnn)")
+        args.config_file = resolve_lazy_config_file(args.config_file)  # what default_setup logs
+        cfg = load_lazy_config(args.config_file, args.opts)
+        scale_to_world_size(cfg, args.num_gpus * args.num_machines)
+        if args.machine_rank == 0:  # the machine whose main process writes the output folder
+            lock = OutputDirLock(cfg.train.output_dir).acquire()
+    try:
+        with reporting_user_errors(args.debug):
+            _check_before_launch(args, cfg)
+        # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA).
+        cpu = _on_cpu(cfg) or not torch.cuda.is_available()
+        launch(run, args.num_gpus, num_machines=args.num_machines,
+               machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,), cpu=cpu)
+    except ProcessExitedException as error:  # a worker reported a user error and exited 2
+        if error.exit_code != USAGE_ERROR_STATUS:
+            raise
+        return USAGE_ERROR_STATUS
+    finally:
+        if lock is not None:
+            lock.release()
+    return 0
