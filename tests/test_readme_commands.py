@@ -1,0 +1,99 @@
+"""Every command in the README's bash blocks names a tool that exists, with flags it takes, and a
+config name, keys and values that load; the short ones run."""
+import argparse
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT, load_tool, subprocess_env
+from lambda_det.config import load_config
+
+README = REPO_ROOT / "README.md"
+
+
+def readme_commands():
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()  # a trailing comment
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+COMMANDS = readme_commands()
+TOOL_COMMANDS = [command for command in COMMANDS if command.startswith("python tools/")]
+
+
+class Parsed(Exception):
+    """Raised with the namespace once a tool has parsed its command line."""
+
+
+@pytest.fixture
+def parse_only(monkeypatch):
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_and_stop(self, args=None, namespace=None):
+        raise Parsed(original(self, args, namespace))
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+
+
+def test_the_readme_has_its_commands():
+    assert {"make test", "make demo"} <= set(COMMANDS)
+    tools = {shlex.split(command)[1] for command in TOOL_COMMANDS}
+    assert {"tools/train_net.py", "tools/predict.py", "tools/export_model.py",
+            "tools/convert_timm_checkpoint.py", "tools/lazyconfig_train_net.py",
+            "tools/compare_backbones.py", "tools/ap_table.py"} <= tools
+    for command in COMMANDS:
+        assert command.startswith(("make ", "python tools/", "python -c ")), command
+
+
+@pytest.mark.parametrize("command", TOOL_COMMANDS)
+def test_each_tool_command_parses_and_its_config_loads(command, parse_only):
+    words = shlex.split(command)
+    script = REPO_ROOT / words[1]
+    assert script.is_file(), words[1]
+    module = load_tool(script.stem)
+    argv = words[2:]
+    with pytest.raises(Parsed) as parsed:
+        if script.stem == "train_net":
+            from lambda_det.engine.cli import main
+            main(argv)
+        else:
+            module.main(argv)
+    args = parsed.value.args[0]
+    config = getattr(args, "config_file", None) or getattr(args, "config", None)
+    if config is None:
+        return
+    if script.stem == "lazyconfig_train_net":
+        from lambda_det.lazy_config import load_lazy_config
+        load_lazy_config(config, args.opts)
+    elif script.stem == "compare_backbones":
+        load_config(config, module.split_overrides(argv)[1])
+    else:
+        opts = [item for item in args.opts if item != "--"]
+        load_config(config, opts)
+
+
+def test_the_timm_recipe_names_a_registered_model():
+    timm = pytest.importorskip("timm")
+    import lambda_det.modeling.timm_models  # noqa: F401
+
+    recipe = next(command for command in COMMANDS if "train.py" in command)
+    model = shlex.split(recipe)[shlex.split(recipe).index("--model") + 1]
+    assert model in timm.list_models("*_det")
+
+
+@pytest.mark.slow
+def test_the_dataset_command_runs(tmp_path):
+    command = next(c for c in COMMANDS if c.startswith("python -c") and "ensure_shapes" in c)
+    env = subprocess_env()
+    env["DETECTRON2_DATASETS"] = str(tmp_path)
+    result = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True,
+                            text=True, env=env, cwd=REPO_ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "lambda_det_shapes_v1/val.json").is_file()
