@@ -11,7 +11,7 @@ import os
 from typing import Iterator, List, Sequence
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from lambda_det.compat import import_detectron2
 

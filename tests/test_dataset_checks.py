@@ -2,7 +2,6 @@
 or on tools/train_net.py's command line (the README's "Your own dataset" example included)."""
 import hashlib
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -13,7 +12,6 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 import lambda_det

@@ -8,7 +8,7 @@ import torch
 
 timm = pytest.importorskip("timm")
 
-import lambda_det.modeling.timm_models as timm_models  # noqa: E402
+import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
 from conftest import REPO_ROOT, subprocess_env  # noqa: E402
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import load_weights  # noqa: E402

@@ -13,7 +13,7 @@ import os
 import pickle
 import sys
 import warnings
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -32,7 +32,7 @@ from lambda_det.engine.output_dir import (
 from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
 
-__all__ = ["argument_parser", "main", "run", "reporting_user_errors", "check_model",
+__all__ = ["argument_parser", "main", "run", "launch_checked", "reporting_user_errors", "check_model",
            "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
@@ -126,7 +126,7 @@ def _check_before_launch(args: argparse.Namespace, cfg) -> None:
         check_run_datasets(cfg, training=False)
         check_weights_fit(model, evaluation_weights(cfg, resume=args.resume), require="all")
         return
-    check_batch_size(cfg, args.num_gpus * args.num_machines)
+    check_batch_size(cfg.SOLVER.IMS_PER_BATCH, args.num_gpus * args.num_machines)
     check_training_recipe(cfg)
     check_run_datasets(cfg)
     latest = last_checkpoint(cfg.OUTPUT_DIR)
@@ -145,21 +145,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """tools/train_net.py: returns the exit status."""
     args = argument_parser().parse_args(argv)
     print("Command Line Args:", args)
-    lock = None
     with reporting_user_errors(args.debug):
         cfg = load_config(args.config_file, args.opts)
         if args.coco_dataset:  # as an override, so that every process registers them
             args.opts = [*args.opts, *coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES,
                                                              args.coco_dataset)]
             cfg = load_config(args.config_file, args.opts)
-        if args.machine_rank == 0:  # the machine whose main process writes OUTPUT_DIR
-            lock = OutputDirLock(cfg.OUTPUT_DIR).acquire()
+    cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
+    return launch_checked(run, args, cfg.OUTPUT_DIR, lambda: _check_before_launch(args, cfg),
+                          cpu=cpu)
+
+
+def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
+                   check: Callable[[], None], cpu: bool) -> int:
+    """Hold ``output_dir``'s lock (on machine 0, whose main process writes it), run ``check``,
+    then ``run_function(args)`` in every process (on the CPU, ``--num-gpus N`` starts N gloo
+    processes: detectron2's launch needs CUDA). Returns the exit status: 2 when a check or a
+    worker reported a user error."""
+    lock = None
+    with reporting_user_errors(args.debug):
+        if args.machine_rank == 0:
+            lock = OutputDirLock(output_dir).acquire()
     try:
         with reporting_user_errors(args.debug):
-            _check_before_launch(args, cfg)
-        # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA).
-        cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
-        launch(run, args.num_gpus, num_machines=args.num_machines,
+            check()
+        launch(run_function, args.num_gpus, num_machines=args.num_machines,
                machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,), cpu=cpu)
     except ProcessExitedException as error:  # a worker reported a user error and exited 2
         if error.exit_code != USAGE_ERROR_STATUS:

@@ -11,7 +11,6 @@ from typing import Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.multiprocessing import ProcessExitedException
 
 from detectron2.config import instantiate
 from detectron2.data import MetadataCatalog
@@ -22,10 +21,10 @@ from lambda_det.data.checks import check_images, load_dataset
 from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.cli import (
-    USAGE_ERROR_STATUS, argument_parser, check_weights_fit, reporting_user_errors)
-from lambda_det.engine.launch import launch
-from lambda_det.engine.output_dir import OutputDirLock, last_checkpoint, prepare_output_dir
-from lambda_det.engine.trainer import _plain, plain_default_setup, write_json_atomically
+    argument_parser, check_weights_fit, launch_checked, reporting_user_errors)
+from lambda_det.engine.output_dir import last_checkpoint, prepare_output_dir
+from lambda_det.engine.trainer import (
+    _plain, check_batch_size, plain_default_setup, write_json_atomically)
 from lambda_det.lazy_config import (
     load_lazy_config, resolve_lazy_config_file, scale_to_world_size)
 from lambda_det.modeling import LambdaResNet
@@ -73,16 +72,6 @@ def _check_file(weights: str) -> None:
         raise FileNotFoundError(f"train.init_checkpoint file {weights!r} does not exist: pass "
                                 f"the path of a checkpoint, or train.init_checkpoint='' to "
                                 f"start from scratch")
-
-
-def _check_batch_size(cfg: DictConfig, world_size: int) -> None:
-    batch = cfg.dataloader.train.total_batch_size
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"dataloader.train.total_batch_size must be a positive integer "
-                         f"(images per iteration over all processes), got {batch!r}")
-    if batch % world_size:
-        raise ValueError(f"dataloader.train.total_batch_size {batch} does not split over "
-                         f"{world_size} processes: use a multiple of {world_size}")
 
 
 def _dataset_names(node) -> Sequence[str]:
@@ -151,7 +140,8 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
         check_weights_fit(model, evaluation_weights(cfg, args.resume), require="all")
         check_datasets(cfg, training=False)
         return
-    _check_batch_size(cfg, args.num_gpus * args.num_machines)
+    check_batch_size(cfg.dataloader.train.total_batch_size, args.num_gpus * args.num_machines,
+                     key="dataloader.train.total_batch_size")
     check_training_recipe(cfg)
     output_dir = cfg.train.output_dir
     latest = last_checkpoint(output_dir)
@@ -251,7 +241,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.description = "Train or evaluate a LazyConfig recipe (configs/LazyConfigs/)."
     args = parser.parse_args(argv)
     print("Command Line Args:", args)
-    lock = None
     with reporting_user_errors(args.debug):
         if not args.config_file:
             raise ValueError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
@@ -259,20 +248,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.config_file = resolve_lazy_config_file(args.config_file)  # what default_setup logs
         cfg = load_lazy_config(args.config_file, args.opts)
         scale_to_world_size(cfg, args.num_gpus * args.num_machines)
-        if args.machine_rank == 0:  # the machine whose main process writes the output folder
-            lock = OutputDirLock(cfg.train.output_dir).acquire()
-    try:
-        with reporting_user_errors(args.debug):
-            _check_before_launch(args, cfg)
-        # On the CPU, --num-gpus N starts N gloo processes (detectron2's launch needs CUDA).
-        cpu = _on_cpu(cfg) or not torch.cuda.is_available()
-        launch(run, args.num_gpus, num_machines=args.num_machines,
-               machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,), cpu=cpu)
-    except ProcessExitedException as error:  # a worker reported a user error and exited 2
-        if error.exit_code != USAGE_ERROR_STATUS:
-            raise
-        return USAGE_ERROR_STATUS
-    finally:
-        if lock is not None:
-            lock.release()
-    return 0
+    cpu = _on_cpu(cfg) or not torch.cuda.is_available()
+    return launch_checked(run, args, cfg.train.output_dir,
+                          lambda: _check_before_launch(args, cfg), cpu=cpu)

@@ -57,15 +57,14 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
         engine_defaults._highlight = highlight
 
 
-def check_batch_size(cfg: CfgNode, world_size: int) -> None:
-    """SOLVER.IMS_PER_BATCH (images per iteration over all processes) splits evenly over them."""
-    batch = cfg.SOLVER.IMS_PER_BATCH
+def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") -> None:
+    """The images per iteration over all processes (``key``) split evenly over them."""
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"SOLVER.IMS_PER_BATCH must be a positive integer (images per "
-                         f"iteration over all processes), got {batch!r}")
+        raise ValueError(f"{key} must be a positive integer (images per iteration over all "
+                         f"processes), got {batch!r}")
     if batch % world_size:
-        raise ValueError(f"SOLVER.IMS_PER_BATCH {batch} does not split over {world_size} "
-                         f"processes: use a multiple of {world_size}")
+        raise ValueError(f"{key} {batch} does not split over {world_size} processes: use a "
+                         f"multiple of {world_size}")
 
 
 def write_json_atomically(path: str, data) -> None:
@@ -121,7 +120,7 @@ class Trainer(DefaultTrainer):
         if not isinstance(period, int) or isinstance(period, bool) or period < 1:
             raise ValueError(f"SOLVER.LOG_PERIOD must be an integer >= 1 (iterations), "
                              f"got {period!r}")
-        check_batch_size(cfg, comm.get_world_size())
+        check_batch_size(cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
         check_training_recipe(cfg)
         if cfg.DATALOADER.get("DETERMINISTIC", False):
             if cfg.SEED < 0:
