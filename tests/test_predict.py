@@ -8,8 +8,11 @@ import cv2
 import numpy as np
 import pytest
 from pycocotools import mask as mask_util
+from pycocotools.coco import COCO
+from pycocotools.cocoeval import COCOeval
 
 from conftest import REPO_ROOT, subprocess_env
+from lambda_det.evaluation import load_results
 
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "3",
@@ -64,6 +67,16 @@ def test_predictions_match_the_evaluators(trained, datasets_root, tmp_path):
             iou = mask_util.iou([ours["segmentation"]], [theirs["segmentation"]], [0])
             assert iou[0, 0] > 0.99
     assert len(list(output.glob("*.png"))) == len(list(val.glob("*.png")))
+    # Scored with pycocotools, the file gives the evaluator's AP.
+    ground_truth = COCO(str(datasets_root / "lambda_det_shapes_v1" / "val.json"))
+    recorded = load_results(str(trained))
+    for task in ("bbox", "segm"):
+        evaluation = COCOeval(ground_truth, ground_truth.loadRes(str(output / "predictions.json")),
+                              task)
+        evaluation.evaluate()
+        evaluation.accumulate()
+        evaluation.summarize()
+        assert evaluation.stats[0] * 100 == pytest.approx(recorded[task]["AP"], abs=1e-3)
 
 
 @pytest.mark.slow
