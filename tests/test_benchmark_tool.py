@@ -21,6 +21,7 @@ def test_layer_sizes_are_the_layers_defaults():
     assert (zoo.AFT_HEADS, zoo.AFT_WINDOW) == (8, 7)
 
 
+@pytest.mark.slow
 def test_every_candidate_builds_and_keeps_the_shape():
     pytest.importorskip("timm")
     pytest.importorskip("lambda_networks")
@@ -49,6 +50,7 @@ def test_memory_cap_skips_with_the_reason():
     assert all(c.skip and c.skip.startswith("too large") for c in candidates)
 
 
+@pytest.mark.slow
 def test_a_small_run_writes_table_json_and_plot(tmp_path):
     tool = load_benchmark_tool()
     assert tool.main(["--shapes", "c5_224", "--only", "tiled", "conv 3x3", "AFT-simple",
@@ -71,6 +73,7 @@ def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
     assert layers.LambdaLayer(16).tuning.tile == ()  # no default was rewritten
 
 
+@pytest.mark.slow
 def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
     # An explicit --repetitions equal to the layer default once got replaced by the backbone's.
     tool = load_benchmark_tool()
@@ -85,6 +88,7 @@ def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
     assert "x baseline time" in (tmp_path / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
     tool = load_benchmark_tool()
     assert tool.main(["--blocks", "--depth", "26", "--image", "64", "--repetitions", "2",

@@ -44,6 +44,7 @@ def test_detectron2_imports_without_lambda_det():
     assert result.stdout.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_import_lambda_det_imports_no_detectron2_and_its_config_prints_nothing():
     result = run_python(
         "import sys\n"
@@ -55,6 +56,7 @@ def test_import_lambda_det_imports_no_detectron2_and_its_config_prints_nothing()
     assert result.stdout == "" and result.stderr == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", ["lambda_det.modeling", "lambda_det.data", "lambda_det.engine"])
 def test_importing_the_detectron2_parts_prints_nothing(module):
     result = run_python(f"import {module}\n")
@@ -154,6 +156,7 @@ def small_mask_rcnn_cfg():
     return cfg
 
 
+@pytest.mark.slow
 def test_mask_rcnn_trains_and_infers_on_cpu():
     model = build_model(small_mask_rcnn_cfg())
     model.train()

@@ -15,6 +15,7 @@ TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "DATALOADER.DETERMINISTIC", "True", "SEED", "3"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, datasets_root):
     cfg = load_config("lambda_r26_shapes", TINY + [
