@@ -10,7 +10,7 @@ without the deprecation warning that torch >= 2.10 prints when fvcore and detect
 import importlib
 import warnings
 
-__all__ = ["import_detectron2"]
+__all__ = ["import_detectron2", "ddp_without_buffer_sync", "quiet_detectron2_warnings"]
 
 _DETECTRON2_MODULES = ("detectron2.modeling", "detectron2.data", "detectron2.evaluation",
                        "detectron2.engine", "detectron2.checkpoint")
@@ -35,3 +35,24 @@ def import_detectron2() -> None:
             if error.name is not None and error.name.split(".")[0] == "detectron2":
                 raise ImportError(_MISSING_DETECTRON2) from error
             raise
+
+
+def ddp_without_buffer_sync() -> dict:
+    """DistributedDataParallel's keyword for "do not broadcast buffers at each forward":
+    ``forward_sync_buffers=False`` where torch has it (its ``broadcast_buffers`` is deprecated
+    there), else ``broadcast_buffers=False``. Buffers are equal on every rank at the start
+    (BN statistics start at 0 and 1), so syncing them once at init changes nothing."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
+
+
+def quiet_detectron2_warnings() -> None:
+    """In a training process: hide the deprecation warning torch prints when detectron2's
+    ``comm.all_gather`` serialises through ``TypedStorage`` (nothing a user can change)."""
+    warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated",
+                            category=UserWarning, module=r"detectron2\.")

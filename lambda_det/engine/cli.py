@@ -21,6 +21,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from detectron2.engine import default_argument_parser
 from detectron2.modeling import build_model
+from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config import load_config
 from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import coco_dataset_overrides
@@ -84,6 +85,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace):
     """What every training or evaluation process runs (detectron2's ``main(args)``)."""
+    quiet_detectron2_warnings()
     with reporting_user_errors(args.debug):
         cfg = setup_cfg(args)
         if args.eval_only:

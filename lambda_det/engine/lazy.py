@@ -17,6 +17,7 @@ from detectron2.data import MetadataCatalog
 from detectron2.engine import SimpleTrainer, create_ddp_model, default_writers, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
+from lambda_det.compat import ddp_without_buffer_sync, quiet_detectron2_warnings
 from lambda_det.data.checks import check_images, load_dataset
 from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
@@ -197,7 +198,11 @@ def train(cfg: DictConfig, resume: bool) -> None:
     optimizer = instantiate(cfg.optimizer)
     train_loader = instantiate(cfg.dataloader.train)
     ddp_options = {"device_ids": None} if _on_cpu(cfg) else {}  # detectron2 assumes GPU ids
-    model = create_ddp_model(model, **cfg.train.ddp, **ddp_options)
+    ddp = dict(cfg.train.ddp)
+    if ddp.get("broadcast_buffers") is False:  # detectron2's spelling, deprecated in torch
+        del ddp["broadcast_buffers"]
+        ddp.update(ddp_without_buffer_sync())
+    model = create_ddp_model(model, **ddp, **ddp_options)
     if cfg.train.amp.enabled:
         trainer = MixedPrecisionTrainer(model, train_loader, optimizer,
                                         dtype=cfg.train.amp.get("dtype", "float16"),
@@ -223,6 +228,7 @@ def train(cfg: DictConfig, resume: bool) -> None:
 
 def run(args: argparse.Namespace):
     """What every training or evaluation process runs."""
+    quiet_detectron2_warnings()
     with reporting_user_errors(args.debug):
         cfg = load_lazy_config(args.config_file, args.opts)
         scale_to_world_size(cfg, comm.get_world_size())

@@ -20,6 +20,7 @@ from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
 from detectron2.engine import defaults as engine_defaults
 from detectron2.engine.hooks import PeriodicWriter
+from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_checked_dataset_dicts
@@ -131,7 +132,7 @@ class Trainer(DefaultTrainer):
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
         ddp_options = {"device_ids": None} if cfg.MODEL.DEVICE == "cpu" else {}
-        model = create_ddp_model(model, broadcast_buffers=False, **ddp_options)
+        model = create_ddp_model(model, **ddp_without_buffer_sync(), **ddp_options)
         if cfg.SOLVER.AMP.ENABLED:
             self._trainer = MixedPrecisionTrainer(
                 model, data_loader, optimizer, dtype=cfg.SOLVER.AMP.DTYPE,
