@@ -10,6 +10,8 @@ Every weights or checkpoint file lambda_det reads (training's MODEL.WEIGHTS, ``-
 Anything else in a file is refused with :class:`UnsafeCheckpointError` before it can run.
 """
 import argparse
+import codecs
+import collections
 import os
 import pickle
 import re
@@ -53,8 +55,8 @@ _SAFE_GLOBALS = {
        for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
-    ("collections", "OrderedDict"): __import__("collections").OrderedDict,
-    ("_codecs", "encode"): __import__("codecs").encode,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("_codecs", "encode"): codecs.encode,
 }
 
 
