@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from lambda_det.benchmark.detector import (  # noqa: E402
+from lambda_det.engine.benchmark_detector import (  # noqa: E402
     MODES, PRECISIONS, DetectorSettings, benchmark_detector, format_detector)
 from lambda_det.benchmark.harness import machine_description  # noqa: E402
 from lambda_det.engine.atomic import atomic_path  # noqa: E402
