@@ -8,7 +8,7 @@ bf16/fp16, a gradient scaler for fp16, ``MODEL.LAMBDA_RESNET.COMPILE`` for "comp
 Candidates are timed in interleaved rounds, the first one rotating; ratios are medians of
 per-round ratios to the first candidate.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import torch
