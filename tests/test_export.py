@@ -140,6 +140,7 @@ def test_sample_image_is_resized_like_the_test_loader(cfg, image_file):
     assert sample_image(cfg).shape == (3, 96, 96)
 
 
+@pytest.mark.slow
 def test_torchscript_matches_eager(model, torchscript_file, images):
     exported = ExportedModel(torchscript_file)
     assert exported.input_shape == (3, *SIZE)
@@ -147,6 +148,7 @@ def test_torchscript_matches_eager(model, torchscript_file, images):
         assert_matches_eager(model, exported, image, TOLERANCES["torchscript"])
 
 
+@pytest.mark.slow
 def test_onnx_matches_eager(model, onnx_file, images):
     pytest.importorskip("onnxruntime")
     exported = ExportedModel(onnx_file)
@@ -183,6 +185,7 @@ def test_exported_model_refuses_other_sizes_and_dtypes(torchscript_file):
         exported(torch.zeros(3, *SIZE))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:You are using the legacy TorchScript-based ONNX export")
 @pytest.mark.filterwarnings("ignore:The feature will be removed")
 @pytest.mark.filterwarnings("ignore:.*operator of advanced indexing")
@@ -203,6 +206,7 @@ def test_lambda_layer_exports_to_onnx(impl, scope, stride, tmp_path):
         torch.testing.assert_close(torch.from_numpy(output), layer(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("format", ["torchscript", "onnx"])
 def test_retinanet_exports(format, tmp_path):
     if format == "onnx":

@@ -348,6 +348,7 @@ def run_tool(*args: str, datasets_root: Path, timeout: int = 900):
                           timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_tool_reports_a_bad_override_in_one_line(tmp_path):
     result = run_tool("--config", "lambda_r26_shapes", "train.max_itr=2",
                       f"train.output_dir={tmp_path}", datasets_root=tmp_path)

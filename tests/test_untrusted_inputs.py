@@ -238,6 +238,7 @@ def test_bad_weights_and_config_files_are_one_line(tmp_path, datasets_root, earl
 
 # ---- one run per OUTPUT_DIR ----
 
+@pytest.mark.slow
 def test_output_dir_lock_names_the_holder_and_dies_with_it(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from lambda_det.engine.output_dir import "
