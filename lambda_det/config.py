@@ -112,7 +112,7 @@ def _lsj_node() -> CN:
     return lsj
 
 
-add_lambda_resnet_config = add_lambda_det_config  # the name it had before it added more nodes
+add_lambda_resnet_config = add_lambda_det_config  # the same function, by its backbone's name
 
 
 def get_cfg() -> CN:

@@ -11,7 +11,6 @@ width, SE and mixer (trailing ``KEY VALUE`` overrides apply, as in train_net.py)
 classifier is dropped; every backbone weight must be there. ``--ema`` takes timm's EMA weights.
 The checkpoint is read without running code from it.
 """
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -24,23 +23,17 @@ import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import load_checkpoint_file  # noqa: E402
 from lambda_det.engine.atomic import atomic_path  # noqa: E402
-from lambda_det.engine.cli import check_model, reporting_user_errors  # noqa: E402
+from lambda_det.engine.cli import (  # noqa: E402
+    add_debug_and_overrides, check_model, reporting_user_errors, tool_argument_parser)
 from lambda_det.modeling.timm_models import convert_classifier_checkpoint  # noqa: E402
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.split("\n")[1:]))
+    parser = tool_argument_parser(__doc__)
     parser.add_argument("classifier", help="timm checkpoint (train.py's .pth.tar, or a state dict)")
     parser.add_argument("output", help="the detector weights to write (.pth)")
-    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
-                        help="the detection config to fine-tune (a path or a shipped name)")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
-    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
-    args = parser.parse_args(argv)
+    args = add_debug_and_overrides(parser).parse_args(argv)
     with reporting_user_errors(args.debug):
         if os.path.exists(args.output):
             raise FileExistsError(f"{args.output!r} exists: give another output file")

@@ -35,18 +35,15 @@ sys.path.insert(0, str(REPO))  # run from a checkout as a script
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.engine.cli import (  # noqa: E402
+    add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
 from lambda_det.export import (  # noqa: E402
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, eager_outputs, export_model,
     max_differences, sample_image)
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.split("\n")[1:]))
-    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
-                        help="a config path, or a config name under configs/")
+    parser = tool_argument_parser(__doc__)
     parser.add_argument("--format", required=True, choices=EXPORT_FORMATS)
     parser.add_argument("--output", default=None,
                         help="the file to write (default: OUTPUT_DIR/model.ts or model.onnx)")
@@ -58,10 +55,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--opset", type=int, default=ONNX_OPSET, help="ONNX opset (>= 16)")
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="largest absolute difference from the eager model accepted")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
-    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
-    return parser
+    return add_debug_and_overrides(parser)
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,8 @@ import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
 from lambda_det.engine.atomic import atomic_path  # noqa: E402
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.engine.cli import (  # noqa: E402
+    add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
 from lambda_det.inference import (  # noqa: E402
     BatchPredictor, collect_inputs, dataset_image_ids, metadata_of, predict_files)
 
@@ -35,11 +36,7 @@ RESULTS_FILE = "predictions.json"
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.split("\n")[1:]))
-    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
-                        help="a config path, or the name of a shipped config")
+    parser = tool_argument_parser(__doc__)
     parser.add_argument("--input", nargs="+", required=True,
                         help="image or video files, folders of them, or globs")
     parser.add_argument("--output", required=True, help="the folder to write into")
@@ -50,10 +47,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass")
     parser.add_argument("--overwrite", action="store_true",
                         help="write into an --output folder that holds predictions already")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
-    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
-    return parser
+    return add_debug_and_overrides(parser)
 
 
 def config_overrides(args) -> list:

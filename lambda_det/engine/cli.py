@@ -33,7 +33,8 @@ from lambda_det.engine.output_dir import (
 from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
 
-__all__ = ["argument_parser", "main", "run", "launch_checked", "reporting_user_errors", "check_model",
+__all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
+           "launch_checked", "reporting_user_errors", "check_model",
            "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
@@ -60,6 +61,26 @@ def reporting_user_errors(debug: bool = False):
             raise
         print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_ERROR_STATUS) from None
+
+
+def tool_argument_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a tool that takes one config: its docstring as help, and
+    ``--config-file``/``--config`` (a path or a shipped config's name). Finish it with
+    :func:`add_debug_and_overrides` after the tool's own arguments."""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(doc.split("\n")[1:]))
+    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
+                        help="a config path, or the name of a shipped config")
+    return parser
+
+
+def add_debug_and_overrides(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--debug`` and the trailing ``KEY VALUE`` config overrides (last: they take the rest)."""
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    return parser
 
 
 def argument_parser() -> argparse.ArgumentParser:
