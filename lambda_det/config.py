@@ -14,7 +14,8 @@ from detectron2.config import CfgNode as CN  # noqa: E402
 from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
 
 __all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
-           "resolve_config_file", "adapt_norms_to_device", "MISSING_CONFIG_HINT"]
+           "resolve_config_file", "adapt_norms_to_device", "config_differences",
+           "MISSING_CONFIG_HINT"]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +119,29 @@ add_lambda_resnet_config = add_lambda_det_config  # the same function, by its ba
 def get_cfg() -> CN:
     """Detectron2's default config plus lambda_det's keys."""
     return add_lambda_det_config(get_detectron2_cfg())
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    flat = {}
+    for key, value in node.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else key))
+    return flat
+
+
+def config_differences(saved: str, wanted: str) -> List[str]:
+    """``KEY: saved -> wanted`` for every key whose value differs between two config dumps
+    (yaml text), sorted by key.
+
+    A key that a dump lacks counts as its default: a run saved before lambda_det added the key
+    ran with the default's behaviour, so it is the same run under a newer lambda_det.
+    """
+    defaults = _flatten(yaml.safe_load(get_cfg().dump()))
+    old = {**defaults, **_flatten(yaml.safe_load(saved))}
+    new = {**defaults, **_flatten(yaml.safe_load(wanted))}
+    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
 def adapt_norms_to_device(cfg: CN) -> List[str]:

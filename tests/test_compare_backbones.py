@@ -215,8 +215,8 @@ def test_plan_refuses_a_folder_of_another_recipe_or_not_made_by_it(tmp_path):
     (run.folder / RECIPE_FILE).write_text(run.recipe)
     (run.folder / "model_final.pth").write_text("the user's weights")
     plan(tmp_path)  # the same recipe: fine
-    with pytest.raises(ValueError, match=r"holds a conv run of another config \(SOLVER.BASE_LR "
-                                         r"0.04 there, 0.02 now\)"):
+    with pytest.raises(ValueError, match=r"holds a conv run of another config \(SOLVER.BASE_LR: "
+                                         r"0.04 -> 0.02\)"):
         plan(tmp_path, opts=["SOLVER.BASE_LR", "0.02"])
     (run.folder / RECIPE_FILE).unlink()
     with pytest.raises(FileExistsError, match="not a run of this comparison"):

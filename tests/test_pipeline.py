@@ -284,6 +284,22 @@ def test_demo_names_the_config_differences_of_a_finished_run():
     assert demo.config_differences(saved, wanted) == ["MODEL.NEW: None -> 2", "SEED: 0 -> 1"]
 
 
+def test_a_key_missing_from_a_saved_config_counts_as_its_default():
+    # A run saved before lambda_det added a key is the same run under the newer lambda_det.
+    from lambda_det.config import config_differences, get_cfg
+
+    wanted = get_cfg()
+    wanted.MODEL.LAMBDA_RESNET.DEPTH = 26
+    saved = wanted.clone()
+    del saved.MODEL.LAMBDA_RESNET["COMPILE"]
+    del saved.SOLVER.AMP["DTYPE"]
+    assert "COMPILE" not in saved.dump()
+    assert config_differences(saved.dump(), wanted.dump()) == []
+    wanted.MODEL.LAMBDA_RESNET.COMPILE = True  # not the default: a difference
+    assert config_differences(saved.dump(), wanted.dump()) == [
+        "MODEL.LAMBDA_RESNET.COMPILE: False -> True"]
+
+
 def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
     for run in ("a", "b"):
         (tmp_path / run / "out").mkdir(parents=True)

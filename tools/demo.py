@@ -20,7 +20,6 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout as a script
@@ -29,7 +28,7 @@ import lambda_det.data  # noqa: E402
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
-from lambda_det.config import load_config, resolve_config_file  # noqa: E402
+from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
 from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
 from lambda_det.engine.output_dir import RUN_FILES  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
@@ -56,18 +55,6 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
     rows = [np.concatenate(tiles[i:i + 2], axis=1) for i in range(0, len(tiles), 2)]
     cv2.imwrite(str(path), np.concatenate(rows, axis=0)[:, :, ::-1])
     return path
-
-
-def config_differences(saved: str, wanted: str) -> list:
-    """``KEY: saved -> wanted`` for every config key whose value differs between two dumps."""
-    def flat(node, prefix=""):
-        if not isinstance(node, dict):
-            return {prefix[:-1]: node}
-        return {key: value for name, child in node.items()
-                for key, value in flat(child, f"{prefix}{name}.").items()}
-    old, new = flat(yaml.safe_load(saved)), flat(yaml.safe_load(wanted))
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
 def main(argv=None) -> int:

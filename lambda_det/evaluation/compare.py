@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import yaml
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
-from lambda_det.config import load_config, resolve_config_file
+from lambda_det.config import config_differences, load_config, resolve_config_file
 from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.output_dir import last_checkpoint
 
@@ -131,33 +130,16 @@ def _recipe(cfg) -> str:
     return cfg.dump()
 
 
-def _flatten(node, prefix: str = "") -> Dict[str, object]:
-    if not isinstance(node, dict):
-        return {prefix: node}
-    flat = {}
-    for key, value in node.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else key))
-    return flat
-
-
-def _first_difference(old: str, new: str) -> str:
-    old_items, new_items = _flatten(yaml.safe_load(old)), _flatten(yaml.safe_load(new))
-    for key in sorted(set(old_items) | set(new_items)):
-        if old_items.get(key) != new_items.get(key):
-            return f"{key} {old_items.get(key)!r} there, {new_items.get(key)!r} now"
-    return "the same keys"
-
-
 def _check_folder(run: PairRun) -> None:
     """A pair's folder is new, empty, or holds a run of the same recipe (never mixed or
     replaced: the user's results stay)."""
     recorded = run.folder / RECIPE_FILE
     if recorded.is_file():
-        old = recorded.read_text()
-        if old != run.recipe:
+        differences = config_differences(recorded.read_text(), run.recipe)
+        if differences:
             raise ValueError(
                 f"{run.folder} holds a {run.variant.name} run of another config "
-                f"({_first_difference(old, run.recipe)}): rerun with the config and overrides "
+                f"({differences[0]}): rerun with the config and overrides "
                 f"it was started with, or pass another --output")
     elif run.folder.is_dir() and any(run.folder.iterdir()):
         raise FileExistsError(f"{run.folder} holds files but no {RECIPE_FILE}, so it is not a "
