@@ -87,6 +87,9 @@ def _lambda_resnet_node() -> CN:
     # One relative position embedding for all lambda layers (paper Table 4).
     node.SHARE_POSITION_EMBEDDINGS = False
     node.WIDTH_MULTIPLIER = 1.0
+    # Stochastic depth, the largest block's rate (linear in block order, Huang et al. 2016).
+    # The paper's detection recipe uses none; its ImageNet recipe does (Table 20).
+    node.DROP_PATH_RATE = 0.0
     # Backbone norm (detectron2's get_norm names). The paper: synchronized BN, from scratch.
     node.NORM = None
     node.OUT_FEATURES = None

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from detectron2.layers import CNNBlockBase, Conv2d, get_norm
+from torchvision.ops import StochasticDepth
 
 __all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "make_norm", "MixerFactory"]
 
@@ -80,10 +81,13 @@ class Bottleneck(CNNBlockBase):
             lambda layer ("lambda") or AFT-conv ("aft_conv").
         norm: detectron2 norm name for every norm in the block.
         se: add squeeze-and-excitation (ratio 0.25) after the expanding conv.
+        drop_path: stochastic depth (Huang et al. 2016): in training, the residual branch of
+            each sample is dropped with this probability and scaled by 1 / (1 - drop_path)
+            when kept; the identity in evaluation.
     """
 
     def __init__(self, in_channels: int, out_channels: int, *, width: int, mixer: MixerFactory,
-                 stride: int = 1, norm: str = "BN", se: bool = False):
+                 stride: int = 1, norm: str = "BN", se: bool = False, drop_path: float = 0.0):
         super().__init__(in_channels, out_channels, stride)
         if in_channels != out_channels or stride != 1:
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.
@@ -98,6 +102,10 @@ class Bottleneck(CNNBlockBase):
         self.mixer_norm = make_norm(norm, width) or nn.Identity()
         self.conv3 = Conv2d(width, out_channels, 1, bias=False, norm=make_norm(norm, out_channels))
         self.se = SqueezeExcite(out_channels) if se else None
+        if not 0.0 <= drop_path < 1.0:
+            raise ValueError(f"drop_path must be in [0, 1), got {drop_path!r}")
+        # None at 0: no module, no random draw, the same block as without stochastic depth.
+        self.drop_path = StochasticDepth(drop_path, "row") if drop_path else None
 
     def init_weights(self) -> None:
         """The block's own init, applied over the backbone's He init of every conv.
@@ -119,5 +127,7 @@ class Bottleneck(CNNBlockBase):
         out = self.conv3(out)
         if self.se is not None:
             out = self.se(out)
+        if self.drop_path is not None:
+            out = self.drop_path(out)
         shortcut = x if self.shortcut is None else self.shortcut(x)
         return F.relu(out + shortcut)

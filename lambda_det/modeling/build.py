@@ -130,6 +130,7 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
         freeze_at=cfg.MODEL.BACKBONE.FREEZE_AT,
         width_multiplier=node.WIDTH_MULTIPLIER,
         in_channels=input_shape.channels,
+        drop_path_rate=node.DROP_PATH_RATE,
         mixer=node.MIXER,
         **options_from_config(node),
     )

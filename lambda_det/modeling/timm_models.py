@@ -44,8 +44,8 @@ class TimmLambdaResNet(LambdaResNet):
     ``num_features`` and ``pretrained_cfg`` are there for timm's training and validation scripts.
 
     Args:
-        num_classes, in_chans, drop_rate (dropout before the classifier), global_pool ("avg"):
-            timm's names.
+        num_classes, in_chans, drop_rate (dropout before the classifier), drop_path_rate
+            (stochastic depth, see :class:`LambdaResNet`), global_pool ("avg"): timm's names.
         **kwargs: :class:`LambdaResNet` arguments.
     """
 
@@ -54,10 +54,8 @@ class TimmLambdaResNet(LambdaResNet):
                  drop_path_rate: Optional[float] = None, **kwargs):
         if global_pool != "avg":
             raise ValueError(f"global_pool must be 'avg', got {global_pool!r}")
-        if drop_path_rate:
-            raise ValueError(f"drop_path_rate (stochastic depth) is not implemented in "
-                             f"lambda_det's blocks, got {drop_path_rate}: leave it unset")
-        super().__init__(depth, num_classes=num_classes, in_channels=in_chans, **kwargs)
+        super().__init__(depth, num_classes=num_classes, in_channels=in_chans,
+                         drop_path_rate=drop_path_rate or 0.0, **kwargs)
         self.drop_rate = drop_rate
         self.num_features = self.linear.in_features
         self.pretrained_cfg = dict(PRETRAINED_CFG, num_classes=num_classes)

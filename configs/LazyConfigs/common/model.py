@@ -32,6 +32,7 @@ model = L(GeneralizedRCNN)(
             freeze_at=0,  # from scratch: everything trains
             width_multiplier=1.0,
             in_channels=3,
+            drop_path_rate=0.0,  # stochastic depth: none in the paper's detection recipe
             mixer="lambda",
             # The lambda mixer's options: heads h, query depth k, intra-depth u, local scope r
             # (None: global context, over feature maps up to max_size), one position embedding
