@@ -339,6 +339,19 @@ def test_the_training_recipe_and_datasets_are_checked(override, message, shapes_
     assert len(errors) == 1 and errors[0].startswith(message), errors
 
 
+def test_coco_dataset_registers_the_users_dataset(datasets_root, tmp_path, capsys):
+    shapes = datasets_root / "lambda_det_shapes_v1"
+    with pytest.raises(SystemExit) as exit_info:  # stopped by the class count: it was read
+        lazy.main(["--config", "lambda_r26_shapes", "--coco-dataset", "lazy_own_shapes",
+                   str(shapes / "train.json"), str(shapes / "train"),
+                   "dataloader.train.dataset.names=[lazy_own_shapes]",
+                   "model.roi_heads.num_classes=80", f"train.output_dir={tmp_path / 'run'}"])
+    assert exit_info.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == ["error: model.roi_heads.num_classes is 80, but dataset 'lazy_own_shapes' "
+                      "has 3 categories: add model.roi_heads.num_classes=3 to the command line"]
+
+
 def run_tool(*args: str, datasets_root: Path, timeout: int = 900):
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)

@@ -19,6 +19,7 @@ from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from lambda_det.compat import ddp_without_buffer_sync, quiet_detectron2_warnings
 from lambda_det.data.checks import check_images, load_dataset
+from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.cli import (
@@ -230,6 +231,7 @@ def run(args: argparse.Namespace):
     """What every training or evaluation process runs."""
     quiet_detectron2_warnings()
     with reporting_user_errors(args.debug):
+        register_coco_triples(args.coco_dataset, source="--coco-dataset")
         cfg = load_lazy_config(args.config_file, args.opts)
         scale_to_world_size(cfg, comm.get_world_size())
         plain_default_setup(cfg, args)
@@ -252,6 +254,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise ValueError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
                              "lambda_r152_mask_rcnn)")
         args.config_file = resolve_lazy_config_file(args.config_file)  # what default_setup logs
+        # In this process for the checks; run() registers them in every training process.
+        register_coco_triples(args.coco_dataset, source="--coco-dataset")
         cfg = load_lazy_config(args.config_file, args.opts)
         scale_to_world_size(cfg, args.num_gpus * args.num_machines)
     cpu = _on_cpu(cfg) or not torch.cuda.is_available()
