@@ -15,7 +15,9 @@ import pytest
 
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.evaluation.compare import (
-    PRESETS, RECIPE_FILE, RunFailedError, Variant, parse_variant, plan_comparison, run_comparison)
+    PRESETS, RECIPE_FILE, RunFailedError, Variant, parse_variant, plan_comparison, run_comparison,
+    train_command)
+from lambda_det.config import load_config
 from lambda_det.evaluation.compare_report import (
     format_comparison, median_iteration_time, summarize, write_report)
 
@@ -194,6 +196,26 @@ def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
         assert 0 < count["backbone_parameters"] < count["parameters"]
 
 
+def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datasets_root):
+    shapes = datasets_root / "lambda_det_shapes_v1"
+    triple = ["OWN_SHAPES", str(shapes / "train.json"), str(shapes / "train")]
+    options, opts = load_tool("compare_backbones").split_overrides(
+        ["--config", "lambda_r26_shapes", "--coco-dataset", *triple, "--seeds", "0", "1",
+         "DATASETS.TRAIN", "('OWN_SHAPES',)", "DATASETS.TEST", "('OWN_SHAPES',)"])
+    assert options == ["--config", "lambda_r26_shapes", "--coco-dataset", *triple,
+                       "--seeds", "0", "1"]  # the upper-case NAME is not a config key
+    comparison = plan_comparison("lambda_r26_shapes", opts, [parse_variant("conv"),
+                                 parse_variant("lambda")], [0, 1], str(tmp_path / "cmp"),
+                                 coco_datasets=[triple])
+    for run in comparison.runs:
+        cfg = load_config("lambda_r26_shapes", run.opts)
+        assert [list(entry) for entry in cfg.DATASETS.COCO_INSTANCES] == [triple]
+        assert tuple(cfg.DATASETS.TEST) == ("OWN_SHAPES",)
+        command = train_command("train_net.py", comparison, run)
+        assert "DATASETS.COCO_INSTANCES" in command and str(shapes / "train.json") in " ".join(
+            command)
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(config="r101_mask_rcnn"), "variants 'conv' and 'lambda' train the same model"),
     (dict(opts=["SEED", "3"]), "SEED is set per run"),
@@ -325,9 +347,15 @@ def small_datasets_root(datasets_root, tmp_path) -> Path:
     return root
 
 
-def compare_command(output: Path):
+def compare_command(output: Path, datasets_root: Path):
+    """The comparison of the small shapes data, named on the command line as a user's own
+    COCO-format dataset."""
+    data = datasets_root / "lambda_det_shapes_v1"
     return [sys.executable, str(REPO_ROOT / "tools/compare_backbones.py"), "--config",
             "lambda_r26_shapes", "--variant", "conv", "lambda", "--seeds", "0", "1", *TINY,
+            "--coco-dataset", "own_train", str(data / "train.json"), str(data / "train"),
+            "--coco-dataset", "own_val", str(data / "val.json"), str(data / "val"),
+            "DATASETS.TRAIN", "('own_train',)", "DATASETS.TEST", "('own_val',)",
             "--output", str(output)]
 
 
@@ -337,9 +365,10 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(small_datasets_root)
     output = tmp_path / "cmp"
+    command = compare_command(output, small_datasets_root)
     first = output / "conv/seed0"
     # Interrupt the first pair after its first checkpoint (iteration 1 of 4).
-    process = subprocess.Popen(compare_command(output), env=env, cwd=REPO_ROOT,
+    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                start_new_session=True)
     deadline = time.monotonic() + 300
@@ -351,7 +380,7 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
     assert not (first / "eval_results.json").exists(), "the run ended before the kill"
     assert not (output / "lambda").exists()
 
-    result = subprocess.run(compare_command(output), env=env, cwd=REPO_ROOT,
+    result = subprocess.run(command, env=env, cwd=REPO_ROOT,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[1/4] conv seed 0: continuing from its last checkpoint" in result.stdout
@@ -385,7 +414,7 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
 
     # A second invocation reuses every finished pair: no training, the same report.
     stamps = {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
-    again = subprocess.run(compare_command(output), env=env, cwd=REPO_ROOT,
+    again = subprocess.run(command, env=env, cwd=REPO_ROOT,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("finished, reusing") == 4 and "train_net.py" not in again.stdout

@@ -32,8 +32,9 @@ from lambda_det.evaluation.compare_report import summarize, write_report  # noqa
 # The shared overrides are the KEY VALUE pairs whose KEY is a config key (upper case, e.g.
 # MODEL.DEVICE) and not an option's value: they may follow --seeds 0 1 2 or precede --output.
 CONFIG_KEY = re.compile(r"[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*$")
-ONE_VALUE_OPTIONS = ("--config", "--config-file", "--baseline", "--output", "--num-gpus",
-                     "--dataset")
+# Options with a fixed number of values (a value may look like a config key: a dataset NAME).
+OPTION_VALUES = {"--config": 1, "--config-file": 1, "--baseline": 1, "--output": 1,
+                 "--num-gpus": 1, "--dataset": 1, "--coco-dataset": 3}
 
 
 def split_overrides(argv):
@@ -41,7 +42,11 @@ def split_overrides(argv):
     options, overrides, index = [], [], 0
     while index < len(argv):
         token = argv[index]
-        if CONFIG_KEY.match(token) and not (options and options[-1] in ONE_VALUE_OPTIONS):
+        if token in OPTION_VALUES:
+            end = index + 1 + OPTION_VALUES[token]
+            options += argv[index:end]
+            index = end
+        elif CONFIG_KEY.match(token):
             overrides += argv[index:index + 2]
             index += 2
         else:
@@ -68,6 +73,10 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-gpus", type=int, default=1,
                         help="processes per run, passed to train_net.py (GPUs, or gloo CPU "
                              "processes with MODEL.DEVICE cpu)")
+    parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
+                        metavar=("NAME", "JSON", "IMAGE_DIR"),
+                        help="register a COCO-format dataset under NAME for every run "
+                             "(repeatable); use NAME in DATASETS.TRAIN / DATASETS.TEST")
     parser.add_argument("--dataset", help="the test dataset to report, when DATASETS.TEST "
                                           "has several")
     parser.add_argument("--debug", action="store_true",
@@ -92,7 +101,7 @@ def main(argv=None) -> int:
                              f"{[v.name for v in variants]}")
         output = args.output or f"output/compare_{Path(args.config).stem}"
         comparison = plan_comparison(args.config, opts, variants, args.seeds, output,
-                                     dataset=args.dataset)
+                                     dataset=args.dataset, coco_datasets=args.coco_dataset)
     log(f"{len(variants)} variants x {len(args.seeds)} seeds under {comparison.output}")
     try:
         run_comparison(comparison, str(TOOLS / "train_net.py"), args.num_gpus, log=log)

@@ -22,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.config import config_differences, load_config, resolve_config_file
+from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.output_dir import last_checkpoint
 
@@ -147,11 +148,13 @@ def _check_folder(run: PairRun) -> None:
 
 
 def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant],
-                    seeds: Sequence[int], output: str, dataset: Optional[str] = None
-                    ) -> Comparison:
+                    seeds: Sequence[int], output: str, dataset: Optional[str] = None,
+                    coco_datasets: Sequence[Sequence[str]] = ()) -> Comparison:
     """Every (variant, seed) run with its config, checked before anything trains: the config
     and overrides load, each variant's model builds (on the meta device) and differs from the
     others', seeds are fixed and distinct, and no run folder holds another recipe.
+    ``coco_datasets`` (``[name, json_file, image_root]`` triples, ``--coco-dataset``) are added
+    to ``DATASETS.COCO_INSTANCES`` as an override that every run gets.
 
     Raises:
         ValueError, FileNotFoundError, FileExistsError: a mistake in the input (one line).
@@ -165,6 +168,9 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
         if key in _PER_RUN_KEYS:
             raise ValueError(f"{key} is set per run (SEED by --seeds, OUTPUT_DIR by --output "
                              f"as OUTPUT/<variant>/seed<SEED>): remove it from the overrides")
+    if coco_datasets:
+        configured = load_config(config_file, opts).DATASETS.COCO_INSTANCES
+        opts += tuple(coco_dataset_overrides(configured, coco_datasets))
     if not variants:
         raise ValueError("no variants to compare: pass --variant NAME ...")
     names = [v.name for v in variants]
