@@ -291,6 +291,8 @@ def test_yaml_and_lazy_configs_are_told_apart():
     (["train.init_checkpoint=/no/such.pth"], "error: train.init_checkpoint file '/no/such.pth' "
                                              "does not exist"),
     (["--eval-only"], "error: --eval-only needs trained weights: train.init_checkpoint is empty"),
+    (["train.deterministic=True", "train.seed=-1"],
+     "error: train.deterministic needs a fixed train.seed >= 0, got train.seed=-1"),
     (["dataloader.train.total_batch_size=3", "--num-gpus", "2"],
      "error: dataloader.train.total_batch_size 3 does not split over 2 processes"),
 ])
@@ -406,6 +408,45 @@ def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(tmp_path, datasets
     retrain = run_tool("--config", "lambda_r26_shapes", *TINY_TRAINING,
                        f"train.output_dir={output}", datasets_root=datasets_root)
     assert retrain.returncode == 2 and "already holds a run" in retrain.stderr
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_deterministic_training_resumes_exactly(tmp_path, shapes_in, monkeypatch):
+    from lambda_det.engine.deterministic import DeterministicTrainLoader
+
+    monkeypatch.setattr(lazy, "evaluate", lambda cfg, model: None)  # training only
+
+    def recipe(folder):
+        tiny = [item for item in TINY_TRAINING if not item.startswith("train.max_iter=")]
+        return load_lazy_config("lambda_r26_shapes", [
+            *tiny, "train.max_iter=4", "train.checkpointer.period=2", "train.deterministic=True",
+            "train.seed=7", f"train.output_dir={folder}"])
+
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    lazy.train(recipe(straight), resume=False)
+    load, loaded = DeterministicTrainLoader.load, []
+
+    def load_two_iterations(self, position):  # batch 2: the fifth image is iteration 2's
+        loaded.append(position)
+        if len(loaded) > 4:
+            raise Interrupted
+        return load(self, position)
+
+    monkeypatch.setattr(DeterministicTrainLoader, "load", load_two_iterations)
+    with pytest.raises(Interrupted):
+        lazy.train(recipe(interrupted), resume=False)
+    monkeypatch.setattr(DeterministicTrainLoader, "load", load)
+    assert (interrupted / "last_checkpoint").read_text() == "model_0000001.pth"
+    lazy.train(recipe(interrupted), resume=True)
+    expected = torch.load(straight / "model_final.pth", weights_only=True)
+    resumed = torch.load(interrupted / "model_final.pth", weights_only=True)
+    assert expected["iteration"] == resumed["iteration"] == 3
+    for name, value in expected["model"].items():
+        assert torch.equal(value, resumed["model"][name]), name
 
 
 def test_scaling_keeps_images_per_process():

@@ -17,11 +17,13 @@ from detectron2.data import MetadataCatalog
 from detectron2.engine import SimpleTrainer, create_ddp_model, default_writers, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
+from detectron2.utils.env import seed_all_rng
 from lambda_det.compat import ddp_without_buffer_sync, quiet_detectron2_warnings
 from lambda_det.data.checks import check_images, load_dataset
 from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
+from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.cli import (
     argument_parser, check_weights_fit, launch_checked, reporting_user_errors)
 from lambda_det.engine.output_dir import last_checkpoint, prepare_output_dir
@@ -145,6 +147,7 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
     check_batch_size(cfg.dataloader.train.total_batch_size, args.num_gpus * args.num_machines,
                      key="dataloader.train.total_batch_size")
     check_training_recipe(cfg)
+    _deterministic_seed(cfg)
     output_dir = cfg.train.output_dir
     latest = last_checkpoint(output_dir)
     if args.resume and latest is not None:
@@ -187,17 +190,44 @@ def _printable(node):
     return f"<{type(node).__name__}>"
 
 
+def _deterministic_seed(cfg: DictConfig) -> Optional[int]:
+    """train.seed when train.deterministic is set (DATALOADER.DETERMINISTIC of the yaml
+    configs: every iteration a function of (seed, iteration)), else None."""
+    if not cfg.train.get("deterministic", False):
+        return None
+    seed = cfg.train.get("seed", -1)
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"train.deterministic needs a fixed train.seed >= 0, got "
+                         f"train.seed={seed!r}")
+    return seed
+
+
+def _deterministic_train_loader(cfg: DictConfig, seed: int) -> DeterministicTrainLoader:
+    """dataloader.train's dataset and mapper, drawn by (seed, iteration) instead of detectron2's
+    sampler (see :mod:`lambda_det.engine.deterministic`)."""
+    loader = cfg.dataloader.train
+    return DeterministicTrainLoader(instantiate(loader.dataset), instantiate(loader.mapper),
+                                    loader.total_batch_size, seed, comm.get_rank(),
+                                    comm.get_world_size())
+
+
 def train(cfg: DictConfig, resume: bool) -> None:
     """Train ``cfg.model`` for train.max_iter iterations, checkpointing and evaluating as
-    ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint."""
+    ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint.
+    With train.deterministic, every iteration is a function of (train.seed, iteration), so that
+    a resumed run continues exactly."""
     check_training_recipe(cfg)
+    seed = _deterministic_seed(cfg)
+    if seed is not None:
+        seed_all_rng(seed)  # the same initial weights on every rank and every run
     model = instantiate(cfg.model).to(cfg.train.device)
     logger.info("Model:\n%s", model)
     if cfg.train.get("compile_backbone", False):
         model.backbone.compile()  # in place: parameter names and checkpoints stay the same
     cfg.optimizer.params.model = model
     optimizer = instantiate(cfg.optimizer)
-    train_loader = instantiate(cfg.dataloader.train)
+    train_loader = (instantiate(cfg.dataloader.train) if seed is None
+                    else _deterministic_train_loader(cfg, seed))
     ddp_options = {"device_ids": None} if _on_cpu(cfg) else {}  # detectron2 assumes GPU ids
     ddp = dict(cfg.train.ddp)
     if ddp.get("broadcast_buffers") is False:  # detectron2's spelling, deprecated in torch
@@ -213,6 +243,7 @@ def train(cfg: DictConfig, resume: bool) -> None:
     checkpointer = AtomicCheckpointer(model, cfg.train.output_dir, trainer=trainer)
     main = comm.is_main_process()
     trainer.register_hooks([
+        SeedEachIteration(seed) if seed is not None else None,
         hooks.IterationTimer(),
         hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
         hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
@@ -224,7 +255,10 @@ def train(cfg: DictConfig, resume: bool) -> None:
     # A resumed checkpoint must fit the whole model; initial weights, the image network.
     checkpointer.require = "all" if resuming else "backbone"
     checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=resume)
-    trainer.train(trainer.iter + 1 if resuming else 0, cfg.train.max_iter)
+    start = trainer.iter + 1 if resuming else 0
+    if seed is not None:
+        train_loader.start_iteration = start
+    trainer.train(start, cfg.train.max_iter)
 
 
 def run(args: argparse.Namespace):

@@ -35,6 +35,9 @@ train = dict(
     reference_world_size=64,
     device="cuda",  # cpu: SyncBN becomes naiveSyncBN, --num-gpus N starts N gloo processes
     seed=-1,  # -1 draws one
+    # Every iteration a function of (seed, iteration): exact resume, the same global batches
+    # for any number of processes (the yaml configs' DATALOADER.DETERMINISTIC). Needs seed >= 0.
+    deterministic=False,
     amp=dict(enabled=False, dtype="float16"),  # or bfloat16 (no loss scaling), GPU or CPU
     compile_backbone=False,  # torch.compile the backbone (LSJ crops give one input size)
     ddp=dict(broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
