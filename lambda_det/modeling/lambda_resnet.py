@@ -134,8 +134,8 @@ class LambdaResNet(Backbone):
         drop_path_rate: stochastic depth with the linear rule of Huang et al. (2016): block i
             of the N blocks (1-based, in order) drops its residual branch with probability
             drop_path_rate * i / N in training. The paper's ImageNet recipe (Table 20) uses 0.1
-            for LambdaResNet-152 at 224 to 288 pixels and 0.2 for 350 and 420; 0 (default) adds
-            nothing.
+            for LambdaResNet-152 at 224 to 288 pixels and LambdaResNet-270, 0.2 for 350 and
+            420; 0 (default) adds nothing.
         mixer: the name of a registered mixer (:mod:`lambda_det.modeling.mixers`): "lambda"
             (LambdaLayer), "aft_conv" (AFTConv, the Attention Free Transformer's conv form, for
             head-to-head comparisons), ...
