@@ -2,9 +2,11 @@
 
 Detectron2 reports an annotation file that is not JSON as a bare ``JSONDecodeError``, an unknown
 category id without the file, a missing or corrupt image from inside a data-loader worker
-(possibly hours into training) and a dataset with nothing to learn from as an assertion. These
-checks run once, before training: :func:`check_run_datasets` is tools/train_net.py's pre-flight,
-:func:`load_checked_dataset_dicts` is what the trainer's loader trains on.
+(possibly hours into training) and a dataset with nothing to learn from as an assertion; it
+reads a COCO file with a repeated image id, and a 16-bit grayscale image, wrongly without a word.
+These checks run once, before training: :func:`check_run_datasets` is tools/train_net.py's
+pre-flight (tools/check_dataset.py's too), :func:`load_training_dicts` is what the trainer's
+loader trains on.
 
 Images are checked from their headers and tails (``DATALOADER.CHECK_IMAGES "header"``, see
 :func:`check_image_file`) in a thread pool: COCO train2017's 118k images in about 15 s on 2 cores
@@ -27,10 +29,12 @@ from detectron2.data.build import (
     check_metadata_consistency, filter_images_with_only_crowd_annotations,
     print_instances_class_histogram)
 from detectron2.structures import BoxMode
+from detectron2.utils.file_io import PathManager
 
-__all__ = ["load_checked_dataset_dicts", "load_dataset", "check_dataset_dicts",
-           "check_usable_annotations", "check_num_classes", "check_images", "check_image_file",
-           "check_run_datasets", "IMAGE_CHECKS", "MISSING_DATASET_HINT"]
+__all__ = ["load_checked_dataset_dicts", "load_training_dicts", "load_checked_test_dicts",
+           "load_dataset", "check_dataset_dicts", "check_unique_ids", "check_usable_annotations",
+           "check_num_classes", "check_images", "check_image_file", "check_image_mode",
+           "check_run_datasets", "IMAGE_CHECKS", "READABLE_IMAGE_MODES", "MISSING_DATASET_HINT"]
 
 MISSING_DATASET_HINT = (
     "detectron2 reads its builtin datasets (coco_2017_train, ...) from $DETECTRON2_DATASETS, "
@@ -44,6 +48,12 @@ _TAIL_BYTES = 1024
 _END_MARKERS = {"JPEG": (b"\xff\xd9", "JPEG end-of-image marker FFD9"),
                 "PNG": (b"IEND", "PNG IEND chunk")}
 _EXIF_ORIENTATION = 274
+# PIL modes that detectron2's read_image turns into what the image shows, 8 bits per channel
+# (alpha dropped). It converts the others with PIL's ``convert``, which clips high-bit-depth
+# grayscale to 0-255 instead of scaling it: a 16-bit image reads as solid white, a float one
+# in [0, 1] as black. tests/test_dataset_checks.py reads each mode.
+READABLE_IMAGE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")
+_HIGH_BIT_DEPTH_MODES = {"I": "32-bit integer grayscale", "F": "32-bit float grayscale"}
 # Architectures whose heads classify detectron2's thing classes, and the key of their count.
 _NUM_CLASSES_KEYS = {"GeneralizedRCNN": "MODEL.ROI_HEADS.NUM_CLASSES",
                      "PanopticFPN": "MODEL.ROI_HEADS.NUM_CLASSES",
@@ -112,10 +122,69 @@ def load_dataset(name: str) -> List[dict]:
                 and MetadataCatalog.get(name).get("thing_classes") == []):
             raise ValueError(f"{where} has no categories: list them under \"categories\" "
                              f"(id and name each)") from None
+        if json_file and "are not unique" in str(error):  # load_coco_json's annotation ids
+            check_unique_ids([name])  # names the id
         raise ValueError(f"{where}: {' '.join(str(error).split())}") from None
     if not len(dicts):
         raise ValueError(f"{where} has no images: check that the file lists them under "
                          f"\"images\"")
+    return dicts
+
+
+def check_unique_ids(names: Sequence[str]) -> None:
+    """Each COCO annotation file's images, annotations and categories have ids of their own.
+
+    pycocotools (under detectron2's loader and its COCOEvaluator) indexes them by id and keeps
+    the last entry of a repeated one: an image id given twice puts both images' boxes on one of
+    them, and the other image is never seen. Datasets without a COCO file pass. Reads each file
+    once more (about as long as detectron2's loading): the pre-flight calls this, training does
+    not.
+
+    Raises:
+        ValueError: naming the file, the id and the two entries (file names for images).
+    """
+    kinds = (("images", "image", "file_name"), ("annotations", "annotation", "image_id"),
+             ("categories", "category", "name"))
+    for name in names:
+        json_file = MetadataCatalog.get(name).get("json_file")
+        if not json_file:
+            continue
+        with PathManager.open(json_file) as f:
+            data = json.load(f)
+        if not isinstance(data, dict):
+            continue
+        for key, kind, label in kinds:
+            first_with_id = {}
+            for entry in data.get(key) or ():
+                if not isinstance(entry, dict) or "id" not in entry:
+                    continue
+                first = first_with_id.setdefault(entry["id"], entry)
+                if first is not entry:
+                    what = "annotations of image ids" if kind == "annotation" else f"{key}"
+                    raise ValueError(
+                        f"{_describe(name)}: {kind} id {entry['id']!r} is used twice, by {what} "
+                        f"{first.get(label)!r} and {entry.get(label)!r}: give each {kind} its "
+                        f"own id (detectron2 would keep one and drop the other)")
+
+
+def load_training_dicts(cfg) -> List[dict]:
+    """The training set of a yaml config as the trainer trains on it: the one place that says
+    what training requires of ``DATASETS.TRAIN`` (:func:`load_checked_dataset_dicts` with
+    ``DATALOADER.FILTER_EMPTY_ANNOTATIONS``, and segmentations when ``MODEL.MASK_ON``), for
+    the trainer, the pre-flight and tools/check_dataset.py."""
+    return load_checked_dataset_dicts(cfg.DATASETS.TRAIN,
+                                      filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
+                                      require_masks=cfg.MODEL.MASK_ON)
+
+
+def load_checked_test_dicts(name: str, require_masks: bool = False) -> List[dict]:
+    """A test set, loaded (:func:`load_dataset`) and checked as a training set's records are
+    (:func:`check_dataset_dicts`: sound boxes, and segmentations when masks are evaluated),
+    its COCO ids unique (:func:`check_unique_ids`): COCO evaluation accepts a NaN box, and
+    fails on a missing segmentation only after inference."""
+    dicts = load_dataset(name)
+    check_unique_ids([name])
+    check_dataset_dicts(dicts, [name], require_masks)
     return dicts
 
 
@@ -132,7 +201,8 @@ def load_checked_dataset_dicts(names: Sequence[str], filter_empty: bool = True,
         return dicts
     check_usable_annotations(per_dataset, names)
     if filter_empty:
-        dicts = filter_images_with_only_crowd_annotations(dicts)
+        per_dataset = [filter_images_with_only_crowd_annotations(part) for part in per_dataset]
+        dicts = list(itertools.chain.from_iterable(per_dataset))
     try:
         class_names = MetadataCatalog.get(names[0]).thing_classes
     except AttributeError:  # class names are not available for this dataset
@@ -140,7 +210,8 @@ def load_checked_dataset_dicts(names: Sequence[str], filter_empty: bool = True,
     else:
         check_metadata_consistency("thing_classes", names)
         print_instances_class_histogram(dicts, class_names)
-    check_dataset_dicts(dicts, names, require_masks)
+    for name, part in zip(names, per_dataset):  # each bad record named with its dataset
+        check_dataset_dicts(part, [name], require_masks)
     return dicts
 
 
@@ -169,29 +240,37 @@ def check_usable_annotations(per_dataset: Sequence[Sequence[dict]],
 
 def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
                         require_masks: bool = False) -> None:
-    """Raise a ValueError / FileNotFoundError naming the first bad image or annotation."""
-    where = f" (datasets {list(names)})" if names else ""
+    """Raise a ValueError / FileNotFoundError naming the first bad image or annotation: the
+    dataset (``names``), the image (id and file) and the annotation (its place in the image)."""
+    datasets = ", ".join(map(repr, names))
+    where = f" (dataset{'s' if len(names) > 1 else ''} {datasets})" if names else ""
+    required = ("bbox", "category_id") + (("segmentation",) if require_masks else ())
     for record in dicts:
         file_name = record.get("file_name")
         if not file_name:
             raise ValueError(f"image record {record.get('image_id')!r} has no file_name{where}")
         if not os.path.isfile(file_name):
             raise FileNotFoundError(f"image file {file_name} does not exist{where}")
-        for annotation in record.get("annotations", []):
-            required = ("bbox", "category_id") + (("segmentation",) if require_masks else ())
+        annotations = record.get("annotations", [])
+        for number, annotation in enumerate(annotations, 1):
+            which = (f"{'dataset ' + datasets + ', ' if names else ''}image id "
+                     f"{record.get('image_id')!r} ({file_name}), annotation {number} of "
+                     f"{len(annotations)}")
             for key in required:
                 if key not in annotation:
-                    raise ValueError(f"an annotation of {file_name} has no {key!r}{where}")
+                    fix = ("add it, or train without masks (MODEL.MASK_ON False)"
+                           if key == "segmentation" else "add it, or remove the annotation")
+                    raise ValueError(f"{which} has no {key!r}: {fix}")
             box = list(annotation["bbox"])
             if len(box) != 4 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool)
                                         and math.isfinite(x) for x in box):
-                raise ValueError(f"an annotation of {file_name} has bbox={box}, not 4 finite "
-                                 f"numbers{where}")
+                raise ValueError(f"{which} has bbox={box}, not 4 finite numbers: fix or remove "
+                                 f"the annotation")
             mode = annotation.get("bbox_mode", BoxMode.XYWH_ABS)
             x0, y0, x1, y1 = BoxMode.convert(box, mode, BoxMode.XYXY_ABS)
             if x1 < x0 or y1 < y0:
-                raise ValueError(f"an annotation of {file_name} has a box of negative size: "
-                                 f"bbox={box} ({BoxMode(mode).name}){where}")
+                raise ValueError(f"{which} has a box of negative size, bbox={box} "
+                                 f"({BoxMode(mode).name}): fix or remove the annotation")
 
 
 def check_num_classes(cfg, names: Sequence[str]) -> None:
@@ -230,9 +309,25 @@ def _has_end_marker(f, image_format: Optional[str]) -> bool:
     return _END_MARKERS[image_format][0] in f.read()
 
 
+def check_image_mode(file_name: str, mode: str) -> None:
+    """An image of PIL mode ``mode`` reads as it shows (:data:`READABLE_IMAGE_MODES`), else a
+    ValueError naming the file, its mode and the fix."""
+    if mode in READABLE_IMAGE_MODES:
+        return
+    kind = "16-bit grayscale" if mode.startswith("I;16") else _HIGH_BIT_DEPTH_MODES.get(mode)
+    if kind:
+        raise ValueError(f"image file {file_name} is {kind} (PIL mode {mode!r}), which "
+                         f"detectron2's read_image clips to 0-255 instead of scaling (a 16-bit "
+                         f"image reads as solid white): convert it to 8-bit, scaling its values "
+                         f"to 0-255")
+    raise ValueError(f"image file {file_name} has PIL mode {mode!r}, which detectron2's "
+                     f"read_image does not read as it shows: convert it to 8-bit RGB")
+
+
 def check_image_file(file_name: str, width: Optional[int] = None, height: Optional[int] = None,
                      mode: str = "header", image_format: str = "BGR") -> None:
-    """One image is readable and, when given, ``width`` x ``height`` (after EXIF rotation).
+    """One image is readable as it shows (:func:`check_image_mode`) and, when given, ``width``
+    x ``height`` (after EXIF rotation).
 
     ``mode`` "header" reads the header (PIL opens lazily) and, for JPEG and PNG, the file's tail:
     a file without its end marker is decoded in full (bytes after the marker are legal) and
@@ -241,7 +336,8 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: it is not a readable image, is truncated, or its size differs.
+        ValueError: it is not a readable image, is truncated, its PIL mode does not read as it
+            shows (16-bit grayscale, ...), or its size differs.
     """
     if mode == "none":
         return
@@ -251,17 +347,16 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
     fix = "replace the file or remove it from the annotation file"
     missing_end = None
     try:
-        if mode == "full":
-            array = detection_utils.read_image(file_name, format=image_format)
-            size = (array.shape[1], array.shape[0])
-        else:
-            with open(file_name, "rb") as f:
-                with Image.open(f) as image:  # parses the header, decodes nothing
-                    size = _oriented_size(image)
-                    kind = image.format
-                if not _has_end_marker(f, kind):
-                    missing_end = _END_MARKERS[kind][1]
-                    detection_utils.read_image(file_name, format=image_format)
+        with open(file_name, "rb") as f:
+            with Image.open(f) as image:  # parses the header, decodes nothing
+                size = _oriented_size(image)
+                kind, pil_mode = image.format, image.mode
+            if mode == "full":
+                array = detection_utils.read_image(file_name, format=image_format)
+                size = (array.shape[1], array.shape[0])
+            elif not _has_end_marker(f, kind):
+                missing_end = _END_MARKERS[kind][1]
+                detection_utils.read_image(file_name, format=image_format)
     except FileNotFoundError:
         raise FileNotFoundError(f"image file {file_name} does not exist: {fix}") from None
     except Exception as error:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
@@ -269,6 +364,7 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
                    if missing_end else
                    f"is not a readable image ({type(error).__name__}: {error})")
         raise ValueError(f"image file {file_name} {' '.join(problem.split())}: {fix}") from None
+    check_image_mode(file_name, pil_mode)
     if width is not None and height is not None and size != (width, height):
         raise ValueError(f"image file {file_name} is {size[0]}x{size[1]} (width x height) but its "
                          f"annotation says {width}x{height}: fix width/height in the annotation "
@@ -312,23 +408,26 @@ def check_images(dicts: Sequence[dict], mode: str = "header", image_format: str 
     return len(files)
 
 
-def check_run_datasets(cfg, training: bool = True) -> None:
-    """tools/train_net.py's pre-flight of the data: each training (when ``training``) and test
-    dataset is registered and loads, has as many categories as the model has classes, and its
-    images pass ``DATALOADER.CHECK_IMAGES``; the training set has annotations to learn from and
-    sound boxes (:func:`load_checked_dataset_dicts`)."""
+def check_run_datasets(cfg, training: bool = True, threads: Optional[int] = None) -> int:
+    """tools/train_net.py's pre-flight of the data (tools/check_dataset.py's with a config): each
+    training (when ``training``) and test dataset is registered and loads, its COCO ids are
+    unique, it has as many categories as the model has classes, and its images pass
+    ``DATALOADER.CHECK_IMAGES``; the training set is checked as the trainer loads it
+    (:func:`load_training_dicts`), each test set as evaluation reads it
+    (:func:`load_checked_test_dicts`). Returns the number of image files checked."""
     mode = cfg.DATALOADER.get("CHECK_IMAGES", "header")
     if mode not in IMAGE_CHECKS:
         raise ValueError(f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got "
                          f"{mode!r}")
     _check_registered([*(cfg.DATASETS.TRAIN if training else ()), *cfg.DATASETS.TEST])
+    checked = 0
     if training and cfg.DATASETS.TRAIN:
-        dicts = load_checked_dataset_dicts(cfg.DATASETS.TRAIN,
-                                           filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
-                                           require_masks=cfg.MODEL.MASK_ON)
+        dicts = load_training_dicts(cfg)
+        check_unique_ids(cfg.DATASETS.TRAIN)
         check_num_classes(cfg, cfg.DATASETS.TRAIN)
-        check_images(dicts, mode, cfg.INPUT.FORMAT)
+        checked += check_images(dicts, mode, cfg.INPUT.FORMAT, threads)
     for name in cfg.DATASETS.TEST:
-        dicts = load_dataset(name)
+        dicts = load_checked_test_dicts(name, require_masks=cfg.MODEL.MASK_ON)
         check_num_classes(cfg, [name])
-        check_images(dicts, mode, cfg.INPUT.FORMAT)
+        checked += check_images(dicts, mode, cfg.INPUT.FORMAT, threads)
+    return checked

@@ -34,6 +34,7 @@ from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weig
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
+           "load_run_config",
            "launch_checked", "reporting_user_errors", "check_model",
            "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
@@ -164,16 +165,24 @@ def _check_before_launch(args: argparse.Namespace, cfg) -> None:
         print(f"--restart: moved the previous run to {previous}", flush=True)
 
 
+def load_run_config(args: argparse.Namespace):
+    """The config of ``--config-file`` and the trailing overrides (``args.opts``), with the
+    ``--coco-dataset`` triples added to ``DATASETS.COCO_INSTANCES`` as an override in
+    ``args.opts``, so that every process registers them."""
+    cfg = load_config(args.config_file, args.opts)
+    if args.coco_dataset:
+        args.opts = [*args.opts, *coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES,
+                                                         args.coco_dataset)]
+        cfg = load_config(args.config_file, args.opts)
+    return cfg
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """tools/train_net.py: returns the exit status."""
     args = argument_parser().parse_args(argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
-        cfg = load_config(args.config_file, args.opts)
-        if args.coco_dataset:  # as an override, so that every process registers them
-            args.opts = [*args.opts, *coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES,
-                                                             args.coco_dataset)]
-            cfg = load_config(args.config_file, args.opts)
+        cfg = load_run_config(args)
     cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
     return launch_checked(run, args, cfg.OUTPUT_DIR, lambda: _check_before_launch(args, cfg),
                           cpu=cpu)

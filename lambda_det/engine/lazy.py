@@ -19,7 +19,7 @@ from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from lambda_det.compat import ddp_without_buffer_sync, quiet_detectron2_warnings
-from lambda_det.data.checks import check_images, load_dataset
+from lambda_det.data.checks import check_images, check_unique_ids, load_checked_test_dicts
 from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
@@ -96,16 +96,22 @@ def _check_num_classes(cfg: DictConfig, names: Sequence[str]) -> None:
 def check_datasets(cfg: DictConfig, training: bool = True) -> None:
     """The pre-flight of tools/train_net.py (``check_run_datasets``) for a recipe: the
     training set (when ``training``) loads through ``dataloader.train.dataset`` with its
-    checks, each test set loads; each has as many categories as the model has classes, and
-    their images pass ``dataloader.check_images`` ("header", "full" or "none")."""
+    checks, each test set as evaluation reads it (``load_checked_test_dicts``: segmentations
+    when the model predicts masks); their COCO ids are unique, each has as many categories as
+    the model has classes, and their images pass ``dataloader.check_images`` ("header", "full"
+    or "none")."""
     mode = cfg.dataloader.get("check_images", "header")
     image_format = cfg.dataloader.train.mapper.get("image_format", "BGR")
     if training:
         dicts = instantiate(cfg.dataloader.train.dataset)
-        _check_num_classes(cfg, _dataset_names(cfg.dataloader.train.dataset))
+        names = _dataset_names(cfg.dataloader.train.dataset)
+        check_unique_ids(names)
+        _check_num_classes(cfg, names)
         check_images(dicts, mode, image_format)
+    # detectron2's StandardROIHeads predicts masks when it has mask_in_features.
+    masks = OmegaConf.select(cfg, "model.roi_heads.mask_in_features", default=None) is not None
     for name in _dataset_names(cfg.dataloader.test.dataset):
-        dicts = load_dataset(name)
+        dicts = load_checked_test_dicts(name, require_masks=masks)
         _check_num_classes(cfg, [name])
         check_images(dicts, mode, image_format)
 

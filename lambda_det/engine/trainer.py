@@ -23,7 +23,7 @@ from detectron2.engine.hooks import PeriodicWriter
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
-from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.data.checks import load_training_dicts
 from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
@@ -186,9 +186,7 @@ class Trainer(DefaultTrainer):
     @classmethod
     def build_train_loader(cls, cfg):
         mapper = build_mapper(cfg, is_train=True)
-        dataset = load_checked_dataset_dicts(
-            cfg.DATASETS.TRAIN, filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
-            require_masks=cfg.MODEL.MASK_ON)
+        dataset = load_training_dicts(cfg)
         if not cfg.DATALOADER.get("DETERMINISTIC", False):
             return build_detection_train_loader(cfg, mapper=mapper, dataset=dataset)
         return DeterministicTrainLoader(dataset, mapper, cfg.SOLVER.IMS_PER_BATCH, cfg.SEED,
