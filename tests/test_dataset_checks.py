@@ -22,9 +22,9 @@ from detectron2.data.detection_utils import read_image
 from lambda_det.config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
 from lambda_det.data.checks import (
-    check_image_file, check_images, check_num_classes, check_run_datasets,
-    load_checked_dataset_dicts)
-from lambda_det.engine import Trainer
+    check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets,
+    load_checked_dataset_dicts, load_dataset)
+from lambda_det.engine import Trainer, lazy
 
 TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
         "MODEL.LAMBDA_RESNET.SCOPE": 3, "MODEL.LAMBDA_RESNET.NORM": "BN", "MODEL.FPN.NORM": "BN",
@@ -208,6 +208,168 @@ def test_config_and_overrides_register_coco_datasets(tmp_path, register):
     assert len(DatasetCatalog.get("lambda_det_test_from_config")) == 3
 
 
+def edit_json(path: Path, edit) -> Path:
+    """``edit(data)`` applied to the annotation file at ``path``."""
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_an_image_id_given_twice_is_named_with_both_files(tmp_path, register):
+    def same_id(data):  # 002.png takes 001.png's id, its annotation too
+        data["images"][1]["id"] = data["annotations"][1]["image_id"] = 1
+
+    path = edit_json(write_dataset(tmp_path), same_id)
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    dicts = DatasetCatalog.get("lambda_det_test_own")  # detectron2 reads it without a word:
+    assert [Path(record["file_name"]).name for record in dicts] == ["002.png", "003.png"]
+    assert len(dicts[0]["annotations"]) == 2  # 001.png's box on 002.png
+    with pytest.raises(ValueError, match=rf"annotation file {re.escape(str(path))}\): image id 1 "
+                                         r"is used twice, by images '001.png' and '002.png': "
+                                         r"give each image its own id"):
+        check_run_datasets(cfg)
+    cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
+    with pytest.raises(ValueError, match=r"image id 1 is used twice"):  # a test set as well
+        check_run_datasets(cfg, training=False)
+
+
+@pytest.mark.parametrize("file_name", ["instances.json", "minival.json"])
+def test_an_annotation_or_category_id_given_twice_is_named(tmp_path, register, file_name):
+    """detectron2 refuses repeated annotation ids without naming one, and accepts them in a
+    file whose path holds "minival"; pycocotools keeps one of two categories of one id."""
+    path = write_dataset(tmp_path)
+    path = path.rename(tmp_path / file_name)
+    edit_json(path, lambda data: data["annotations"][2].update(id=2))
+    cfg = register(("lambda_det_test_ids", path, tmp_path / "images"),
+                   **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    with pytest.raises(ValueError, match=rf"{file_name}\): annotation id 2 is used twice, by "
+                                         r"annotations of image ids 2 and 3: give each "
+                                         r"annotation its own id"):
+        check_run_datasets(cfg)
+    edit_json(path, lambda data: data["annotations"][2].update(id=3))
+    check_run_datasets(cfg)
+    edit_json(path, lambda data: data["categories"][1].update(id=1))
+    cfg = register(("lambda_det_test_category_ids", path, tmp_path / "images"),  # new metadata
+                   **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    with pytest.raises(ValueError, match=r"category id 1 is used twice, by categories 'box' and "
+                                         r"'disc'"):
+        check_run_datasets(cfg)
+
+
+def test_check_dataset_tool_names_a_repeated_image_id(tmp_path, register, capsys):
+    edit_json(write_dataset(tmp_path), lambda data: data["images"][2].update(id=2))
+    triple = ["lambda_det_test_tool_ids", str(tmp_path / "instances.json"),
+              str(tmp_path / "images")]
+    register(triple)  # removed after the test
+    with pytest.raises(SystemExit) as caught:
+        load_tool("check_dataset").main(["--coco-dataset", *triple, triple[0]])
+    assert caught.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: dataset 'lambda_det_test_tool_ids' (annotation file {triple[1]}): image id 2 "
+        f"is used twice, by images '002.png' and '003.png': give each image its own id "
+        f"(detectron2 would keep one and drop the other)"]
+
+
+BAD_BOXES = {
+    "NaN": ([float("nan"), 8.0, 24.0, 16.0], r"bbox=\[nan, 8.0, 24.0, 16.0\], not 4 finite numbers"),
+    "inf": ([8.0, 8.0, float("inf"), 16.0], r"bbox=\[8.0, 8.0, inf, 16.0\], not 4 finite numbers"),
+    "negative width": ([8.0, 8.0, -24.0, 16.0],
+                       r"a box of negative size, bbox=\[8.0, 8.0, -24.0, 16.0\] \(XYWH_ABS\)"),
+}
+
+
+@pytest.mark.parametrize("problem", BAD_BOXES)
+def test_a_bad_box_is_named_with_dataset_image_and_annotation_in_test_sets_too(
+        tmp_path, register, problem):
+    box, message = BAD_BOXES[problem]
+    edit_json(write_dataset(tmp_path), lambda data: data["annotations"][1].update(bbox=box))
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    named = (rf"dataset 'lambda_det_test_own', image id 2 \(.*images/002.png\), annotation 1 of "
+             rf"1 has {message}: fix or remove the annotation")
+    with pytest.raises(ValueError, match=named):
+        check_run_datasets(cfg)
+    cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
+    assert len(load_dataset("lambda_det_test_own")) == 3  # what evaluation reads, unchecked
+    with pytest.raises(ValueError, match=named):
+        check_run_datasets(cfg, training=False)
+
+
+def test_eval_only_refuses_a_nan_box_in_its_test_set_before_it_starts(tmp_path, register,
+                                                                      capsys):
+    edit_json(write_dataset(tmp_path),
+              lambda data: data["annotations"][2].update(bbox=[8, 8, float("nan"), 16]))
+    triple = ["lambda_det_test_eval", str(tmp_path / "instances.json"), str(tmp_path / "images")]
+    register(triple)  # removed after the test
+    output_dir = tmp_path / "eval"
+    with pytest.raises(SystemExit) as caught:
+        load_tool("train_net").main([
+            "--config", "lambda_r26_shapes", "--eval-only", "--coco-dataset", *triple,
+            *TINY_ARGS, "MODEL.ROI_HEADS.NUM_CLASSES", "2",
+            "DATASETS.TEST", "('lambda_det_test_eval',)",
+            "MODEL.WEIGHTS", str(tmp_path / "model.pth"), "OUTPUT_DIR", str(output_dir)])
+    assert caught.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: dataset 'lambda_det_test_eval', image id 3 ({tmp_path}/images/"
+                      f"003.png), annotation 1 of 1 has bbox=[8, 8, nan, 16], not 4 finite "
+                      f"numbers: fix or remove the annotation"]
+    assert not output_dir.exists()
+
+
+def test_lazyconfig_tool_checks_its_test_set_boxes(tmp_path, register, capsys):
+    write_dataset(tmp_path / "train")
+    edit_json(write_dataset(tmp_path / "test"),
+              lambda data: data["annotations"][0].update(bbox=[8, 8, 24, float("inf")]))
+    triples = [["lambda_det_test_lazy_train", str(tmp_path / "train/instances.json"),
+                str(tmp_path / "train/images")],
+               ["lambda_det_test_lazy_test", str(tmp_path / "test/instances.json"),
+                str(tmp_path / "test/images")]]
+    register(*triples)
+    with pytest.raises(SystemExit) as caught:
+        lazy.main(["--config", "lambda_r26_shapes",
+                   *[item for triple in triples for item in ("--coco-dataset", *triple)],
+                   "dataloader.train.dataset.names=[lambda_det_test_lazy_train]",
+                   "dataloader.test.dataset.names=lambda_det_test_lazy_test",
+                   "model.roi_heads.num_classes=2", f"train.output_dir={tmp_path / 'run'}"])
+    assert caught.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.match(r"error: dataset 'lambda_det_test_lazy_test', image id 1 "
+                                         r".* has bbox=\[8, 8, 24, inf\]", errors[0]), errors
+
+
+# ---- what training requires: one decision for the trainer and tools/check_dataset.py ----
+
+def test_check_dataset_with_a_config_requires_what_training_requires(tmp_path, register,
+                                                                     capsys):
+    write_dataset(tmp_path, annotate=lambda annotation: annotation.pop("segmentation"))
+    triple = ["lambda_det_test_masks", str(tmp_path / "instances.json"), str(tmp_path / "images")]
+    cfg = register(triple, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    run = ["--config", "lambda_r26_shapes", "--coco-dataset", *triple, *TINY_ARGS,
+           "MODEL.ROI_HEADS.NUM_CLASSES", "2", "DATASETS.TRAIN", f"('{triple[0]}',)",
+           "DATASETS.TEST", "()"]
+    missing = (f"dataset '{triple[0]}', image id 1 ({tmp_path}/images/001.png), annotation 1 of "
+               f"1 has no 'segmentation': add it, or train without masks (MODEL.MASK_ON False)")
+    tool = load_tool("check_dataset")
+    with pytest.raises(SystemExit) as caught:
+        tool.main(run)  # the demo trains masks
+    assert caught.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {missing}"]
+    assert cfg.MODEL.MASK_ON
+    with pytest.raises(ValueError) as refused:  # and so does training, in the same words
+        Trainer.build_train_loader(cfg)
+    assert str(refused.value) == missing
+    assert tool.main([*run, "MODEL.MASK_ON", "False"]) == 0  # boxes only: nothing missing
+    assert re.match(r"lambda_r26_shapes: training sets \['lambda_det_test_masks'\], test sets "
+                    r"\[\] checked as tools/train_net.py checks them before training in .* s "
+                    r"\(3 image files checked, header\)", capsys.readouterr().out.splitlines()[-1])
+    assert tool.main([triple[0]]) == 0  # a name alone: the default config, boxes only
+    with pytest.raises(SystemExit) as caught:
+        tool.main(["--config", "lambda_r26_shapes", "--eval-only", "--coco-dataset", *triple,
+                   "MODEL.ROI_HEADS.NUM_CLASSES", "2", "DATASETS.TEST", f"('{triple[0]}',)"])
+    assert caught.value.code == 2  # masks are evaluated too
+    assert capsys.readouterr().err.splitlines() == [f"error: {missing}"]
+
+
 # ---- the images ----
 
 def write_image(path: Path, width: int = 64, height: int = 48, **save) -> Path:
@@ -260,6 +422,84 @@ def test_bad_images_are_named(tmp_path, problem, message, mode):
     error = FileNotFoundError if problem == "missing" else ValueError
     with pytest.raises(error, match=message):
         check_image_file(str(path), 64, height, mode)
+
+
+RGB = np.random.default_rng(2).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+GRAY = RGB[..., 0]
+
+
+def palette_with_transparency() -> Image.Image:
+    image = Image.fromarray(RGB).quantize(16)
+    image.info["transparency"] = 0
+    return image
+
+
+# How each kind of image is written, and the RGB values it shows (alpha aside).
+READABLE_IMAGES = {
+    "RGB png": (lambda path: Image.fromarray(RGB).save(path), ".png", RGB),
+    "gray png": (lambda path: Image.fromarray(GRAY).save(path), ".png", GRAY),
+    "RGBA png": (lambda path: Image.fromarray(np.dstack([RGB, GRAY])).save(path), ".png", RGB),
+    "gray+alpha png": (lambda path: Image.fromarray(np.dstack([GRAY, GRAY]), "LA").save(path),
+                       ".png", GRAY),
+    "palette with transparency png": (lambda path: palette_with_transparency().save(path), ".png",
+                                      np.asarray(palette_with_transparency().convert("RGB"))),
+    "1-bit png": (lambda path: Image.fromarray(GRAY > 127).save(path), ".png",
+                  (GRAY > 127).astype(np.uint8) * 255),
+    "16-bit RGB png": (lambda path: cv2.imwrite(str(path), RGB[..., ::-1].astype(np.uint16) * 257),
+                       ".png", RGB),
+    "CMYK jpeg": (lambda path: Image.fromarray(RGB).convert("CMYK").save(path, quality=100),
+                  ".jpg", RGB),
+}
+
+
+@pytest.mark.parametrize("kind", READABLE_IMAGES)
+def test_8_bit_and_other_readable_images_pass_and_read_as_they_show(tmp_path, kind):
+    write, suffix, shows = READABLE_IMAGES[kind]
+    path = tmp_path / f"image{suffix}"
+    write(path)
+    for mode in ("header", "full"):
+        check_image_file(str(path), 64, 48, mode)
+    expected = shows if shows.ndim == 3 else np.repeat(shows[..., None], 3, axis=-1)
+    difference = np.abs(read_image(str(path), "RGB").astype(int) - expected).max()
+    assert difference <= (1 if kind == "CMYK jpeg" else 0)  # the JPEG's rounding
+
+
+# Images that detectron2's read_image clips to 0-255: the largest value it reads of them (all
+# 255: solid white), and their mode.
+BRIGHT = GRAY.clip(1, None)  # no black pixel, which would stay black
+UNREADABLE_IMAGES = {
+    "16-bit gray png": (BRIGHT.astype(np.uint16) * 257, ".png", 255,
+                        r"16-bit grayscale \(PIL mode 'I;16'\)"),
+    "16-bit gray tiff": (BRIGHT.astype(np.uint16) * 257, ".tif", 255,
+                         r"16-bit grayscale \(PIL mode 'I;16'\)"),
+    "32-bit gray tiff": (BRIGHT.astype(np.int32) * 65793, ".tif", 255,
+                         r"32-bit integer grayscale \(PIL mode 'I'\)"),
+    "float gray tiff": (BRIGHT.astype(np.float32) / 255, ".tif", 1,
+                        r"32-bit float grayscale \(PIL mode 'F'\)"),
+}
+
+
+@pytest.mark.parametrize("kind", UNREADABLE_IMAGES)
+def test_high_bit_depth_grayscale_is_refused_with_its_mode_and_the_fix(tmp_path, kind):
+    array, suffix, largest_read, described = UNREADABLE_IMAGES[kind]
+    path = tmp_path / f"image{suffix}"
+    Image.fromarray(array).save(path)
+    read = read_image(str(path), "BGR")
+    assert read.max() == largest_read and np.unique(read).size <= 2  # the picture is lost
+    for mode in ("header", "full"):
+        with pytest.raises(ValueError, match=rf"image file {re.escape(str(path))} is {described}, "
+                                             r"which detectron2's read_image clips to 0-255 .*: "
+                                             r"convert it to 8-bit, scaling its values to 0-255"):
+            check_image_file(str(path), 64, 48, mode)
+    check_image_file(str(path), 64, 48, "none")
+
+
+def test_an_image_mode_that_does_not_read_as_it_shows_is_refused():
+    check_image_mode("a.png", "RGB")
+    with pytest.raises(ValueError, match=r"image file a.tif has PIL mode 'LAB', which "
+                                         r"detectron2's read_image does not read as it shows: "
+                                         r"convert it to 8-bit RGB"):
+        check_image_mode("a.tif", "LAB")
 
 
 def test_every_bad_image_is_counted_in_one_line(tmp_path):

@@ -195,11 +195,13 @@ def square(x, y, size):
 
 
 @pytest.mark.parametrize("problem,error,message", [
-    ("negative box", ValueError, r"a\.png has a box of negative size: bbox=\[5, 5, -3, 4\]"),
-    ("infinite box", ValueError, r"a\.png has bbox=\[5, 5, inf, 4\], not 4 finite numbers"),
-    ("missing bbox", ValueError, r"an annotation of .*a\.png has no 'bbox'"),
+    ("negative box", ValueError, r"a\.png\), annotation 1 of 1 has a box of negative size, "
+                                 r"bbox=\[5, 5, -3, 4\]"),
+    ("infinite box", ValueError, r"a\.png\), annotation 1 of 1 has bbox=\[5, 5, inf, 4\], not 4 "
+                                 r"finite numbers"),
+    ("missing bbox", ValueError, r"image id 1 \(.*a\.png\), annotation 1 of 1 has no 'bbox'"),
     ("missing image", FileNotFoundError, r"image file .*missing\.png does not exist"),
-    ("missing segmentation", ValueError, r"a\.png has no 'segmentation'"),
+    ("missing segmentation", ValueError, r"a\.png\), annotation 1 of 1 has no 'segmentation'"),
 ])
 def test_bad_coco_annotations_are_named(tmp_path, problem, error, message):
     cv2.imwrite(str(tmp_path / "a.png"), np.zeros((20, 20, 3), np.uint8))
