@@ -272,7 +272,8 @@ def test_check_dataset_tool_names_a_repeated_image_id(tmp_path, register, capsys
 
 
 BAD_BOXES = {
-    "NaN": ([float("nan"), 8.0, 24.0, 16.0], r"bbox=\[nan, 8.0, 24.0, 16.0\], not 4 finite numbers"),
+    "NaN": ([float("nan"), 8.0, 24.0, 16.0], r"bbox=\[nan, 8.0, 24.0, 16.0\], not 4 finite "
+                                             r"numbers"),
     "inf": ([8.0, 8.0, float("inf"), 16.0], r"bbox=\[8.0, 8.0, inf, 16.0\], not 4 finite numbers"),
     "negative width": ([8.0, 8.0, -24.0, 16.0],
                        r"a box of negative size, bbox=\[8.0, 8.0, -24.0, 16.0\] \(XYWH_ABS\)"),
@@ -607,6 +608,10 @@ def damage(problem: str, folder: Path) -> tuple:
         data = json.loads((folder / "instances.json").read_text())
         data["annotations"][2]["category_id"] = 9
         (folder / "instances.json").write_text(json.dumps(data))
+    elif problem == "16-bit image":
+        Image.fromarray(np.full((48, 64), 40000, np.uint16)).save(folder / "images/002.png")
+    elif problem == "image id twice":
+        edit_json(folder / "instances.json", lambda data: data["images"][2].update(id=1))
     elif problem == "class count":
         return [], ["MODEL.ROI_HEADS.NUM_CLASSES", "5"]
     elif problem == "name taken":
@@ -619,6 +624,9 @@ CLI_CASES = {
                      "column 13 (char 12))"],
     "truncated image": ["images/003.png is truncated (no PNG IEND chunk"],
     "unknown category": ["category_id=9", "instances.json"],
+    "16-bit image": ["images/002.png is 16-bit grayscale (PIL mode 'I;16')", "convert it to 8-bit"],
+    "image id twice": ["instances.json): image id 1 is used twice, by images '001.png' and "
+                       "'003.png'"],
     "class count": ["MODEL.ROI_HEADS.NUM_CLASSES is 5", "has 2 categories",
                     "'MODEL.ROI_HEADS.NUM_CLASSES 2'"],
     "name taken": ["dataset name 'own'", "give this dataset another name"],
