@@ -268,7 +268,7 @@ def test_check_dataset_tool_names_a_repeated_image_id(tmp_path, register, capsys
     assert capsys.readouterr().err.splitlines() == [
         f"error: dataset 'lambda_det_test_tool_ids' (annotation file {triple[1]}): image id 2 "
         f"is used twice, by images '002.png' and '003.png': give each image its own id "
-        f"(detectron2 would keep one and drop the other)"]
+        f"(pycocotools keeps only one of them)"]
 
 
 BAD_BOXES = {

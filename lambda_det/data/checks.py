@@ -160,11 +160,11 @@ def check_unique_ids(names: Sequence[str]) -> None:
                     continue
                 first = first_with_id.setdefault(entry["id"], entry)
                 if first is not entry:
-                    what = "annotations of image ids" if kind == "annotation" else f"{key}"
+                    what = "annotations of image ids" if kind == "annotation" else key
                     raise ValueError(
                         f"{_describe(name)}: {kind} id {entry['id']!r} is used twice, by {what} "
                         f"{first.get(label)!r} and {entry.get(label)!r}: give each {kind} its "
-                        f"own id (detectron2 would keep one and drop the other)")
+                        f"own id (pycocotools keeps only one of them)")
 
 
 def load_training_dicts(cfg) -> List[dict]:

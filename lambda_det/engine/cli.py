@@ -34,8 +34,7 @@ from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weig
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
-           "load_run_config",
-           "launch_checked", "reporting_user_errors", "check_model",
+           "load_run_config", "launch_checked", "reporting_user_errors", "check_model",
            "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
