@@ -104,7 +104,7 @@ def test_predict_into_its_input_folder_is_refused(overwrite, weights, tmp_path, 
 def test_predict_refuses_an_output_that_holds_an_input_it_would_not_draw_over(weights, tmp_path,
                                                                              capsys):
     folder = tmp_path / "folder"
-    (folder).mkdir()
+    folder.mkdir()
     (folder / "clip.avi").write_bytes(b"a video; drawn as clip.mp4")
     before = hashes(tmp_path)
     with pytest.raises(SystemExit) as exit_info:

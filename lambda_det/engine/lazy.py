@@ -269,7 +269,7 @@ def run(args: argparse.Namespace):
     with reporting_user_errors(args.debug):
         register_coco_triples(args.coco_dataset, source="--coco-dataset")
         cfg = load_lazy_config(args.config_file, args.opts)
-        evaluation = getattr(args, "evaluation", None)  # set by main() for --eval-only
+        evaluation = getattr(args, "evaluation", None)  # set before launch: plan_evaluation
         if evaluation is not None:
             cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
         scale_to_world_size(cfg, comm.get_world_size())
