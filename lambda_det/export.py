@@ -50,7 +50,7 @@ from lambda_det.engine.atomic import atomic_path
 import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
-           "sample_image", "eager_outputs",
+           "sample_image", "eager_outputs", "check_export_output",
            "trace_model", "export_model", "outputs_to_instances", "max_differences"]
 
 EXPORT_FORMATS = ("torchscript", "onnx")
@@ -177,6 +177,28 @@ def _save_onnx(traced: TracedModel, path: Path, opset: int) -> None:
         torch.onnx.export(traced.module, (traced.sample,), str(path), dynamo=False,
                           opset_version=opset, input_names=["image"],
                           output_names=list(traced.output_names))
+
+
+def check_export_output(output: PathLike, weights: str, overwrite: bool) -> None:
+    """Refuse an export path that would lose a file: never the checkpoint being exported
+    (``weights``, compared as files: ``os.path.samefile`` sees through links and spellings), and
+    another existing file only with ``overwrite``.
+
+    Raises:
+        IsADirectoryError: ``output`` is a folder.
+        FileExistsError: ``output`` exists; the message names the fix.
+    """
+    if os.path.isdir(output):
+        raise IsADirectoryError(f"--output {str(output)!r} is a folder: pass a file path, e.g. "
+                                f"{os.path.join(output, 'model.ts')!r}")
+    if not os.path.exists(output):
+        return
+    if os.path.isfile(weights) and os.path.samefile(output, weights):
+        raise FileExistsError(f"--output {str(output)!r} is MODEL.WEIGHTS, the checkpoint being "
+                              f"exported: pass another --output")
+    if not overwrite:
+        raise FileExistsError(f"--output {str(output)!r} exists: pass another --output, or "
+                              f"--overwrite to replace it")
 
 
 def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format: str,

@@ -27,9 +27,9 @@ from detectron2.evaluation.coco_evaluation import instances_to_coco_json
 from detectron2.utils.visualizer import ColorMode, Visualizer
 from lambda_det.data.mapper import build_mapper
 
-__all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "read_frames",
-           "BatchPredictor", "draw", "coco_results", "dataset_image_ids", "metadata_of",
-           "predict_files"]
+__all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "drawing_names",
+           "check_output_folder", "read_frames", "BatchPredictor", "draw", "coco_results",
+           "dataset_image_ids", "metadata_of", "predict_files"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
@@ -49,7 +49,8 @@ class Frame:
 
 
 def collect_inputs(inputs: Sequence[str]) -> List[str]:
-    """Image and video files from paths, folders (their images and videos, sorted) and globs.
+    """Image and video files from paths, folders (their images and videos, sorted) and globs;
+    a file named twice (``photos/ photos/a.jpg``) is kept once, where it first appears.
 
     Raises:
         FileNotFoundError: an input matches no file.
@@ -75,7 +76,89 @@ def collect_inputs(inputs: Sequence[str]) -> List[str]:
                 raise ValueError(f"input {path!r} is neither an image nor a video by its suffix "
                                  f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
         files += found
-    return files
+    unique = {}
+    for path in files:
+        unique.setdefault(os.path.realpath(path), path)
+    return list(unique.values())
+
+
+def _own_drawing_name(path: str) -> str:
+    """An image's own file name; a video's stem with .mp4 (videos are drawn as mp4)."""
+    name = Path(path)
+    return name.name if name.suffix.lower() not in VIDEO_SUFFIXES else name.stem + ".mp4"
+
+
+def drawing_names(files: Sequence[str]) -> List[str]:
+    """The file name each input is drawn under in the output folder, one distinct name each.
+
+    An image keeps its own name and a video becomes ``<stem>.mp4``. An input whose name an
+    earlier input already has (``a/x.png``, ``b/x.png``) becomes ``<stem>_2<suffix>``
+    (``_3``... the first name no input has): the same inputs in the same order always get the
+    same names. Names are compared regardless of case, so they stay distinct on
+    case-insensitive disks.
+    """
+    own = [_own_drawing_name(path) for path in files]
+    taken = {name.lower() for name in own}
+    given, names = set(), []
+    for name in own:
+        if name.lower() in given:
+            stem, suffix = os.path.splitext(name)
+            count = 2
+            while f"{stem}_{count}{suffix}".lower() in taken:
+                count += 1
+            name = f"{stem}_{count}{suffix}"
+            taken.add(name.lower())
+        given.add(name.lower())
+        names.append(name)
+    return names
+
+
+def _file_identity(path) -> Optional[Tuple[int, int]]:
+    """What ``os.path.samefile`` compares (device, inode), or None for a missing file."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
+                        also_writes: Sequence[str] = ()) -> None:
+    """Refuse an output folder where predicting on ``files`` would lose a file.
+
+    Never (even with ``overwrite``) a folder where a drawing (:func:`drawing_names`) or one of
+    ``also_writes`` (names in ``output``) would replace an input. Without ``overwrite``, also a
+    folder that holds an input, or any file the run writes.
+
+    Raises:
+        NotADirectoryError: ``output`` is a file.
+        FileExistsError: a file would be written over; the message names it and the fix.
+    """
+    if output.exists() and not output.is_dir():
+        raise NotADirectoryError(f"--output {str(output)!r} is a file: pass a folder")
+    if not output.is_dir():
+        return  # a new folder: nothing to lose
+    written = [output / name for name in (*also_writes, *drawing_names(files))]
+    inputs = {_file_identity(path): path for path in files}
+    for path in written:
+        source = inputs.get(_file_identity(path)) if path.exists() else None
+        if source is not None:
+            raise FileExistsError(f"--output {str(output)!r} holds the input {source!r}, which "
+                                  f"would be written over by {path.name}: pass another --output")
+    if overwrite:
+        return
+    held = [path for path in files if os.path.samefile(os.path.dirname(os.path.abspath(path)),
+                                                       output)]
+    if held:
+        raise FileExistsError(f"--output {str(output)!r} holds the input {held[0]!r}: pass "
+                              f"another --output, or --overwrite to write beside the inputs "
+                              f"(an input is never written over)")
+    existing = [path.name for path in written if path.exists()]
+    if existing:
+        more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        raise FileExistsError(f"--output {str(output)!r} already holds "
+                              f"{', '.join(existing[:3])}{more}, which this run writes: pass "
+                              f"another --output, or --overwrite to replace them")
 
 
 def read_frames(path: str, image_format: str) -> Iterator[Frame]:
@@ -169,20 +252,27 @@ def metadata_of(cfg: CfgNode):
 
 
 def predict_files(predictor: BatchPredictor, files: Sequence[str], output: Path, metadata,
-                  image_format: str, known_ids: Dict[str, int], batch_size: int = 1
-                  ) -> Tuple[List[Dict], List[Path]]:
-    """Predict on every image and video frame of ``files`` in batches; draw each image into
-    ``output`` under its own name and each video into ``output/<name>.mp4``.
+                  image_format: str, known_ids: Dict[str, int], batch_size: int = 1,
+                  overwrite: bool = False) -> Tuple[List[Dict], List[Path]]:
+    """Predict on every image and video frame of ``files`` in batches; draw each image and
+    each video (as mp4) into ``output`` under its name from :func:`drawing_names`.
 
     Args:
         known_ids: image ids by absolute path (:func:`dataset_image_ids`); other images and
             every video frame are numbered after the largest of them.
+        overwrite: write over earlier drawings in ``output`` (:func:`check_output_folder`;
+            never over an input).
 
     Returns:
-        the COCO results of every frame (with ``file_name``, and ``frame`` for videos), and the
-        files drawn.
+        the COCO results of every frame (with ``file_name``, the input's path, and ``frame`` for
+        videos), and the files drawn.
+
+    Raises:
+        FileExistsError: the drawings would write over a file (see :func:`check_output_folder`).
     """
+    check_output_folder(files, output, overwrite)
     output.mkdir(parents=True, exist_ok=True)
+    drawing = {path: output / name for path, name in zip(files, drawing_names(files))}
     next_id = max(known_ids.values(), default=0) + 1
     results, drawn, videos = [], [], {}
 
@@ -192,12 +282,13 @@ def predict_files(predictor: BatchPredictor, files: Sequence[str], output: Path,
             picture = draw(frame, prediction, metadata, image_format)
             image_id = None
             if frame.index is None:
-                drawn.append(output / Path(frame.source).name)
-                cv2.imwrite(str(drawn[-1]), picture)
+                if not cv2.imwrite(str(drawing[frame.source]), picture):
+                    raise OSError(f"could not write {drawing[frame.source]}")
+                drawn.append(drawing[frame.source])
                 image_id = known_ids.get(os.path.abspath(frame.source))
             else:
                 if frame.source not in videos:
-                    drawn.append(output / (Path(frame.source).stem + ".mp4"))
+                    drawn.append(drawing[frame.source])
                     videos[frame.source] = _video_writer(frame.source, drawn[-1], picture.shape)
                 videos[frame.source].write(picture)
             if image_id is None:

@@ -23,7 +23,8 @@ Trailing ``KEY VALUE`` pairs override the config, as in train_net.py; MODEL.WEIG
 trained checkpoint, and every weight of the model must be in it. The trace runs on MODEL.DEVICE:
 add ``MODEL.DEVICE cpu`` for a TorchScript file that runs on the CPU. After saving, the exported
 model is run on the sample and compared with the eager model (skipped for ONNX without
-onnxruntime); a difference above ``--tolerance`` exits with status 1.
+onnxruntime); a difference above ``--tolerance`` exits with status 1. An existing ``--output``
+is replaced only with ``--overwrite``, and never when it is MODEL.WEIGHTS itself.
 """
 import argparse
 import sys
@@ -38,8 +39,8 @@ from lambda_det.engine import build_trained_model  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
     add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
 from lambda_det.export import (  # noqa: E402
-    EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, eager_outputs, export_model,
-    max_differences, sample_image)
+    EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
+    export_model, max_differences, sample_image)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -55,6 +56,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--opset", type=int, default=ONNX_OPSET, help="ONNX opset (>= 16)")
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="largest absolute difference from the eager model accepted")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing --output (never MODEL.WEIGHTS)")
     return add_debug_and_overrides(parser)
 
 
@@ -65,9 +68,10 @@ def main(argv=None) -> int:
         parser.error("give --sample-image or --sample-size, not both")
     with reporting_user_errors(args.debug):
         cfg = load_config(args.config_file, args.opts)
+        output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
+        check_export_output(output, cfg.MODEL.WEIGHTS, args.overwrite)
         image = sample_image(cfg, args.sample_image, args.sample_size)
         model = build_trained_model(cfg)
-    output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
 
     try:
         traced = export_model(model, image, output, args.format, opset=args.opset)

@@ -7,10 +7,15 @@
 Writes into ``--output``: each image drawn with its predicted boxes, masks, class names and
 scores (same name as the input), each video drawn frame by frame (``<name>.mp4``), and
 ``predictions.json``: every detection in COCO results format (image_id, category_id, bbox,
-score, segmentation as RLE; plus file_name and, for videos, frame), which pycocotools' ``loadRes``
-reads. An image of the config's DATASETS.TEST keeps that dataset's image id (so the file scores
-against its annotations); other images are numbered after them. Class names come from
-DATASETS.TEST's metadata.
+score, segmentation as RLE; plus file_name, the input's path, and, for videos, frame), which
+pycocotools' ``loadRes`` reads. An image of the config's DATASETS.TEST keeps that dataset's image
+id (so the file scores against its annotations); other images are numbered after them. Class
+names come from DATASETS.TEST's metadata. Inputs of one name from different folders (a/x.png,
+b/x.png) are drawn as x.png, x_2.png, in input order.
+
+It refuses, before loading the model, an ``--output`` that holds an input or a file it would
+write (a drawing's name, predictions.json); ``--overwrite`` replaces such files, but an input is
+never written over.
 
 Trailing ``KEY VALUE`` pairs override the config; MODEL.WEIGHTS must fit the model. Images are
 resized as the config's evaluation resizes them; ``--batch-size`` images run together.
@@ -30,7 +35,8 @@ from lambda_det.engine.atomic import atomic_path  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
     add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
 from lambda_det.inference import (  # noqa: E402
-    BatchPredictor, collect_inputs, dataset_image_ids, metadata_of, predict_files)
+    BatchPredictor, check_output_folder, collect_inputs, dataset_image_ids, drawing_names,
+    metadata_of, predict_files)
 
 RESULTS_FILE = "predictions.json"
 
@@ -46,7 +52,7 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="cpu, cuda or cuda:N (default: the config's MODEL.DEVICE)")
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass")
     parser.add_argument("--overwrite", action="store_true",
-                        help="write into an --output folder that holds predictions already")
+                        help="replace drawings and predictions.json in --output (never an input)")
     return add_debug_and_overrides(parser)
 
 
@@ -68,17 +74,18 @@ def main(argv=None) -> int:
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-        if (output / RESULTS_FILE).exists() and not args.overwrite:
-            raise FileExistsError(f"--output {str(output)!r} already holds {RESULTS_FILE}: pass "
-                                  f"another --output, or --overwrite to replace it")
         files = collect_inputs(args.input)
+        check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE])
         cfg = load_config(args.config_file, config_overrides(args))
         metadata = metadata_of(cfg)
         known_ids = dataset_image_ids(cfg.DATASETS.TEST[0]) if len(cfg.DATASETS.TEST) else {}
         predictor = BatchPredictor(cfg, build_trained_model(cfg))
+    for path, name in zip(files, drawing_names(files)):
+        if Path(name).stem != Path(path).stem:
+            print(f"{path} is drawn as {output / name} (an earlier input has its name)")
     with reporting_user_errors(args.debug):
         results, drawn = predict_files(predictor, files, output, metadata, cfg.INPUT.FORMAT,
-                                       known_ids, args.batch_size)
+                                       known_ids, args.batch_size, overwrite=args.overwrite)
     with atomic_path(str(output / RESULTS_FILE)) as temporary, open(temporary, "w") as f:
         json.dump(results, f)
     print(f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "

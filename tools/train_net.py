@@ -18,8 +18,10 @@ Unlike detectron2's script:
   OUTPUT_DIR/previous_<date-time>/);
 * weights load without running code from the file (``.pkl`` included); MODEL.WEIGHTS for
   training must hold every backbone weight, and ``--eval-only`` needs weights that fit the whole
-  model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``); it writes
-  OUTPUT_DIR/eval_results.json, so evaluate into another OUTPUT_DIR to keep a training run's;
+  model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``);
+* ``--eval-only`` writes its config.yaml, log.txt, eval_results.json and inference/ into
+  OUTPUT_DIR, or, when OUTPUT_DIR holds a run (a training's or an earlier evaluation's files),
+  into a new OUTPUT_DIR/eval_<date-time>/ that it prints: the run's files stay as they are;
 * ``--coco-dataset NAME JSON IMAGE_DIR`` (repeatable) registers a COCO-format dataset under
   NAME for DATASETS.TRAIN / TEST; the datasets and their images are checked before training;
 * a mistake in the input (config, dataset, weights, OUTPUT_DIR) is one ``error: ...`` line and

@@ -13,7 +13,7 @@ import os
 import pickle
 import sys
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
@@ -29,13 +29,15 @@ from lambda_det.engine.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, check_weights, load_weights)
 from lambda_det.engine.launch import launch
 from lambda_det.engine.output_dir import (
-    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, last_checkpoint, prepare_output_dir)
+    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, evaluation_output_dir, last_checkpoint,
+    prepare_output_dir)
 from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
            "load_run_config", "launch_checked", "reporting_user_errors", "check_model",
-           "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
+           "check_weights_fit", "plan_evaluation", "Evaluation", "USER_ERRORS",
+           "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
@@ -140,6 +142,25 @@ def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
         checkpointer.load(weights, checkpointables=[])
 
 
+class Evaluation(NamedTuple):
+    """Where an ``--eval-only`` run writes and what it evaluates (see :func:`plan_evaluation`)."""
+    output_dir: str
+    weights: str
+
+
+def plan_evaluation(args: argparse.Namespace, output_dir: str, weights: str) -> None:
+    """Decide once, before any process starts, where ``--eval-only`` writes: ``output_dir``, or
+    a new ``output_dir/eval_<date-time>/`` when it holds a run (:func:`evaluation_output_dir`),
+    so that the evaluation replaces none of the run's files. The weights are resolved here, while
+    ``output_dir``'s last_checkpoint is in sight. Every process reads ``args.evaluation``
+    (tools/train_net.py and tools/lazyconfig_train_net.py set their config from it)."""
+    folder = evaluation_output_dir(output_dir)
+    if folder != output_dir:
+        print(f"--eval-only: {output_dir} holds a run, which this evaluation leaves as it is: "
+              f"it writes into {folder} (weights {weights})", flush=True)
+    args.evaluation = Evaluation(folder, weights)
+
+
 def _check_before_launch(args: argparse.Namespace, cfg) -> None:
     """What the run reads, checked once before any process starts and before OUTPUT_DIR is
     touched (the lock is already held): a mistake found later would leave a log or a config
@@ -147,7 +168,9 @@ def _check_before_launch(args: argparse.Namespace, cfg) -> None:
     model = check_model(cfg)
     if args.eval_only:
         check_run_datasets(cfg, training=False)
-        check_weights_fit(model, evaluation_weights(cfg, resume=args.resume), require="all")
+        weights = evaluation_weights(cfg, resume=args.resume)
+        check_weights_fit(model, weights, require="all")
+        plan_evaluation(args, cfg.OUTPUT_DIR, weights)
         return
     check_batch_size(cfg.SOLVER.IMS_PER_BATCH, args.num_gpus * args.num_machines)
     check_training_recipe(cfg)

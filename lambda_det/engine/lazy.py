@@ -25,7 +25,7 @@ from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.cli import (
-    argument_parser, check_weights_fit, launch_checked, reporting_user_errors)
+    argument_parser, check_weights_fit, launch_checked, plan_evaluation, reporting_user_errors)
 from lambda_det.engine.output_dir import last_checkpoint, prepare_output_dir
 from lambda_det.engine.trainer import (
     _plain, check_batch_size, plain_default_setup, write_json_atomically)
@@ -147,8 +147,10 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
     is written (the lock is already held)."""
     model = build_meta_model(cfg)
     if args.eval_only:
-        check_weights_fit(model, evaluation_weights(cfg, args.resume), require="all")
+        weights = evaluation_weights(cfg, args.resume)
+        check_weights_fit(model, weights, require="all")
         check_datasets(cfg, training=False)
+        plan_evaluation(args, cfg.train.output_dir, weights)
         return
     check_batch_size(cfg.dataloader.train.total_batch_size, args.num_gpus * args.num_machines,
                      key="dataloader.train.total_batch_size")
@@ -273,6 +275,9 @@ def run(args: argparse.Namespace):
     with reporting_user_errors(args.debug):
         register_coco_triples(args.coco_dataset, source="--coco-dataset")
         cfg = load_lazy_config(args.config_file, args.opts)
+        evaluation = getattr(args, "evaluation", None)  # set before launch: plan_evaluation
+        if evaluation is not None:
+            cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
         scale_to_world_size(cfg, comm.get_world_size())
         plain_default_setup(cfg, args)
         if args.eval_only:

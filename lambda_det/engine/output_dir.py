@@ -1,15 +1,18 @@
-"""A run's OUTPUT_DIR: one run at a time (an OS lock), and never trained over by mistake."""
+"""A run's OUTPUT_DIR: one run at a time (an OS lock), never trained over by mistake, and never
+written over by an evaluation."""
 import datetime
 import fnmatch
 import os
 import socket
 import time
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 __all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir", "last_checkpoint",
-           "RUN_FILES", "PREVIOUS_RUN_PREFIX", "LOCK_FILE"]
+           "holds_run_files", "evaluation_output_dir", "RUN_FILES", "PREVIOUS_RUN_PREFIX",
+           "EVALUATION_PREFIX", "LOCK_FILE"]
 
 PREVIOUS_RUN_PREFIX = "previous_"
+EVALUATION_PREFIX = "eval_"
 LOCK_FILE = "run.lock"
 # What a training run writes into OUTPUT_DIR (detectron2's trainer, checkpointer, evaluators and
 # writers): what --restart moves aside. Other files there are left alone.
@@ -110,13 +113,45 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
             f"over in it (the previous run is moved to {PREVIOUS_RUN_PREFIX}<date-time>/)")
     if machine_rank != 0:
         return None
-    stamp = PREVIOUS_RUN_PREFIX + time.strftime("%Y%m%d-%H%M%S")
-    previous, count = os.path.join(output_dir, stamp), 1
-    while os.path.exists(previous):  # two restarts within a second
-        count += 1
-        previous = os.path.join(output_dir, f"{stamp}-{count}")
-    os.makedirs(previous)
-    for name in sorted(os.listdir(output_dir)):
-        if any(fnmatch.fnmatch(name, pattern) for pattern in run_files):
-            os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
+    previous = _new_dated_folder(output_dir, PREVIOUS_RUN_PREFIX)
+    for name in _run_files_in(output_dir, run_files):
+        os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
     return previous
+
+
+def holds_run_files(output_dir: str) -> bool:
+    """Whether ``output_dir`` holds any of a run's files (:data:`RUN_FILES`): a training run's,
+    or an earlier evaluation's."""
+    return bool(_run_files_in(output_dir, RUN_FILES))
+
+
+def evaluation_output_dir(output_dir: str) -> str:
+    """The folder an evaluation (``--eval-only``) writes into: ``output_dir`` itself when it
+    holds none of a run's files, else a new ``output_dir/eval_<date-time>/``.
+
+    An evaluation writes config.yaml, log.txt, eval_results.json and inference/, the names a
+    training run uses: in a run's folder it would replace the run's config and results. Call it
+    once, in the process that holds ``output_dir``'s lock, before any evaluation process starts.
+    """
+    if not holds_run_files(output_dir):
+        return output_dir
+    return _new_dated_folder(output_dir, EVALUATION_PREFIX)
+
+
+def _run_files_in(output_dir: str, run_files: Sequence[str]) -> List[str]:
+    """The names in ``output_dir`` that match one of ``run_files``, sorted."""
+    if not os.path.isdir(output_dir):
+        return []
+    return [name for name in sorted(os.listdir(output_dir))
+            if any(fnmatch.fnmatch(name, pattern) for pattern in run_files)]
+
+
+def _new_dated_folder(parent: str, prefix: str) -> str:
+    """A new, empty ``parent/<prefix><date-time>/`` (``-2``, ``-3``... within one second)."""
+    stamp = prefix + time.strftime("%Y%m%d-%H%M%S")
+    folder, count = os.path.join(parent, stamp), 1
+    while os.path.exists(folder):
+        count += 1
+        folder = os.path.join(parent, f"{stamp}-{count}")
+    os.makedirs(folder)
+    return folder

@@ -40,9 +40,15 @@ logger = logging.getLogger(__name__)
 def setup_cfg(args: argparse.Namespace) -> CfgNode:
     """The frozen config of ``--config-file`` and trailing overrides
     (:func:`lambda_det.config.load_config`), with detectron2's ``default_setup`` (logging, seeds,
-    the config dumped to OUTPUT_DIR)."""
+    the config dumped to OUTPUT_DIR). An ``--eval-only`` run takes OUTPUT_DIR and MODEL.WEIGHTS
+    from ``args.evaluation`` when the launching process set it
+    (:func:`lambda_det.engine.cli.plan_evaluation`)."""
     args.config_file = resolve_config_file(args.config_file) if args.config_file else ""
-    cfg = load_config(args.config_file, args.opts)
+    cfg = load_config(args.config_file, args.opts, freeze=False)
+    evaluation = getattr(args, "evaluation", None)
+    if evaluation is not None:
+        cfg.OUTPUT_DIR, cfg.MODEL.WEIGHTS = evaluation.output_dir, evaluation.weights
+    cfg.freeze()
     plain_default_setup(cfg, args)
     return cfg
 
