@@ -137,6 +137,8 @@ class _PlainYamlLoader(yaml.SafeLoader):
 
 
 class _RefusedTag(yaml.YAMLError):
+    """A tag in a yaml file: its name as written and its line."""
+
     def __init__(self, node: yaml.Node):
         super().__init__(node.tag)
         # As written in the file: "!!python/..." rather than "tag:yaml.org,2002:python/...".
@@ -159,8 +161,8 @@ def _load_plain_yaml(stream, where: str):
         return yaml.load(stream, Loader=_PlainYamlLoader)
     except _RefusedTag as refused:
         raise ConfigFileError(
-            f"{where}, line {refused.line}: the yaml tag {refused.tag} is refused: configs are "
-            f"plain yaml (mappings, lists, strings, numbers), read so that no file runs code; "
+            f"{where}, line {refused.line}: the yaml tag {refused.tag} is refused (a config "
+            f"holds plain values: mappings, lists, strings, numbers; a tag could run code): "
             f"remove the tag") from None
     except yaml.YAMLError as error:
         raise ConfigFileError(f"{where}: {' '.join(str(error).split())}") from None
@@ -314,7 +316,10 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
         freeze: freeze the returned config.
 
     Raises:
-        FileNotFoundError: ``config_file`` is neither a file nor a shipped config.
+        FileNotFoundError: ``config_file`` is neither a file nor a shipped config, or a
+            ``_BASE_`` it names does not exist.
+        ConfigFileError: a file of the ``_BASE_`` chain holds a yaml tag (it would run code),
+            is empty or no mapping, or the chain loops (:func:`check_config_file`).
         ValueError: an unknown key, a value of the wrong type, a malformed file or overrides,
             a dataset name registered with other files.
     """
