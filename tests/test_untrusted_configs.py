@@ -51,9 +51,9 @@ def run_tool(name: str, argv, capsys, *fragments: str) -> str:
 
 
 def tool_commands(config: Path, tmp_path: Path) -> dict:
-    """Each tool that reads a yaml config, reading ``config`` (its argv)."""
+    """Each tool that reads a yaml config, reading ``config`` (its argv); predict's input is
+    tmp_path/image.jpg."""
     image = tmp_path / "image.jpg"
-    image.touch()
     return {
         "train": ("train_net", ["--config-file", config, "OUTPUT_DIR", tmp_path / "run"]),
         "eval-only": ("train_net", ["--config-file", config, "--eval-only",
@@ -72,7 +72,7 @@ def tool_commands(config: Path, tmp_path: Path) -> dict:
     }
 
 
-TOOLS = list(tool_commands(Path("x.yaml"), Path("/tmp")))
+TOOLS = list(tool_commands(Path("config.yaml"), Path("folder")))
 
 
 @pytest.fixture
@@ -123,6 +123,7 @@ def test_payload_configs_are_one_line_at_every_tool(tool, how, tmp_path, capsys,
                                                     no_shapes_dataset):
     marker = tmp_path / "marker"
     config = write_payload_configs(tmp_path, marker)[how]
+    (tmp_path / "image.jpg").touch()
     name, argv = tool_commands(config, tmp_path)[tool]
     run_tool(name, argv, capsys, str(tmp_path / "payload.yaml"), OS_SYSTEM)
     assert not marker.exists()
