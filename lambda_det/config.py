@@ -1,8 +1,15 @@
 """Config: lambda_det's keys (:func:`add_lambda_det_config`) and the one loader of configs
-(:func:`load_config`) that training, evaluation, export and the demo share."""
+(:func:`load_config`) that training, evaluation, export and the demo share.
+
+Config files run no code: yaml is read with yaml's safe loader only (detectron2's
+``merge_from_file`` falls back to ``yaml.unsafe_load``, which runs ``!!python/...`` tags), and a
+file that is not a plain yaml mapping, or whose ``_BASE_`` chain is missing a file or loops, is a
+:class:`ConfigFileError` that names the file (:func:`check_config_file`).
+"""
 import logging
 import os
-from typing import List, Optional, Sequence
+import re
+from typing import List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -12,10 +19,11 @@ import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import CfgNode as CN  # noqa: E402
 from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
+from fvcore.common.config import BASE_KEY  # noqa: E402
 
 __all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
            "resolve_config_file", "adapt_norms_to_device", "config_differences",
-           "MISSING_CONFIG_HINT"]
+           "check_config_file", "CfgNode", "ConfigFileError", "MISSING_CONFIG_HINT"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,9 +127,110 @@ def _lsj_node() -> CN:
 add_lambda_resnet_config = add_lambda_det_config  # the same function, by its backbone's name
 
 
-def get_cfg() -> CN:
-    """Detectron2's default config plus lambda_det's keys."""
-    return add_lambda_det_config(get_detectron2_cfg())
+class ConfigFileError(ValueError):
+    """A config file (or saved config) that is not a plain yaml mapping, or whose ``_BASE_``
+    chain loops; the message names the file."""
+
+
+class _PlainYamlLoader(yaml.SafeLoader):
+    """yaml's safe loader: plain values only (mappings, lists, strings, numbers, booleans)."""
+
+
+class _RefusedTag(yaml.YAMLError):
+    """A tag in a yaml file: its name as written and its line."""
+
+    def __init__(self, node: yaml.Node):
+        super().__init__(node.tag)
+        # As written in the file: "!!python/..." rather than "tag:yaml.org,2002:python/...".
+        self.tag = re.sub(r"^tag:yaml\.org,2002:", "!!", node.tag)
+        self.line = node.start_mark.line + 1
+
+
+def _refuse_tag(loader, node):
+    raise _RefusedTag(node)
+
+
+# A tag the safe loader has no constructor for: refused, with its name and line.
+_PlainYamlLoader.add_constructor(None, _refuse_tag)
+
+
+def _load_plain_yaml(stream, where: str):
+    """The yaml document of ``stream`` (text or a file) with the safe loader; a tag or a yaml
+    syntax error is a :class:`ConfigFileError` that starts with ``where``."""
+    try:
+        return yaml.load(stream, Loader=_PlainYamlLoader)
+    except _RefusedTag as refused:
+        raise ConfigFileError(
+            f"{where}, line {refused.line}: the yaml tag {refused.tag} is refused (a config "
+            f"holds plain values: mappings, lists, strings, numbers; a tag could run code): "
+            f"remove the tag") from None
+    except yaml.YAMLError as error:
+        raise ConfigFileError(f"{where}: {' '.join(str(error).split())}") from None
+
+
+def _base_path(base: str, config_file: str) -> str:
+    """Where fvcore's ``load_yaml_with_base`` looks for ``_BASE_: base`` of ``config_file``."""
+    if base.startswith("~"):
+        base = os.path.expanduser(base)
+    if not base.startswith(("/", "https://", "http://")):  # relative to the file naming it
+        base = os.path.join(os.path.dirname(config_file), base)
+    return base
+
+
+def check_config_file(path: str) -> None:
+    """Check a yaml config and its ``_BASE_`` chain before detectron2 merges it: every file
+    exists, is a yaml mapping of plain values (no tags: they would run code), names its bases
+    as a path or a list of paths, and no chain comes back to a file it passed.
+
+    Raises:
+        FileNotFoundError: the file or a ``_BASE_`` does not exist.
+        ConfigFileError: anything else above; the message names the file.
+    """
+    _check_config_chain(path, ())
+
+
+def _check_config_chain(path: str, chain: Tuple[str, ...]) -> None:
+    """:func:`check_config_file` of ``path``, reached through the ``_BASE_`` keys of ``chain``."""
+    where = f"config file {path}" + (f" (a _BASE_ of {chain[-1]})" if chain else "")
+    if os.path.realpath(path) in map(os.path.realpath, chain):
+        loop = " -> ".join([*chain, path])
+        raise ConfigFileError(f"config file {chain[0]}: its _BASE_ chain {loop} is a loop: "
+                              f"remove the _BASE_ that closes it")
+    try:
+        with CN._open_cfg(path) as f:
+            data = _load_plain_yaml(f, where)
+    except OSError:  # missing, a folder, unreadable
+        raise FileNotFoundError(f"{where} does not exist or is not a readable file"
+                                + (" (a relative _BASE_ is relative to the file naming it)"
+                                   if chain else "")) from None
+    if data is None:
+        raise ConfigFileError(f"{where} is empty: a config is a yaml mapping of KEY: value")
+    if not isinstance(data, dict):
+        kind = "a list" if isinstance(data, list) else f"a single {type(data).__name__} value"
+        raise ConfigFileError(f"{where} holds {kind}, not a yaml mapping of KEY: value")
+    bases = data.get(BASE_KEY, [])
+    bases = [bases] if isinstance(bases, str) else bases
+    if not (isinstance(bases, list) and all(isinstance(base, str) for base in bases)):
+        raise ConfigFileError(f"{where}: {BASE_KEY} is {data[BASE_KEY]!r}: give a config path "
+                              f"or a list of them")
+    for base in bases:
+        _check_config_chain(_base_path(base, path), (*chain, path))
+
+
+class CfgNode(CN):
+    """Detectron2's CfgNode, whose ``merge_from_file`` runs no code from the file: it checks the
+    file and its ``_BASE_`` chain (:func:`check_config_file`), then merges with the safe loader
+    only (detectron2's default, ``allow_unsafe=True``, falls back to ``yaml.unsafe_load``)."""
+
+    def merge_from_file(self, cfg_filename: str) -> None:
+        check_config_file(cfg_filename)
+        super().merge_from_file(cfg_filename, allow_unsafe=False)
+
+
+def get_cfg() -> CfgNode:
+    """Detectron2's default config plus lambda_det's keys, as a :class:`CfgNode` (safe
+    ``merge_from_file``)."""
+    return CfgNode(add_lambda_det_config(get_detectron2_cfg()))
 
 
 def _flatten(node, prefix: str = "") -> dict:
@@ -133,16 +242,25 @@ def _flatten(node, prefix: str = "") -> dict:
     return flat
 
 
-def config_differences(saved: str, wanted: str) -> List[str]:
+def _read_dump(text: str, where: str) -> dict:
+    """A config dump (yaml text) as a dict, read with the safe loader."""
+    data = _load_plain_yaml(text, where)
+    if not isinstance(data, dict):
+        raise ConfigFileError(f"{where} is not a config: it holds no yaml mapping of KEY: value")
+    return data
+
+
+def config_differences(saved: str, wanted: str, saved_in: str = "the saved config") -> List[str]:
     """``KEY: saved -> wanted`` for every key whose value differs between two config dumps
-    (yaml text), sorted by key.
+    (yaml text), sorted by key. ``saved_in`` names where ``saved`` was read from, for the
+    :class:`ConfigFileError` of a dump that is not plain yaml.
 
     A key that a dump lacks counts as its default: a run saved before lambda_det added the key
     ran with the default's behaviour, so it is the same run under a newer lambda_det.
     """
     defaults = _flatten(yaml.safe_load(get_cfg().dump()))
-    old = {**defaults, **_flatten(yaml.safe_load(saved))}
-    new = {**defaults, **_flatten(yaml.safe_load(wanted))}
+    old = {**defaults, **_flatten(_read_dump(saved, saved_in))}
+    new = {**defaults, **_flatten(_read_dump(wanted, "the wanted config"))}
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
             for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
@@ -198,7 +316,10 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
         freeze: freeze the returned config.
 
     Raises:
-        FileNotFoundError: ``config_file`` is neither a file nor a shipped config.
+        FileNotFoundError: ``config_file`` is neither a file nor a shipped config, or a
+            ``_BASE_`` it names does not exist.
+        ConfigFileError: a file of the ``_BASE_`` chain holds a yaml tag (it would run code),
+            is empty or no mapping, or the chain loops (:func:`check_config_file`).
         ValueError: an unknown key, a value of the wrong type, a malformed file or overrides,
             a dataset name registered with other files.
     """
@@ -210,6 +331,8 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
                              f"tools/lazyconfig_train_net.py, or pass a yaml config")
         try:
             cfg.merge_from_file(path)
+        except ConfigFileError:
+            raise  # names the file already
         except (KeyError, ValueError, AssertionError, yaml.YAMLError) as error:
             raise _config_error(error, f"in config file {path}") from None
     opts = list(opts)

@@ -30,6 +30,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
 from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
 from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
+from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
 from lambda_det.engine.output_dir import RUN_FILES  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
 
@@ -65,16 +66,19 @@ def main(argv=None) -> int:
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     args = parser.parse_args(argv)
     start = time.time()
-    config_file = resolve_config_file(args.config)
+    with reporting_user_errors():
+        config_file = resolve_config_file(args.config)
+        cfg = load_config(config_file, args.opts)  # as train_net.py loads it, so the dumps compare
 
     root = lambda_det.data.ensure_shapes_dataset()
     print(f"dataset: {root} (lambda_det_shapes_train / lambda_det_shapes_val)", flush=True)
 
-    cfg = load_config(config_file, args.opts)  # as train_net.py loads it, so the dumps compare
     output = Path(cfg.OUTPUT_DIR)
     weights, record = output / "model_final.pth", output / "eval_results.json"
     if not args.force and weights.is_file() and record.is_file():
-        differences = config_differences(json.loads(record.read_text())["config"], cfg.dump())
+        with reporting_user_errors():
+            differences = config_differences(json.loads(record.read_text())["config"],
+                                             cfg.dump(), saved_in=str(record))
         if differences:
             raise SystemExit(
                 f"the finished run in {output} was made with another config ("

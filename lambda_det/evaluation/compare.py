@@ -136,7 +136,7 @@ def _check_folder(run: PairRun) -> None:
     replaced: the user's results stay)."""
     recorded = run.folder / RECIPE_FILE
     if recorded.is_file():
-        differences = config_differences(recorded.read_text(), run.recipe)
+        differences = config_differences(recorded.read_text(), run.recipe, str(recorded))
         if differences:
             raise ValueError(
                 f"{run.folder} holds a {run.variant.name} run of another config "
