@@ -1,5 +1,6 @@
 """Shared test helpers. Everything runs on the CPU with small shapes."""
 import importlib.util
+import logging
 import os
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +15,30 @@ CONFIGS = REPO_ROOT / "configs"
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def _all_loggers() -> list:
+    return [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
+                                   if isinstance(logger, logging.Logger))]
+
+
+@pytest.fixture(autouse=True)
+def _logging_handlers_of_the_test_only():
+    """A tool run in-process sets up detectron2's loggers, whose console handlers write to the
+    test's captured stream: drop them afterwards, or a later test's log lines go to a closed
+    stream ("--- Logging error ---" in that test's stderr)."""
+    before = {logger.name: list(logger.handlers) for logger in _all_loggers()}
+    yield
+    for logger in _all_loggers():
+        for handler in logger.handlers[:]:
+            if handler not in before.get(logger.name, []):
+                logger.removeHandler(handler)
+                handler.close()
+    try:
+        from detectron2.utils.logger import setup_logger
+    except ImportError:
+        return
+    setup_logger.cache_clear()  # memoized: the next run sets its handlers up again
 
 
 def tiny_detection_batch(sizes=((64, 96), (96, 64)), with_sem_seg: bool = False) -> list:
