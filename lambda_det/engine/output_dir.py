@@ -85,30 +85,37 @@ def last_checkpoint(output_dir: str) -> Optional[str]:
 
 def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,
                        run_files: Sequence[str] = RUN_FILES) -> Optional[str]:
-    """Refuse to train from scratch over the run that ``output_dir`` already holds.
+    """Refuse to train from scratch over the run that ``output_dir`` already holds, and start
+    every run that trains from iteration 0 with files of its own.
 
     Detectron2 would start again at iteration 0, replace the run's checkpoints one by one and
-    append to its metrics.json. Starting over takes ``restart``, which first moves the run's
-    files (``run_files``, by default :data:`RUN_FILES`) into ``output_dir/previous_<date-time>/``:
-    nothing is deleted and nothing mixes. Only machine 0 moves files (detectron2 writes them from
-    the main process only).
+    append to its metrics.json and log.txt. Starting over takes ``restart``, which first moves
+    the run's files (``run_files``, by default :data:`RUN_FILES`) into
+    ``output_dir/previous_<date-time>/``: nothing is deleted and nothing mixes. A run that
+    left files but no checkpoint (stopped before its first one) has nothing to continue: its
+    files are moved aside the same way, with or without ``resume``. Only machine 0 moves files
+    (detectron2 writes them from the main process only).
 
     Returns:
-        the folder the previous run was moved to, or None.
+        the folder the previous run's files were moved to, or None.
 
     Raises:
         FileExistsError: ``output_dir`` has a last_checkpoint, and neither ``resume`` nor
             ``restart`` is set.
     """
     latest = last_checkpoint(output_dir)
-    if resume or latest is None:
+    if latest is not None and resume:
         return None
-    if not restart:
+    if latest is not None and not restart:
         raise FileExistsError(
             f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
             f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
             f"over in it (the previous run is moved to {PREVIOUS_RUN_PREFIX}<date-time>/)")
-    if machine_rank != 0:
+    if machine_rank != 0 or not os.path.isdir(output_dir):
+        return None
+    names = [name for name in sorted(os.listdir(output_dir))
+             if any(fnmatch.fnmatch(name, pattern) for pattern in run_files)]
+    if not names:
         return None
     stamp = PREVIOUS_RUN_PREFIX + time.strftime("%Y%m%d-%H%M%S")
     previous, count = os.path.join(output_dir, stamp), 1
@@ -116,7 +123,6 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
         count += 1
         previous = os.path.join(output_dir, f"{stamp}-{count}")
     os.makedirs(previous)
-    for name in sorted(os.listdir(output_dir)):
-        if any(fnmatch.fnmatch(name, pattern) for pattern in run_files):
-            os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
+    for name in names:
+        os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
     return previous
