@@ -289,8 +289,11 @@ def training_memory_lower_bound(model: nn.Module, images: int, size: int,
         return tensor
 
     channels = model.pixel_mean.numel() if hasattr(model, "pixel_mean") else 3
+    # In eval mode: a batch norm keeps the same input for backward as in training (only its
+    # per-channel statistics differ), and torch's meta kernel of a training-mode batch norm
+    # takes twice as long. Stochastic depth's masks are left out (the bound stays a bound).
     training = backbone.training
-    backbone.train()
+    backbone.eval()
     try:
         with _least_saving_lambda_layers(backbone), \
                 torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
@@ -342,19 +345,22 @@ def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
 
 
 def check_training_memory(model: nn.Module, settings: TrainingSettings, device: str,
-                          num_gpus: int, world_size: int) -> None:
+                          num_gpus: int, world_size: int) -> Optional[int]:
     """Refuse a training whose lower bound of memory per process
     (:func:`training_memory_lower_bound`) exceeds what the process can have
     (:func:`available_memory`): it would fail, or swap for hours, after allocating.
+
+    Returns:
+        the lower bound in bytes, or None where the input size or the memory is unknown.
 
     Raises:
         ValueError: naming the estimate, the limit and the keys to lower.
     """
     if settings.input_size is None or not hasattr(model, "backbone"):
-        return
+        return None
     limit = available_memory(device, num_gpus)
     if limit is None:
-        return
+        return None
     images = settings.batch.value // world_size
     size = settings.input_size.value
     needed = training_memory_lower_bound(model, images, size, settings.amp_dtype is not None)
@@ -364,4 +370,5 @@ def check_training_memory(model: nn.Module, settings: TrainingSettings, device: 
             f"training needs at least ~{needed / GIB:.1f} GiB per process for {images} images "
             f"of {size}x{size} (the backbone's activations and the model's weights), {where}: "
             f"lower {settings.batch.key} or {settings.input_size.key}")
+    return needed
 
