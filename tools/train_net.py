@@ -15,7 +15,10 @@ Unlike detectron2's script:
   holds exits at once, naming the holder (an OS lock, released however the run ends);
 * it does not train over a finished run: training into an OUTPUT_DIR that holds one needs
   ``--resume`` (continue) or ``--restart`` (start over; the previous run is moved to
-  OUTPUT_DIR/previous_<date-time>/);
+  OUTPUT_DIR/previous_<date-time>/); the files of a run that stopped before its first
+  checkpoint are moved there too, so that a new run starts files of its own;
+* every setting, ``--num-gpus`` and MODEL.DEVICE are checked before launch, and a batch whose
+  backbone alone cannot fit in memory (a lower bound counted on the meta device) is refused;
 * weights load without running code from the file (``.pkl`` included); MODEL.WEIGHTS for
   training must hold every backbone weight, and ``--eval-only`` needs weights that fit the whole
   model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``); it writes

@@ -144,10 +144,10 @@ def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
 
 
 def check_config_before_launch(args: argparse.Namespace, cfg) -> nn.Module:
-    """What the config alone decides, checked before OUTPUT_DIR is touched: the launch
-    arguments' device, the model (built on the meta device, returned for the weights' checks)
-    and, for training, every setting that would fail after launch and the memory a process
-    needs at least (:mod:`lambda_det.engine.preflight`)."""
+    """What the config alone decides, checked before OUTPUT_DIR is touched: the device, the
+    model (built on the meta device, returned for the weights' checks) and, for training, every
+    setting that would fail after launch and the memory a process needs at least
+    (:mod:`lambda_det.engine.preflight`)."""
     check_device(Setting("MODEL.DEVICE", cfg.MODEL.DEVICE), args.num_gpus)
     model = check_model(cfg)
     if args.eval_only:
