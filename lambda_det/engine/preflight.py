@@ -11,6 +11,7 @@ the same settings with different keys: :func:`yaml_training_settings` and
 """
 import argparse
 import contextlib
+import logging
 import math
 import os
 from typing import Any, Callable, NamedTuple, Optional, Tuple
@@ -30,6 +31,7 @@ __all__ = ["Setting", "TrainingSettings", "check_launch_arguments", "check_devic
            "check_training_memory"]
 
 GIB = 2 ** 30
+logger = logging.getLogger(__name__)
 
 
 class Setting(NamedTuple):
@@ -97,7 +99,7 @@ def yaml_training_settings(cfg) -> TrainingSettings:
     solver, lsj = cfg.SOLVER, cfg.INPUT.LSJ
     steps = None
     if solver.LR_SCHEDULER_NAME == "WarmupMultiStepLR":  # detectron2 drops steps past MAX_ITER
-        steps = Setting("SOLVER.STEPS", [step for step in solver.STEPS if step <= solver.MAX_ITER])
+        steps = Setting("SOLVER.STEPS", _kept_steps(solver.STEPS, solver.MAX_ITER))
     if lsj.ENABLED:
         input_size = Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE)
     else:  # the largest short-side resize, of a square image
@@ -141,8 +143,8 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
     train, max_iter = cfg.train, cfg.train.max_iter
     steps = None
     if _calls(cfg.lr_multiplier, warmup_multistep):  # drops steps at or past max_iter
-        steps = Setting("lr_multiplier.steps", [step for step in cfg.lr_multiplier.steps
-                                                if not isinstance(max_iter, int) or step < max_iter])
+        last = max_iter - 1 if _is_integer(max_iter) else max_iter
+        steps = Setting("lr_multiplier.steps", _kept_steps(cfg.lr_multiplier.steps, last))
     augmentations = OmegaConf.select(cfg, "dataloader.train.mapper.augmentations", default=None)
     lsj = input_size = None
     if _calls(augmentations, build_lsj_augmentations):
@@ -172,6 +174,13 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
         batch=Setting("dataloader.train.total_batch_size", cfg.dataloader.train.total_batch_size),
         input_size=input_size,
     )
+
+
+def _kept_steps(steps, last) -> list:
+    """The steps a multi-step schedule keeps: all but the integers past ``last`` (anything
+    else stays, to be refused by name)."""
+    return [step for step in steps
+            if not (_is_integer(step) and _is_integer(last) and step > last)]
 
 
 def _is_integer(value) -> bool:
@@ -363,7 +372,11 @@ def check_training_memory(model: nn.Module, settings: TrainingSettings, device: 
         return None
     images = settings.batch.value // world_size
     size = settings.input_size.value
-    needed = training_memory_lower_bound(model, images, size, settings.amp_dtype is not None)
+    try:
+        needed = training_memory_lower_bound(model, images, size, settings.amp_dtype is not None)
+    except NotImplementedError as error:  # an operator with no meta kernel (a custom backbone's)
+        logger.info("no memory estimate before launch: %s", " ".join(str(error).split())[:200])
+        return None
     available, where = limit
     if needed > available:
         raise ValueError(
