@@ -11,6 +11,7 @@ import torch
 
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from conftest import load_tool
+from detectron2.modeling import build_model
 from lambda_det.config import load_config
 from lambda_det.engine import cli, lazy, preflight
 from lambda_det.engine.cli import check_model
@@ -187,12 +188,12 @@ def tiny_cfg(*overrides):
     return load_config(CONFIG, [*TINY, *overrides])
 
 
-def test_the_estimate_is_a_lower_bound_of_what_the_backbone_keeps(monkeypatch):
+def test_the_estimate_is_a_lower_bound_of_what_the_backbone_keeps():
     """On the meta device, the count matches what a real forward pass on the CPU keeps for
     backward (not more: a lower bound; not far less: it is counting the activations)."""
     cfg = tiny_cfg("MODEL.LAMBDA_RESNET.IMPL", "auto")
     estimate = training_memory_lower_bound(check_model(cfg), images=2, size=96)
-    model = cli.build_model(cfg)
+    model = build_model(cfg)
     kept = {}
 
     def count(tensor):
