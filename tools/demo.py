@@ -31,7 +31,7 @@ from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
 from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
 from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
 from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
-from lambda_det.engine.output_dir import RUN_FILES  # noqa: E402
+from lambda_det.engine.output_dir import RUN_FILES, last_checkpoint  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     else:
         # --force starts over (the finished run and the demo's files move to
         # previous_<date-time>/); otherwise an interrupted run (a last_checkpoint, no results)
-        # is continued.
+        # is continued, and one stopped before its first checkpoint starts over.
         if args.force:
             with OutputDirLock(str(output)):
                 previous = prepare_output_dir(str(output), resume=False, restart=True,
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
             if previous:
                 print(f"--force: moved the previous run to {previous}", flush=True)
         command = [sys.executable, str(REPO / "tools/train_net.py"), "--config-file", config_file,
-                   "--resume", *args.opts]
+                   "--resume" if last_checkpoint(str(output)) else "--restart", *args.opts]
         print("+", " ".join(command), flush=True)
         status = subprocess.run(command).returncode
         if status:  # train_net.py said why

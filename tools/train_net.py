@@ -13,9 +13,12 @@ Unlike detectron2's script:
 
 * one run at a time per OUTPUT_DIR: a second training or evaluation into a folder that a run
   holds exits at once, naming the holder (an OS lock, released however the run ends);
-* it does not train over a finished run: training into an OUTPUT_DIR that holds one needs
-  ``--resume`` (continue) or ``--restart`` (start over; the previous run is moved to
-  OUTPUT_DIR/previous_<date-time>/);
+* it does not train over a run: training into an OUTPUT_DIR that holds one needs ``--resume``
+  (continue from its last checkpoint) or ``--restart`` (start over; the previous run's files are
+  moved to OUTPUT_DIR/previous_<date-time>/); a run that stopped before its first checkpoint
+  has nothing to resume from: ``--resume`` says so, ``--restart`` moves it aside;
+* every setting, ``--num-gpus`` and MODEL.DEVICE are checked before launch, and a batch whose
+  backbone alone cannot fit in memory (a lower bound counted on the meta device) is refused;
 * weights load without running code from the file (``.pkl`` included); MODEL.WEIGHTS for
   training must hold every backbone weight, and ``--eval-only`` needs weights that fit the whole
   model (MODEL.WEIGHTS, or OUTPUT_DIR's last checkpoint with ``--resume``);

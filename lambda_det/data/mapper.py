@@ -11,15 +11,40 @@ The mapper is detectron2's ``DatasetMapper``, with one difference: an image it c
 named (:class:`DatasetMapper`).
 """
 import logging
-from typing import List
+from typing import List, Sequence
 
 from detectron2.data import DatasetMapper as Detectron2DatasetMapper
 from detectron2.data import detection_utils
 from detectron2.data import transforms as T
 
-__all__ = ["build_lsj_augmentations", "build_mapper", "DatasetMapper"]
+__all__ = ["build_lsj_augmentations", "check_lsj_settings", "build_mapper", "DatasetMapper",
+           "MIN_LSJ_IMAGE_SIZE"]
 
 logger = logging.getLogger(__name__)
+
+# The backbones' coarsest stride (res5): a smaller crop has no res5 pixel.
+MIN_LSJ_IMAGE_SIZE = 32
+LSJ_KEYS = ("IMAGE_SIZE", "MIN_SCALE", "MAX_SCALE")
+
+
+def check_lsj_settings(image_size: int, min_scale: float, max_scale: float,
+                       keys: Sequence[str] = LSJ_KEYS) -> None:
+    """The crop side is an integer of at least :data:`MIN_LSJ_IMAGE_SIZE`, and
+    0 < min_scale <= max_scale; ``keys`` name the three values in the errors (the config's keys).
+
+    Raises:
+        ValueError: naming the key, the value and the fix.
+    """
+    size_key, min_key, max_key = keys
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or (
+            image_size < MIN_LSJ_IMAGE_SIZE):
+        raise ValueError(f"{size_key} must be an integer >= {MIN_LSJ_IMAGE_SIZE} (the backbone's "
+                         f"coarsest stride), got {image_size!r}: set {size_key} to the side of "
+                         f"the training crop, e.g. 1024")
+    if not 0 < min_scale <= max_scale:
+        raise ValueError(f"LSJ scales must satisfy 0 < {min_key} <= {max_key}, got {min_scale} "
+                         f"and {max_scale}: set {min_key} to a positive scale no larger than "
+                         f"{max_key}")
 
 
 def build_lsj_augmentations(image_size: int, min_scale: float, max_scale: float,
@@ -31,9 +56,7 @@ def build_lsj_augmentations(image_size: int, min_scale: float, max_scale: float,
     if not is_train:
         raise ValueError("LSJ is a training augmentation; evaluation resizes by "
                          "INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (detectron2's DatasetMapper)")
-    if not 0 < min_scale <= max_scale:
-        raise ValueError(f"LSJ scales must satisfy 0 < MIN_SCALE <= MAX_SCALE, got "
-                         f"{min_scale} and {max_scale}")
+    check_lsj_settings(image_size, min_scale, max_scale)
     return [T.ResizeScale(min_scale=min_scale, max_scale=max_scale,
                           target_height=image_size, target_width=image_size),
             T.FixedSizeCrop(crop_size=(image_size, image_size)),

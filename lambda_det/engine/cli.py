@@ -31,13 +31,16 @@ from lambda_det.engine.launch import launch
 from lambda_det.engine.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, evaluation_output_dir, last_checkpoint,
     prepare_output_dir)
-from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
+from lambda_det.engine.preflight import (
+    Setting, check_batch_size, check_device, check_launch_arguments, check_training_memory,
+    check_training_settings, yaml_training_settings)
+from lambda_det.engine.trainer import Trainer, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
            "load_run_config", "launch_checked", "reporting_user_errors", "check_model",
-           "check_weights_fit", "plan_evaluation", "Evaluation", "USER_ERRORS",
-           "USAGE_ERROR_STATUS"]
+           "check_config_before_launch", "check_weights_fit", "plan_evaluation", "Evaluation",
+           "prepare_training_output_dir", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
@@ -161,19 +164,53 @@ def plan_evaluation(args: argparse.Namespace, output_dir: str, weights: str) -> 
     args.evaluation = Evaluation(folder, weights)
 
 
-def _check_before_launch(args: argparse.Namespace, cfg) -> None:
-    """What the run reads, checked once before any process starts and before OUTPUT_DIR is
-    touched (the lock is already held): a mistake found later would leave a log or a config
-    dump in OUTPUT_DIR, or surface hours later at the final evaluation."""
+def check_config_before_launch(args: argparse.Namespace, cfg) -> nn.Module:
+    """What the config alone decides, checked before OUTPUT_DIR is touched: the device, the
+    model (built on the meta device, returned for the weights' checks) and, for training, every
+    setting that would fail after launch and the memory a process needs at least
+    (:mod:`lambda_det.engine.preflight`)."""
+    check_device(Setting("MODEL.DEVICE", cfg.MODEL.DEVICE), args.num_gpus)
     model = check_model(cfg)
+    if args.eval_only:
+        return model
+    check_training_settings(yaml_training_settings(cfg))  # the values as the user wrote them
+    check_training_recipe(cfg)
+    world_size = args.num_gpus * args.num_machines
+    scaled = yaml_training_settings(scale_to_world_size(cfg, world_size))
+    check_batch_size(scaled.batch.value, world_size)
+    check_training_memory(model, scaled, cfg.MODEL.DEVICE, args.num_gpus, world_size)
+    return model
+
+
+def scale_to_world_size(cfg, world_size: int):
+    """The config the trainer runs on ``world_size`` processes: detectron2's
+    ``auto_scale_workers`` (SOLVER.REFERENCE_WORLD_SIZE), its assertion as a ValueError."""
+    reference, batch = cfg.SOLVER.REFERENCE_WORLD_SIZE, cfg.SOLVER.IMS_PER_BATCH
+    if reference and batch % reference:
+        raise ValueError(f"SOLVER.IMS_PER_BATCH {batch} does not split over "
+                         f"SOLVER.REFERENCE_WORLD_SIZE {reference}: use a multiple of it")
+    return Trainer.auto_scale_workers(cfg, world_size)
+
+
+def prepare_training_output_dir(args: argparse.Namespace, output_dir: str) -> None:
+    """:func:`prepare_output_dir` for this run, saying where the previous run's files went."""
+    previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
+                                  machine_rank=args.machine_rank)
+    if previous:
+        print(f"--restart: moved the previous run's files in {output_dir} to {previous}: this "
+              f"run starts at iteration 0 with files of its own", flush=True)
+
+
+def _check_before_launch(args: argparse.Namespace, cfg, model: nn.Module) -> None:
+    """What the run reads, checked once before any process starts and before OUTPUT_DIR is
+    written (the lock is already held): a mistake found later would leave a log or a config
+    dump in OUTPUT_DIR, or surface hours later at the final evaluation."""
     if args.eval_only:
         check_run_datasets(cfg, training=False)
         weights = evaluation_weights(cfg, resume=args.resume)
         check_weights_fit(model, weights, require="all")
         plan_evaluation(args, cfg.OUTPUT_DIR, weights)
         return
-    check_batch_size(cfg.SOLVER.IMS_PER_BATCH, args.num_gpus * args.num_machines)
-    check_training_recipe(cfg)
     check_run_datasets(cfg)
     latest = last_checkpoint(cfg.OUTPUT_DIR)
     if args.resume and latest is not None:  # as Trainer.resume_or_load will load it
@@ -181,10 +218,7 @@ def _check_before_launch(args: argparse.Namespace, cfg) -> None:
     elif cfg.MODEL.WEIGHTS:
         check_weights(cfg.MODEL.WEIGHTS)
         check_weights_fit(model, cfg.MODEL.WEIGHTS, require="backbone")
-    previous = prepare_output_dir(cfg.OUTPUT_DIR, resume=args.resume, restart=args.restart,
-                                  machine_rank=args.machine_rank)
-    if previous:
-        print(f"--restart: moved the previous run to {previous}", flush=True)
+    prepare_training_output_dir(args, cfg.OUTPUT_DIR)
 
 
 def load_run_config(args: argparse.Namespace):
@@ -204,10 +238,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = argument_parser().parse_args(argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
+        check_launch_arguments(args)
         cfg = load_run_config(args)
-    cpu = cfg.MODEL.DEVICE == "cpu" or not torch.cuda.is_available()
-    return launch_checked(run, args, cfg.OUTPUT_DIR, lambda: _check_before_launch(args, cfg),
-                          cpu=cpu)
+        model = check_config_before_launch(args, cfg)
+    cpu = torch.device(cfg.MODEL.DEVICE).type == "cpu"
+    return launch_checked(run, args, cfg.OUTPUT_DIR,
+                          lambda: _check_before_launch(args, cfg, model), cpu=cpu)
 
 
 def launch_checked(run_function, args: argparse.Namespace, output_dir: str,

@@ -25,17 +25,20 @@ from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.cli import (
-    argument_parser, check_weights_fit, launch_checked, plan_evaluation, reporting_user_errors)
-from lambda_det.engine.output_dir import last_checkpoint, prepare_output_dir
-from lambda_det.engine.trainer import (
-    _plain, check_batch_size, plain_default_setup, write_json_atomically)
+    argument_parser, check_weights_fit, launch_checked, plan_evaluation,
+    prepare_training_output_dir, reporting_user_errors)
+from lambda_det.engine.output_dir import last_checkpoint
+from lambda_det.engine.preflight import (
+    Setting, check_batch_size, check_device, check_launch_arguments, check_training_memory,
+    check_training_settings, lazy_training_settings)
+from lambda_det.engine.trainer import _plain, plain_default_setup, write_json_atomically
 from lambda_det.lazy_config import (
     load_lazy_config, resolve_lazy_config_file, scale_to_world_size)
 from lambda_det.modeling import LambdaResNet
 from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
 
 __all__ = ["main", "run", "train", "evaluate", "evaluation_weights", "build_meta_model",
-           "check_datasets", "check_training_recipe"]
+           "check_datasets", "check_training_recipe", "check_config_before_launch"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,20 +145,34 @@ def check_training_recipe(cfg: DictConfig) -> None:
                          f"(train.init_checkpoint is empty): set it to 0")
 
 
-def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
+def check_config_before_launch(args: argparse.Namespace, cfg: DictConfig) -> torch.nn.Module:
+    """What the recipe alone decides, checked before train.output_dir is touched: the device,
+    the model (built on the meta device, returned for the weights' checks) and, for training,
+    every setting that would fail after launch and the memory a process needs at least
+    (:mod:`lambda_det.engine.preflight`, as tools/train_net.py)."""
+    check_device(Setting("train.device", cfg.train.device), args.num_gpus)
+    model = build_meta_model(cfg)
+    if args.eval_only:
+        return model
+    settings = lazy_training_settings(cfg)  # scaled to the processes in main
+    check_training_settings(settings)
+    world_size = args.num_gpus * args.num_machines
+    check_batch_size(settings.batch.value, world_size, key=settings.batch.key)
+    check_training_recipe(cfg)
+    check_training_memory(model, settings, cfg.train.device, args.num_gpus, world_size)
+    return model
+
+
+def _check_before_launch(args: argparse.Namespace, cfg: DictConfig,
+                         model: torch.nn.Module) -> None:
     """What the run reads, checked once before any process starts and before the output folder
     is written (the lock is already held)."""
-    model = build_meta_model(cfg)
     if args.eval_only:
         weights = evaluation_weights(cfg, args.resume)
         check_weights_fit(model, weights, require="all")
         check_datasets(cfg, training=False)
         plan_evaluation(args, cfg.train.output_dir, weights)
         return
-    check_batch_size(cfg.dataloader.train.total_batch_size, args.num_gpus * args.num_machines,
-                     key="dataloader.train.total_batch_size")
-    check_training_recipe(cfg)
-    _deterministic_seed(cfg)
     output_dir = cfg.train.output_dir
     latest = last_checkpoint(output_dir)
     if args.resume and latest is not None:
@@ -164,10 +181,7 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
         _check_file(cfg.train.init_checkpoint)
         check_weights_fit(model, cfg.train.init_checkpoint, require="backbone")
     check_datasets(cfg)
-    previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
-                                  machine_rank=args.machine_rank)
-    if previous:
-        print(f"--restart: moved the previous run to {previous}", flush=True)
+    prepare_training_output_dir(args, output_dir)
 
 
 def evaluate(cfg: DictConfig, model: torch.nn.Module):
@@ -200,14 +214,9 @@ def _printable(node):
 
 def _deterministic_seed(cfg: DictConfig) -> Optional[int]:
     """train.seed when train.deterministic is set (DATALOADER.DETERMINISTIC of the yaml
-    configs: every iteration a function of (seed, iteration)), else None."""
-    if not cfg.train.get("deterministic", False):
-        return None
-    seed = cfg.train.get("seed", -1)
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"train.deterministic needs a fixed train.seed >= 0, got "
-                         f"train.seed={seed!r}")
-    return seed
+    configs: every iteration a function of (seed, iteration)), else None; checked by
+    :func:`~lambda_det.engine.preflight.check_training_settings`."""
+    return cfg.train.seed if cfg.train.get("deterministic", False) else None
 
 
 def _deterministic_train_loader(cfg: DictConfig, seed: int) -> DeterministicTrainLoader:
@@ -224,6 +233,7 @@ def train(cfg: DictConfig, resume: bool) -> None:
     ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint.
     With train.deterministic, every iteration is a function of (train.seed, iteration), so that
     a resumed run continues exactly."""
+    check_training_settings(lazy_training_settings(cfg))  # as before launch, for API callers
     check_training_recipe(cfg)
     seed = _deterministic_seed(cfg)
     if seed is not None:
@@ -295,6 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
+        check_launch_arguments(args)
         if not args.config_file:
             raise ValueError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
                              "lambda_r152_mask_rcnn)")
@@ -303,6 +314,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         register_coco_triples(args.coco_dataset, source="--coco-dataset")
         cfg = load_lazy_config(args.config_file, args.opts)
         scale_to_world_size(cfg, args.num_gpus * args.num_machines)
-    cpu = _on_cpu(cfg) or not torch.cuda.is_available()
+        model = check_config_before_launch(args, cfg)
     return launch_checked(run, args, cfg.train.output_dir,
-                          lambda: _check_before_launch(args, cfg), cpu=cpu)
+                          lambda: _check_before_launch(args, cfg, model), cpu=_on_cpu(cfg))

@@ -88,33 +88,45 @@ def last_checkpoint(output_dir: str) -> Optional[str]:
 
 def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,
                        run_files: Sequence[str] = RUN_FILES) -> Optional[str]:
-    """Refuse to train from scratch over the run that ``output_dir`` already holds.
+    """Refuse to train over the run that ``output_dir`` holds, unless told how.
 
-    Detectron2 would start again at iteration 0, replace the run's checkpoints one by one and
-    append to its metrics.json. Starting over takes ``restart``, which first moves the run's
-    files (``run_files``, by default :data:`RUN_FILES`) into ``output_dir/previous_<date-time>/``:
-    nothing is deleted and nothing mixes. Only machine 0 moves files (detectron2 writes them from
-    the main process only).
+    A folder holds a run when it has any of a run's files (``run_files``, by default
+    :data:`RUN_FILES`), a checkpoint or not: detectron2 would start again at iteration 0,
+    replace the run's checkpoints one by one and append to its metrics.json and log.txt.
+    ``resume`` continues from the last checkpoint; a run that stopped before its first one has
+    nothing to continue, which is an error rather than a silent start at iteration 0.
+    ``restart`` first moves the run's files into ``output_dir/previous_<date-time>/``: nothing
+    is deleted and nothing mixes. Only machine 0 moves files (detectron2 writes them from the
+    main process only).
 
     Returns:
-        the folder the previous run was moved to, or None.
+        the folder the previous run's files were moved to, or None.
 
     Raises:
-        FileExistsError: ``output_dir`` has a last_checkpoint, and neither ``resume`` nor
-            ``restart`` is set.
+        FileExistsError: ``output_dir`` holds a run and neither ``resume`` (with a checkpoint to
+            continue) nor ``restart`` is set.
     """
     latest = last_checkpoint(output_dir)
-    if resume or latest is None:
+    names = _run_files_in(output_dir, run_files)
+    if not names or (resume and latest is not None):
         return None
     if not restart:
+        moved = f"the previous run's files are moved to {PREVIOUS_RUN_PREFIX}<date-time>/"
+        if latest is not None:
+            raise FileExistsError(
+                f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
+                f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
+                f"over in it ({moved})")
+        held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        nothing = "it has no checkpoint to resume from, " if resume else ""
         raise FileExistsError(
-            f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
-            f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
-            f"over in it (the previous run is moved to {PREVIOUS_RUN_PREFIX}<date-time>/)")
+            f"OUTPUT_DIR {output_dir!r} holds a run that stopped before its first checkpoint "
+            f"({held}): {nothing}pass --restart to start over in it ({moved}), or another "
+            f"OUTPUT_DIR")
     if machine_rank != 0:
         return None
     previous = _new_dated_folder(output_dir, PREVIOUS_RUN_PREFIX)
-    for name in _run_files_in(output_dir, run_files):
+    for name in names:
         os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
     return previous
 

@@ -29,10 +29,12 @@ from lambda_det.engine.atomic import atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.output_dir import last_checkpoint
+from lambda_det.engine.preflight import (
+    check_batch_size, check_training_settings, yaml_training_settings)
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["Trainer", "setup_cfg", "plain_default_setup", "evaluation_weights",
-           "check_batch_size", "write_json_atomically"]
+           "write_json_atomically"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,16 +64,6 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
         default_setup(cfg, args)
     finally:
         engine_defaults._highlight = highlight
-
-
-def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") -> None:
-    """The images per iteration over all processes (``key``) split evenly over them."""
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"{key} must be a positive integer (images per iteration over all "
-                         f"processes), got {batch!r}")
-    if batch % world_size:
-        raise ValueError(f"{key} {batch} does not split over {world_size} processes: use a "
-                         f"multiple of {world_size}")
 
 
 def write_json_atomically(path: str, data) -> None:
@@ -123,16 +115,12 @@ class Trainer(DefaultTrainer):
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
         cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
-        period = cfg.SOLVER.LOG_PERIOD  # checked on every rank: only the main one has the writer
-        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-            raise ValueError(f"SOLVER.LOG_PERIOD must be an integer >= 1 (iterations), "
-                             f"got {period!r}")
+        # As tools/train_net.py checks before launch, for the trainer built another way; on
+        # every rank (only the main one has the writer that LOG_PERIOD drives).
+        check_training_settings(yaml_training_settings(cfg))
         check_batch_size(cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
         check_training_recipe(cfg)
         if cfg.DATALOADER.get("DETERMINISTIC", False):
-            if cfg.SEED < 0:
-                raise ValueError("DATALOADER.DETERMINISTIC needs a fixed SEED >= 0, got "
-                                 f"SEED={cfg.SEED}")
             seed_all_rng(cfg.SEED)  # the same initial weights on every rank and every run
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)

@@ -222,10 +222,12 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
 
 def train_command(train_net: str, comparison: Comparison, run: PairRun,
                   num_gpus: int = 1) -> List[str]:
-    """The train_net.py command of one pair (``--resume``: continues an interrupted run, and
-    starts a new one from scratch)."""
+    """The train_net.py command of one pair: ``--resume`` continues an interrupted run from its
+    last checkpoint; without one, ``--restart`` starts it from scratch (the files of a run
+    stopped before its first checkpoint move to previous_<date-time>/)."""
+    start = "--resume" if run.started else "--restart"
     return [sys.executable, train_net, "--config-file", comparison.config_file,
-            "--num-gpus", str(num_gpus), "--resume", *run.opts]
+            "--num-gpus", str(num_gpus), start, *run.opts]
 
 
 def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,

@@ -22,3 +22,10 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     Long sums (over positions, windows, tiles) overflow float16 and lose bfloat16 precision.
     """
     return torch.promote_types(dtype, torch.float32)
+
+
+def autocast_device_type(device: torch.device) -> str:
+    """The ``torch.autocast`` device type for tensors on ``device``: the meta device has no
+    autocast of its own (the pre-launch memory estimate runs the model there), and turning the
+    CPU's off there changes nothing."""
+    return "cpu" if device.type == "meta" else device.type

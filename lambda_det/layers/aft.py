@@ -75,7 +75,8 @@ import torch
 from torch import nn
 
 from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
-from lambda_det.layers._common import CONV, CONV_FUNCTION, compute_dtype, strided_pool
+from lambda_det.layers._common import (
+    CONV, CONV_FUNCTION, autocast_device_type, compute_dtype, strided_pool)
 from lambda_det.layers._tracing import static_sizes
 
 __all__ = ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]
@@ -111,7 +112,7 @@ def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     if position_bias is not None and static_sizes(position_bias) != (length, length):
         raise ValueError(f"position_bias must have shape ({length}, {length}) for {length} "
                          f"positions, got {static_sizes(position_bias)}")
-    with torch.autocast(device_type=values.device.type, enabled=False):
+    with torch.autocast(device_type=autocast_device_type(values.device), enabled=False):
         dtype = compute_dtype(queries.dtype)
         keys = keys.to(dtype)  # b c t'
         values = values.to(dtype)  # b c t'
@@ -174,7 +175,7 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     # Offsets beyond size - 1 reach no position of this input: crop them (cheaper, same result).
     radii = tuple(min(size // 2, extent - 1) for size, extent in zip(window, spatial))
     crop = tuple(slice(size // 2 - r, size // 2 + r + 1) for size, r in zip(window, radii))
-    with torch.autocast(device_type=values.device.type, enabled=False):
+    with torch.autocast(device_type=autocast_device_type(values.device), enabled=False):
         dtype = compute_dtype(queries.dtype)
         kernel = kernel.to(dtype)[(slice(None),) + crop]  # h (2r+1)...
         # Every position in every window: no bias-0 pairs, so no "+ sum" term to cancel against.
@@ -289,7 +290,7 @@ class _AFTMixer(nn.Module):
         queries = self.to_queries(x)  # b d ...
         keys = self.to_keys(x)  # b d ... (b heads ... for AFT-conv)
         values = self.to_values(x)  # b d ...
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
             dtype = compute_dtype(x.dtype)
             mixed = self._mix(queries.to(dtype), keys.to(dtype), values.to(dtype), spatial)
             mixed = mixed.reshape(batch, self.hidden_dim, *spatial)  # b d ...
@@ -347,7 +348,7 @@ class _FactorizedBiasMixer(_AFTMixer):
         index = positions[:, 0]
         for axis in range(1, positions.shape[1]):
             index = index * self.max_size + positions[:, axis]  # t, row of u and v
-        with torch.autocast(device_type=device.type, enabled=False):
+        with torch.autocast(device_type=autocast_device_type(device), enabled=False):
             dtype = compute_dtype(self.position_u.dtype)
             bias = self.position_u[index].to(dtype) @ self.position_v[index].to(dtype).T  # t t'
             in_window = self._in_window(positions)
@@ -552,7 +553,7 @@ class AFTConv(_AFTMixer):
         (biased) variance over the window of head i.
         """
         device = self.position_weight.device
-        with torch.autocast(device_type=device.type, enabled=False):
+        with torch.autocast(device_type=autocast_device_type(device), enabled=False):
             dtype = compute_dtype(self.position_weight.dtype)
             raw = self.position_weight.to(dtype).flatten(1)  # h s^D
             mean = raw.mean(dim=1, keepdim=True)  # h 1

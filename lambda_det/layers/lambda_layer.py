@@ -61,8 +61,8 @@ import torch
 from torch import nn
 
 from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
-from lambda_det.layers._common import (BATCH_NORM, CONV, CONV_FUNCTION, compute_dtype,
-                                       strided_pool)
+from lambda_det.layers._common import (BATCH_NORM, CONV, CONV_FUNCTION, autocast_device_type,
+                                       compute_dtype, strided_pool)
 from lambda_det.layers.lambda_conv import (TiledTuning, pooled_size, tiled_halo_entries,
                                            tiled_position_output)
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
@@ -230,7 +230,7 @@ class LambdaLayer(nn.Module):
         spatial = self._check_input(x)
         batch, num_positions = x.shape[0], math.prod(spatial)
         queries, keys, values = self._project(x)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
             dtype = compute_dtype(x.dtype)
             queries = queries.to(dtype).reshape(batch, self.heads, self.dim_k, num_positions)  # b h k n
             keys = keys.to(dtype).reshape(batch, self.dim_k, self.dim_u, num_positions)  # b k u m

@@ -1,0 +1,387 @@
+"""What both training tools check before any process starts and before OUTPUT_DIR is touched:
+the launch arguments, the device, every training setting that would otherwise fail after launch
+(with a log, a config dump and metrics already written), and a lower bound of the memory a
+training process needs, so that an image size or a batch that cannot fit is refused before
+anything is allocated.
+
+tools/train_net.py (yaml configs) and tools/lazyconfig_train_net.py (LazyConfig recipes) spell
+the same settings with different keys: :func:`yaml_training_settings` and
+:func:`lazy_training_settings` read them into :class:`TrainingSettings`, which
+:func:`check_training_settings` and :func:`check_training_memory` check alike.
+"""
+import argparse
+import contextlib
+import logging
+import math
+import os
+from typing import Any, Callable, NamedTuple, Optional, Tuple
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from lambda_det.data.mapper import build_lsj_augmentations, check_lsj_settings
+from lambda_det.engine.amp import AMP_DTYPES
+from lambda_det.layers import LambdaLayer
+from lambda_det.solver import warmup_multistep
+
+__all__ = ["Setting", "TrainingSettings", "check_launch_arguments", "check_device",
+           "yaml_training_settings", "lazy_training_settings", "check_training_settings",
+           "check_batch_size", "training_memory_lower_bound", "available_memory",
+           "check_training_memory"]
+
+GIB = 2 ** 30
+logger = logging.getLogger(__name__)
+
+
+class Setting(NamedTuple):
+    """A config value and the key that the user sets it with (named in the errors)."""
+    key: str
+    value: Any
+
+
+class TrainingSettings(NamedTuple):
+    """The settings of a training run that are checked before launch, each with its key."""
+    learning_rate: Setting
+    max_iter: Setting
+    lr_steps: Optional[Setting]  # the steps the schedule keeps (None: no step schedule)
+    amp_dtype: Optional[Setting]  # None: mixed precision is off
+    deterministic: Setting
+    seed: Setting
+    lsj: Optional[Tuple[Setting, Setting, Setting]]  # image size, min scale, max scale
+    at_least_one: Tuple[Setting, ...]  # integers >= 1: periods
+    at_least_zero: Tuple[Setting, ...]  # numbers >= 0: momentum, weight decay, workers, ...
+    batch: Setting  # images per iteration over all processes
+    input_size: Optional[Setting]  # the side of the largest training input (None: unknown)
+
+
+def check_launch_arguments(args: argparse.Namespace) -> None:
+    """``--num-gpus`` (processes per machine, also with --eval-only), ``--num-machines`` and
+    ``--machine-rank``: detectron2's launch starts no process for ``--num-gpus 0`` or less, and
+    exits 0 having done nothing."""
+    for flag, value in (("--num-gpus", args.num_gpus), ("--num-machines", args.num_machines)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}: pass {flag} 1 or more (on the "
+                             f"CPU, --num-gpus N starts N processes)")
+    if not 0 <= args.machine_rank < args.num_machines:
+        raise ValueError(f"--machine-rank must be in 0..{args.num_machines - 1} for "
+                         f"--num-machines {args.num_machines}, got {args.machine_rank}")
+
+
+def check_device(device: Setting, num_gpus: int) -> None:
+    """``device`` names cpu or a CUDA GPU that this machine has, and with cuda, the machine has
+    a GPU for each of the ``num_gpus`` processes."""
+    try:
+        parsed = torch.device(device.value)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{device.key} {device.value!r} is not a torch device: set "
+                         f"{device.key} to cuda, cuda:N or cpu") from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type != "cuda":
+        raise ValueError(f"{device.key} {device.value!r}: lambda_det trains and evaluates on "
+                         f"cuda or cpu; set {device.key} to one of them")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ValueError(f"{device.key} {device.value!r} needs a CUDA GPU, and torch finds none "
+                         f"on this machine: set {device.key} to cpu")
+    if parsed.index is not None and parsed.index >= count:
+        raise ValueError(f"{device.key} {device.value!r}: this machine has {count} CUDA "
+                         f"GPU(s), cuda:0 to cuda:{count - 1}")
+    if num_gpus > count:
+        raise ValueError(f"--num-gpus {num_gpus} needs {num_gpus} CUDA GPUs and this machine "
+                         f"has {count}: pass --num-gpus {count} or fewer, or set {device.key} "
+                         f"to cpu")
+
+
+def yaml_training_settings(cfg) -> TrainingSettings:
+    """The training settings of a yaml config (tools/train_net.py)."""
+    solver, lsj = cfg.SOLVER, cfg.INPUT.LSJ
+    steps = None
+    if solver.LR_SCHEDULER_NAME == "WarmupMultiStepLR":  # detectron2 drops steps past MAX_ITER
+        steps = Setting("SOLVER.STEPS", _kept_steps(solver.STEPS, solver.MAX_ITER))
+    if lsj.ENABLED:
+        input_size = Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE)
+    else:  # the largest short-side resize, of a square image
+        input_size = Setting("INPUT.MIN_SIZE_TRAIN",
+                             min(max(cfg.INPUT.MIN_SIZE_TRAIN), cfg.INPUT.MAX_SIZE_TRAIN))
+    return TrainingSettings(
+        learning_rate=Setting("SOLVER.BASE_LR", solver.BASE_LR),
+        max_iter=Setting("SOLVER.MAX_ITER", solver.MAX_ITER),
+        lr_steps=steps,
+        amp_dtype=Setting("SOLVER.AMP.DTYPE", solver.AMP.DTYPE) if solver.AMP.ENABLED else None,
+        deterministic=Setting("DATALOADER.DETERMINISTIC", cfg.DATALOADER.DETERMINISTIC),
+        seed=Setting("SEED", cfg.SEED),
+        lsj=(Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE),
+             Setting("INPUT.LSJ.MIN_SCALE", lsj.MIN_SCALE),
+             Setting("INPUT.LSJ.MAX_SCALE", lsj.MAX_SCALE)) if lsj.ENABLED else None,
+        at_least_one=(Setting("SOLVER.LOG_PERIOD", solver.LOG_PERIOD),
+                      Setting("SOLVER.CHECKPOINT_PERIOD", solver.CHECKPOINT_PERIOD)),
+        at_least_zero=(Setting("SOLVER.MOMENTUM", solver.MOMENTUM),
+                       Setting("SOLVER.WEIGHT_DECAY", solver.WEIGHT_DECAY),
+                       Setting("SOLVER.WARMUP_ITERS", solver.WARMUP_ITERS),
+                       Setting("TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD),
+                       Setting("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS)),
+        batch=Setting("SOLVER.IMS_PER_BATCH", solver.IMS_PER_BATCH),
+        input_size=input_size,
+    )
+
+
+def _calls(node, function: Callable) -> bool:
+    """Whether a LazyConfig node is ``LazyCall(function)(...)`` (its target as the function
+    itself or by its dotted name)."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    names = {f"{function.__module__}.{function.__qualname__}",
+             f"{function.__module__.rpartition('.')[0]}.{function.__qualname__}"}
+    return target is function or target in names
+
+
+def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
+    """The training settings of a LazyConfig recipe (tools/lazyconfig_train_net.py); a recipe's
+    own optimizer, schedule or augmentations are checked where they are lambda_det's or
+    torch's usual ones (``lr``, ``momentum``, ``weight_decay``)."""
+    train, max_iter = cfg.train, cfg.train.max_iter
+    steps = None
+    if _calls(cfg.lr_multiplier, warmup_multistep):  # drops steps at or past max_iter
+        last = max_iter - 1 if _is_integer(max_iter) else max_iter
+        steps = Setting("lr_multiplier.steps", _kept_steps(cfg.lr_multiplier.steps, last))
+    augmentations = OmegaConf.select(cfg, "dataloader.train.mapper.augmentations", default=None)
+    lsj = input_size = None
+    if _calls(augmentations, build_lsj_augmentations):
+        prefix = "dataloader.train.mapper.augmentations."
+        lsj = tuple(Setting(prefix + name, augmentations[name])
+                    for name in ("image_size", "min_scale", "max_scale"))
+        input_size = lsj[0]
+    optional_at_least_zero = [(f"optimizer.{name}", cfg.optimizer.get(name))
+                              for name in ("momentum", "weight_decay")]
+    optional_at_least_zero.append(("dataloader.train.num_workers",
+                                   cfg.dataloader.train.get("num_workers")))
+    amp = train.get("amp", {})
+    return TrainingSettings(
+        learning_rate=Setting("optimizer.lr", cfg.optimizer.get("lr")),
+        max_iter=Setting("train.max_iter", max_iter),
+        lr_steps=steps,
+        amp_dtype=(Setting("train.amp.dtype", amp.get("dtype", "float16"))
+                   if amp.get("enabled", False) else None),
+        deterministic=Setting("train.deterministic", train.get("deterministic", False)),
+        seed=Setting("train.seed", train.get("seed", -1)),
+        lsj=lsj,
+        at_least_one=(Setting("train.log_period", train.get("log_period", 20)),
+                      Setting("train.checkpointer.period", train.checkpointer.get("period"))),
+        at_least_zero=(Setting("train.eval_period", train.get("eval_period", 0)),
+                       *(Setting(key, value) for key, value in optional_at_least_zero
+                         if value is not None)),
+        batch=Setting("dataloader.train.total_batch_size", cfg.dataloader.train.total_batch_size),
+        input_size=input_size,
+    )
+
+
+def _kept_steps(steps, last) -> list:
+    """The steps a multi-step schedule keeps: all but the integers past ``last`` (anything
+    else stays, to be refused by name)."""
+    return [step for step in steps
+            if not (_is_integer(step) and _is_integer(last) and step > last)]
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_integer_at_least(setting: Setting, minimum: int, meaning: str) -> None:
+    if not _is_integer(setting.value) or setting.value < minimum:
+        raise ValueError(f"{setting.key} must be an integer >= {minimum} ({meaning}), got "
+                         f"{setting.value!r}: set {setting.key} to an integer >= {minimum}")
+
+
+def _check_lr_steps(steps: Setting, max_iter: Setting) -> None:
+    """The steps the multi-step schedule keeps increase within (0, max_iter): fvcore's
+    ``MultiStepParamScheduler`` refuses anything else when the trainer builds it."""
+    values = list(steps.value)
+    bounds_ok = all(_is_integer(step) and 0 < step < max_iter.value for step in values)
+    if not bounds_ok or values != sorted(set(values)):
+        raise ValueError(f"{steps.key} {values} must be increasing iterations between 1 and "
+                         f"{max_iter.key} - 1 = {max_iter.value - 1} (steps past it are left out): "
+                         f"set {steps.key} to the iterations at which the LR drops")
+
+
+def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") -> None:
+    """The images per iteration over all processes (``key``) split evenly over them."""
+    if not _is_integer(batch) or batch < 1:
+        raise ValueError(f"{key} must be a positive integer (images per iteration over all "
+                         f"processes), got {batch!r}")
+    if batch % world_size:
+        raise ValueError(f"{key} {batch} does not split over {world_size} processes: use a "
+                         f"multiple of {world_size}")
+
+
+def check_training_settings(settings: TrainingSettings) -> None:
+    """Every setting of ``settings`` whose mistake would otherwise surface after launch (or
+    never: a negative LR trains to garbage). Whether the batch splits over the processes is
+    :func:`check_batch_size`'s, on the batch after any scaling to the number of processes.
+
+    Raises:
+        ValueError: naming the key, the value and the fix.
+    """
+    check_batch_size(settings.batch.value, 1, key=settings.batch.key)
+    lr = settings.learning_rate
+    if not _is_number(lr.value) or not math.isfinite(lr.value) or lr.value <= 0:
+        raise ValueError(f"{lr.key} must be a finite number > 0, got {lr.value!r}: set {lr.key} "
+                         f"to a positive learning rate")
+    _check_integer_at_least(settings.max_iter, 1, "iterations to train")
+    if settings.lr_steps is not None:
+        _check_lr_steps(settings.lr_steps, settings.max_iter)
+    dtype = settings.amp_dtype
+    if dtype is not None and dtype.value not in AMP_DTYPES:
+        raise ValueError(f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {dtype.value!r}: "
+                         f"set {dtype.key} to float16 or bfloat16")
+    seed = settings.seed
+    if settings.deterministic.value and (not _is_integer(seed.value) or seed.value < 0):
+        raise ValueError(f"{settings.deterministic.key} needs a fixed {seed.key} >= 0, got "
+                         f"{seed.key}={seed.value!r}: set {seed.key} to a number such as 0")
+    if settings.lsj is not None:
+        check_lsj_settings(*(setting.value for setting in settings.lsj),
+                           keys=[setting.key for setting in settings.lsj])
+    for setting in settings.at_least_one:
+        _check_integer_at_least(setting, 1, "iterations")
+    for setting in settings.at_least_zero:
+        if not _is_number(setting.value) or not setting.value >= 0:
+            raise ValueError(f"{setting.key} must be >= 0, got {setting.value!r}: set "
+                             f"{setting.key} to 0 or more")
+
+
+# ---- memory ----
+
+@contextlib.contextmanager
+def _least_saving_lambda_layers(module: nn.Module):
+    """Lambda layers with impl "auto" pick their form by device and size; on the meta device,
+    run them as "tiled", the form that keeps the least for backward (only its inputs), so that
+    the count stays a lower bound wherever the run goes."""
+    layers = [layer for layer in module.modules()
+              if isinstance(layer, LambdaLayer) and layer.impl == "auto"]
+    for layer in layers:
+        layer.impl = "tiled"
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.impl = "auto"
+
+
+def training_memory_lower_bound(model: nn.Module, images: int, size: int,
+                                mixed_precision: bool = False) -> int:
+    """Bytes that one training process needs at least: the model's parameters, plus what its
+    backbone's forward pass over ``images`` images of ``size`` x ``size`` (padded to the
+    backbone's size divisibility) keeps for backward, counted by running ``model`` (built on
+    the meta device: nothing is allocated or computed) under a saved-tensors hook. The heads'
+    activations, the gradients and the optimizer state come on top.
+
+    With ``mixed_precision``, floating-point activations count 2 bytes an element (they are
+    float32 on the meta device; autocast keeps some in float32).
+    """
+    backbone = model.backbone
+    divisor = max(1, getattr(backbone, "size_divisibility", 1) or 1)
+    size = math.ceil(size / divisor) * divisor
+    parameters = {parameter.untyped_storage()._cdata for parameter in model.parameters()}
+    saved = {}  # storage -> bytes; a view keeps its whole storage alive
+
+    def count(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in parameters and storage._cdata not in saved:
+            nbytes = storage.nbytes()
+            if mixed_precision and tensor.is_floating_point():
+                nbytes = nbytes * min(tensor.element_size(), 2) // tensor.element_size()
+            saved[storage._cdata] = (nbytes, tensor)  # kept alive: the key stays its own
+        return tensor
+
+    channels = model.pixel_mean.numel() if hasattr(model, "pixel_mean") else 3
+    # In eval mode: a batch norm keeps the same input for backward as in training (only its
+    # per-channel statistics differ), and torch's meta kernel of a training-mode batch norm
+    # takes twice as long. Stochastic depth's masks are left out (the bound stays a bound).
+    training = backbone.training
+    backbone.eval()
+    try:
+        with _least_saving_lambda_layers(backbone), \
+                torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+            backbone(torch.empty(images, channels, size, size, device="meta"))
+    finally:
+        backbone.train(training)
+    weights = sum(parameter.numel() * parameter.element_size()
+                  for parameter in model.parameters())
+    return weights + sum(nbytes for nbytes, _ in saved.values())
+
+
+def _memory_available_on_this_machine() -> Optional[int]:
+    """MemAvailable of /proc/meminfo (what can be allocated without swapping), else the free
+    physical pages; None when neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
+    """The bytes each of ``processes`` training processes of this machine can have on
+    ``device``, and what they are, in words; None when unknown.
+
+    On a GPU, its total memory (each process has its own GPU; asking for the free memory
+    would open a CUDA context in the launching process for the whole run). On the CPU, the
+    available memory shared by the processes.
+    """
+    parsed = torch.device(device)
+    if parsed.type == "cuda":
+        indices = [parsed.index] if parsed.index is not None and processes == 1 \
+            else range(processes)
+        total = min(torch.cuda.get_device_properties(index).total_memory for index in indices)
+        return total, f"the GPU has {total / GIB:.1f} GiB"
+    available = _memory_available_on_this_machine()
+    if available is None:
+        return None
+    where = f"the machine has {available / GIB:.1f} GiB available"
+    if processes > 1:
+        where += f", {available / processes / GIB:.1f} GiB for each of {processes} processes"
+    return available // processes, where
+
+
+def check_training_memory(model: nn.Module, settings: TrainingSettings, device: str,
+                          num_gpus: int, world_size: int) -> Optional[int]:
+    """Refuse a training whose lower bound of memory per process
+    (:func:`training_memory_lower_bound`) exceeds what the process can have
+    (:func:`available_memory`): it would fail, or swap for hours, after allocating.
+
+    Returns:
+        the lower bound in bytes, or None where the input size or the memory is unknown.
+
+    Raises:
+        ValueError: naming the estimate, the limit and the keys to lower.
+    """
+    if settings.input_size is None or not hasattr(model, "backbone"):
+        return None
+    limit = available_memory(device, num_gpus)
+    if limit is None:
+        return None
+    images = settings.batch.value // world_size
+    size = settings.input_size.value
+    try:
+        needed = training_memory_lower_bound(model, images, size, settings.amp_dtype is not None)
+    except NotImplementedError as error:  # an operator with no meta kernel (a custom backbone's)
+        logger.info("no memory estimate before launch: %s", " ".join(str(error).split())[:200])
+        return None
+    available, where = limit
+    if needed > available:
+        raise ValueError(
+            f"training needs at least ~{needed / GIB:.1f} GiB per process for {images} images "
+            f"of {size}x{size} (the backbone's activations and the model's weights), {where}: "
+            f"lower {settings.batch.key} or {settings.input_size.key}")
+    return needed
+
