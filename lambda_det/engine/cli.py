@@ -9,11 +9,10 @@ its traceback.
 import argparse
 import contextlib
 import logging
-import os
 import pickle
 import sys
 import warnings
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -25,24 +24,27 @@ from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config import load_config
 from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import coco_dataset_overrides
+from lambda_det.engine.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 from lambda_det.engine.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, check_weights, load_weights)
 from lambda_det.engine.launch import launch
 from lambda_det.engine.output_dir import (
-    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, last_checkpoint, prepare_output_dir)
+    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, checkpoint_to_resume,
+    prepare_output_dir)
 from lambda_det.engine.trainer import Trainer, check_batch_size, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
            "launch_checked", "reporting_user_errors", "check_model",
-           "check_weights_fit", "USER_ERRORS", "USAGE_ERROR_STATUS"]
+           "check_weights_fit", "check_device", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
-# has started, an exception is a bug and keeps its traceback.
+# has started, an exception is a bug and keeps its traceback, but for a disk that cannot be
+# written (OutputWriteError).
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, pickle.UnpicklingError, CorruptCheckpointError,
-               OutputDirBusyError)
+               OutputDirBusyError, OutputWriteError)
 
 
 def _one_line(error: BaseException) -> str:
@@ -51,12 +53,12 @@ def _one_line(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def reporting_user_errors(debug: bool = False):
-    """Turn a :data:`USER_ERRORS` exception into ``error: <message>`` on stderr and exit status
-    2 (with ``debug``, let it through with its traceback)."""
+def reporting_user_errors(debug: bool = False, errors: Tuple[type, ...] = USER_ERRORS):
+    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`) into ``error: <message>``
+    on stderr and exit status 2 (with ``debug``, let it through with its traceback)."""
     try:
         yield
-    except USER_ERRORS as error:
+    except errors as error:
         if debug:
             raise
         print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
@@ -115,7 +117,9 @@ def run(args: argparse.Namespace):
             return Trainer.test(cfg, model)
         trainer = Trainer(cfg)
         trainer.resume_or_load(resume=args.resume)
-    return trainer.train()
+    with reporting_user_errors(args.debug, errors=(OutputWriteError,)), \
+            reporting_write_errors(cfg.OUTPUT_DIR, "OUTPUT_DIR", errnos=DISK_ERRNOS):
+        return trainer.train()
 
 
 def check_model(cfg) -> nn.Module:
@@ -127,6 +131,28 @@ def check_model(cfg) -> nn.Module:
     meta.MODEL.DEVICE = "meta"
     with torch.device("meta"):
         return build_model(meta)
+
+
+def check_device(cfg, key: str = "MODEL.DEVICE") -> None:
+    """``cfg.MODEL.DEVICE`` names a device that this machine has (``key``: where the user set
+    it, for the message).
+
+    Raises:
+        ValueError: not a device name, or a GPU that torch does not see.
+    """
+    name = cfg.MODEL.DEVICE
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{key} {name!r} is not a device: pass cpu, cuda or cuda:N") from None
+    if device.type != "cuda":
+        return
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ValueError(f"{key} {name!r}, but torch sees no GPU on this machine: pass {key} cpu")
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"{key} {name!r}, but this machine has {count} GPU(s), cuda:0 to "
+                         f"cuda:{count - 1}: pass one of them, or cpu")
 
 
 def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
@@ -152,9 +178,9 @@ def _check_before_launch(args: argparse.Namespace, cfg) -> None:
     check_batch_size(cfg.SOLVER.IMS_PER_BATCH, args.num_gpus * args.num_machines)
     check_training_recipe(cfg)
     check_run_datasets(cfg)
-    latest = last_checkpoint(cfg.OUTPUT_DIR)
-    if args.resume and latest is not None:  # as Trainer.resume_or_load will load it
-        check_weights_fit(model, os.path.join(cfg.OUTPUT_DIR, latest), require="all")
+    latest = checkpoint_to_resume(cfg.OUTPUT_DIR) if args.resume else None
+    if latest is not None:  # as Trainer.resume_or_load will load it
+        check_weights_fit(model, latest, require="all")
     elif cfg.MODEL.WEIGHTS:
         check_weights(cfg.MODEL.WEIGHTS)
         check_weights_fit(model, cfg.MODEL.WEIGHTS, require="backbone")
@@ -180,15 +206,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
-                   check: Callable[[], None], cpu: bool) -> int:
-    """Hold ``output_dir``'s lock (on machine 0, whose main process writes it), run ``check``,
-    then ``run_function(args)`` in every process (on the CPU, ``--num-gpus N`` starts N gloo
+                   check: Callable[[], None], cpu: bool, output_option: str = "OUTPUT_DIR") -> int:
+    """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
+    that the folder can be written, ``output_option`` naming it), run ``check``, then
+    ``run_function(args)`` in every process (on the CPU, ``--num-gpus N`` starts N gloo
     processes: detectron2's launch needs CUDA). Returns the exit status: 2 when a check or a
     worker reported a user error."""
     lock = None
     with reporting_user_errors(args.debug):
         if args.machine_rank == 0:
-            lock = OutputDirLock(output_dir).acquire()
+            lock = OutputDirLock(output_dir, output_option).acquire()
     try:
         with reporting_user_errors(args.debug):
             check()
