@@ -64,9 +64,7 @@ def check_writable_folder(folder: Union[str, os.PathLike],
         level = os.path.dirname(level)
     try:
         with reporting_write_errors(folder, option):
-            if os.path.lexists(folder) and not os.path.isdir(folder):
-                raise NotADirectoryError(errno.ENOTDIR, "it is a file, not a folder")
-            os.makedirs(folder, exist_ok=True)
+            os.makedirs(folder, exist_ok=True)  # FileExistsError over a file
             handle, probe = tempfile.mkstemp(dir=folder, prefix=".write_check_")
             try:
                 os.write(handle, b"\0")

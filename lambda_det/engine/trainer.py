@@ -25,7 +25,7 @@ from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_checked_dataset_dicts
 from lambda_det.engine.amp import MixedPrecisionTrainer
-from lambda_det.engine.atomic import atomic_path
+from lambda_det.engine.atomic import OutputWriteError, atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.output_dir import checkpoint_to_resume
@@ -56,6 +56,25 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
         default_setup(cfg, args)
     finally:
         engine_defaults._highlight = highlight
+    _log_write_errors_without_traceback()
+
+
+class _WriteErrorWithoutTraceback(logging.Filter):
+    """Detectron2 logs the exception that ends training with its traceback; for a file that
+    cannot be written (:class:`OutputWriteError`) the message says it all, and the tools print
+    it as their one error line (with its traceback under --debug)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], OutputWriteError):
+            record.msg, record.args = f"{record.getMessage()} {record.exc_info[1]}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _log_write_errors_without_traceback() -> None:
+    train_loop = logging.getLogger("detectron2.engine.train_loop")
+    if not any(isinstance(f, _WriteErrorWithoutTraceback) for f in train_loop.filters):
+        train_loop.addFilter(_WriteErrorWithoutTraceback())
 
 
 def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") -> None:

@@ -1,0 +1,184 @@
+"""Disks that cannot be written (read-only, full, /sys) and checkpoint pointers that point
+nowhere: every tool stops with one ``error: ...`` line and exit status 2 naming the path and the
+fix, before its work where it can, and a run whose checkpoint cannot be saved stops at once
+without evaluating a model that no checkpoint holds.
+
+Tests run as root, which ignores file permissions: a read-only folder is one under /sys (or
+/proc), where even root cannot create files, and a full disk is /dev/full (a file path) or a
+save that raises ``OSError(ENOSPC)``."""
+import errno
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+from conftest import CONFIGS, load_tool
+from detectron2.engine.hooks import EvalHook
+from lambda_det.config import load_config
+from lambda_det.engine import AtomicCheckpointer, CorruptCheckpointError, load_checkpoint_file
+from lambda_det.engine import checkpoint as checkpoint_module
+from lambda_det.engine.atomic import OutputWriteError, atomic_path, check_writable_folder
+from lambda_det.engine.cli import check_device
+from lambda_det.engine.output_dir import checkpoint_to_resume
+from lambda_det.engine.trainer import FinalEvalHook, Trainer
+from test_untrusted_inputs import TINY, tiny_model
+
+CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
+LAZY_CONFIG = str(CONFIGS / "LazyConfigs/Demo/lambda_r26_shapes.py")
+READ_ONLY = "/sys/lambda_det_test_output"  # even root cannot create it
+ENOSPC = OSError(errno.ENOSPC, "No space left on device")
+
+
+def exit_status(main, argv, capsys):
+    """(exit status, stderr) of a tool's ``main(argv)`` run in this process."""
+    try:
+        status = main([str(arg) for arg in argv])
+    except SystemExit as exit:
+        status = exit.code
+    return status, capsys.readouterr().err
+
+
+def assert_one_line_error(status, stderr, *fragments):
+    assert status == 2, (status, stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+
+
+@pytest.fixture
+def shapes(monkeypatch, datasets_root):
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
+    lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
+    yield
+    monkeypatch.undo()
+    lambda_det.data.register_shapes_datasets()
+
+
+# ---- the writable-folder check and atomic writes ----
+
+@pytest.mark.parametrize("folder, reason", [
+    (READ_ONLY, "Operation not permitted"), ("/proc/lambda_det_test", "No such file"),
+    ("/dev/full", "a file of that name is in the way"), ("/dev/full/x", "Not a directory")])
+def test_unwritable_folders_are_named(folder, reason):
+    with pytest.raises(OutputWriteError, match=f"cannot write '{folder}': {reason}.*--output"):
+        check_writable_folder(folder, "--output")
+
+
+def test_the_check_leaves_nothing_behind(tmp_path):
+    check_writable_folder(tmp_path / "a" / "b", "--output")
+    assert list(tmp_path.iterdir()) == []  # the folders it created for the probe are gone
+
+
+def test_a_full_disk_in_an_atomic_write_names_the_file(tmp_path):
+    target = tmp_path / "results.json"
+    with pytest.raises(OutputWriteError, match=f"cannot write '{target}': No space left on "
+                                               f"device: free space on that disk"):
+        with atomic_path(target) as temporary, open(temporary, "w") as f:
+            f.write("{}")
+            raise ENOSPC
+    assert list(tmp_path.iterdir()) == []  # no temporary file left
+
+
+# ---- MODEL.DEVICE ----
+
+def test_a_gpu_that_is_not_there_is_named(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cfg = load_config(CONFIG, ["MODEL.DEVICE", "cuda"])
+    with pytest.raises(ValueError, match="MODEL.DEVICE 'cuda', but torch sees no GPU on this "
+                                         "machine: pass MODEL.DEVICE cpu"):
+        check_device(cfg)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_device(cfg)  # the negative control: a machine with GPUs
+    with pytest.raises(ValueError, match=r"'cuda:2', but this machine has 2 GPU\(s\)"):
+        check_device(load_config(CONFIG, ["MODEL.DEVICE", "cuda:2"]))
+    with pytest.raises(ValueError, match="'gpu' is not a device"):
+        check_device(load_config(CONFIG, ["MODEL.DEVICE", "gpu"]))
+    check_device(load_config(CONFIG, ["MODEL.DEVICE", "cpu"]))
+
+
+# ---- a run whose checkpoint cannot be saved ----
+
+class FakeTrainer:
+    def __init__(self, iteration, max_iter):
+        self.iter, self.max_iter = iteration, max_iter
+
+
+@pytest.mark.parametrize("iteration, evaluates", [(3, False), (4, True), (5, True)])
+def test_the_final_evaluation_needs_every_iteration_completed(iteration, evaluates):
+    """iter 3 of max_iter 4: the last iteration raised (TrainerBase.train counts to max_iter
+    after the loop; max_iter + 1 when a finished run is resumed)."""
+    calls = []
+    hook = FinalEvalHook(0, lambda: calls.append("evaluated"))
+    hook.trainer = FakeTrainer(iteration, max_iter=4)
+    hook.after_train()
+    assert calls == (["evaluated"] if evaluates else [])
+    # The negative control: detectron2's hook evaluates after a failed last iteration.
+    detectron2_hook = EvalHook(0, lambda: calls.append("detectron2"))
+    detectron2_hook.trainer = FakeTrainer(3, max_iter=4)
+    detectron2_hook.after_train()
+    assert calls[-1] == "detectron2"
+
+
+def full_after(saves: int, monkeypatch):
+    """torch.save fills the disk after ``saves`` complete files: a partial write, then ENOSPC."""
+    real_save, done = torch.save, []
+
+    def save(data, f, *args, **kwargs):
+        if len(done) >= saves:
+            f.write(b"PK\x03\x04 part of a checkpoint")
+            raise ENOSPC
+        done.append(f.name)
+        return real_save(data, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", save)
+
+
+def test_a_failed_save_names_the_last_complete_checkpoint(tmp_path, monkeypatch):
+    checkpointer = AtomicCheckpointer(tiny_model(), save_dir=str(tmp_path))
+    full_after(1, monkeypatch)
+    checkpointer.save("model_0000004", iteration=4)
+    with pytest.raises(OutputWriteError, match=(
+            f"saving checkpoint {tmp_path / 'model_0000009.pth'} failed \\(No space left on "
+            f"device\\): the run stopped and its last complete checkpoint is model_0000004.pth "
+            f"\\(last_checkpoint\\); free space on that disk, then continue it with --resume")):
+        checkpointer.save("model_0000009", iteration=9)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["last_checkpoint",
+                                                                "model_0000004.pth"]
+
+
+TRAINING = ["--config-file", CONFIG, *TINY, "SOLVER.CHECKPOINT_PERIOD", "1"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_training_without_a_final_evaluation(tmp_path, monkeypatch, capsys,
+                                                              shapes):
+    """Iteration 0's checkpoint is saved, then the disk is full: the run stops at iteration 1
+    with one line, last_checkpoint still names iteration 0's file and no evaluation ran; with
+    space again, --resume finishes the run and evaluates it."""
+    train_net = load_tool("train_net")
+    output = tmp_path / "run"
+    evaluations = []
+    monkeypatch.setattr(Trainer, "test", classmethod(lambda cls, cfg, model: evaluations.append(
+        cfg.SOLVER.MAX_ITER) or {}))
+    real_save = torch.save
+    full_after(1, monkeypatch)
+    status, stderr = exit_status(train_net.main, [*TRAINING, "OUTPUT_DIR", output], capsys)
+    assert_one_line_error(status, stderr, f"saving checkpoint {output / 'model_0000001.pth'}",
+                          "No space left on device", "last complete checkpoint is "
+                          "model_0000000.pth", "--resume")
+    assert (output / "last_checkpoint").read_text() == "model_0000000.pth"
+    assert not (output / "model_final.pth").exists() and not list(output.glob("*.tmp"))
+    assert evaluations == []
+    log = (output / "log.txt").read_text()
+    assert "model_0000000.pth (last_checkpoint)" in log and "Traceback" not in log
+    monkeypatch.setattr(checkpoint_module.torch, "save", real_save)  # space again
+    status, stderr = exit_status(train_net.main, ["--resume", *TRAINING, "OUTPUT_DIR", output],
+                                 capsys)
+    assert status == 0, stderr[-3000:]
+    assert (output / "last_checkpoint").read_text() == "model_final.pth"
+    assert evaluations == [2]
+
