@@ -182,3 +182,118 @@ def test_a_full_disk_stops_training_without_a_final_evaluation(tmp_path, monkeyp
     assert (output / "last_checkpoint").read_text() == "model_final.pth"
     assert evaluations == [2]
 
+
+
+# ---- every tool that writes files: a read-only or full output folder, before any work ----
+
+def tool_runs(tmp_path, folder):
+    """(tool, argv, the option the message names) of every tool that writes files, writing into
+    ``folder``. The inputs they would read after the check need not exist: the check comes
+    first."""
+    missing = tmp_path / "not_read.pth"
+    image = tmp_path / "image.png"
+    image.write_bytes(b"")  # collected by its suffix, never read
+    return {
+        "train_net": (["--config-file", CONFIG, *TINY, "OUTPUT_DIR", folder], "OUTPUT_DIR"),
+        "lazyconfig_train_net": (["--config-file", LAZY_CONFIG, f"train.output_dir={folder}"],
+                                 "train.output_dir"),
+        "predict": (["--config-file", CONFIG, "--input", image, "--output", folder, *TINY,
+                     "MODEL.WEIGHTS", missing], "--output"),
+        "export_model": (["--config-file", CONFIG, "--format", "torchscript", "--output",
+                          f"{folder}/model.ts", *TINY, "MODEL.WEIGHTS", missing], "--output"),
+        "demo": (["--config", CONFIG, *TINY, "OUTPUT_DIR", folder], "OUTPUT_DIR"),
+        "convert_timm_checkpoint": (["--config", CONFIG, missing, f"{folder}/detector.pth"],
+                                    "the output file"),
+        "compare_backbones": (["--config", CONFIG, "--seeds", "0", "--output", folder],
+                              "--output"),
+        "ap_table": ([missing, "--output", f"{folder}/table.md"], "--output"),
+        "benchmark_detector": (["--configs", CONFIG, "--output", folder], "--output"),
+        "benchmark_lambda": (["--out", folder], "--out"),
+    }
+
+
+TOOLS = [
+    "train_net", "lazyconfig_train_net", "predict", "export_model", "demo",
+    "convert_timm_checkpoint", "compare_backbones", "ap_table", "benchmark_detector",
+    "benchmark_lambda"]
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_a_read_only_output_folder_is_one_line(tool, tmp_path, capsys):
+    argv, option = tool_runs(tmp_path, READ_ONLY)[tool]
+    status, stderr = exit_status(load_tool(tool).main, argv, capsys)
+    assert_one_line_error(status, stderr, f"cannot write '{READ_ONLY}'", "Operation not "
+                          "permitted", f"pass {option} in a folder you can write to")
+
+
+@pytest.mark.parametrize("tool", [tool for tool in TOOLS if not tool.endswith("train_net")])
+def test_a_full_output_disk_is_one_line(tool, tmp_path, capsys, monkeypatch):
+    """The check's probe file cannot be synced (ENOSPC); the two training tools are the
+    checkpoint tests above."""
+    folder = tmp_path / "out"
+
+    def full(handle):
+        raise ENOSPC
+
+    monkeypatch.setattr("os.fsync", full)
+    argv, option = tool_runs(tmp_path, folder)[tool]
+    status, stderr = exit_status(load_tool(tool).main, argv, capsys)
+    assert_one_line_error(status, stderr, f"cannot write '{folder}': No space left on device",
+                          f"free space on that disk, or pass {option} on another one")
+    assert not folder.exists()  # the check removed the folder it made
+
+
+# ---- last_checkpoint naming no checkpoint ----
+
+def broken_pointer(folder, problem):
+    """A run folder with a checkpoint whose last_checkpoint names ``problem``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    AtomicCheckpointer(tiny_model(), save_dir=str(folder)).save("model_0000000", iteration=0)
+    pointer = {"missing": "model_0000009.pth", "empty": "", "folder": "inference"}[problem]
+    (folder / "inference").mkdir()
+    (folder / "last_checkpoint").write_text(pointer)
+    return folder
+
+
+POINTER_ERRORS = {"missing": (FileNotFoundError, "names 'model_0000009.pth', which does not "
+                                                 "exist"),
+                  "empty": (ValueError, "is empty"),
+                  "folder": (IsADirectoryError, "names 'inference', a folder, not a checkpoint")}
+
+
+@pytest.mark.parametrize("problem", POINTER_ERRORS)
+def test_a_last_checkpoint_that_names_no_checkpoint_is_named(tmp_path, problem):
+    folder = broken_pointer(tmp_path / "run", problem)
+    error, message = POINTER_ERRORS[problem]
+    with pytest.raises(error, match=f"{folder / 'last_checkpoint'} {message}: write the name "
+                                    f"of one of the run's checkpoints \\(model_0000000.pth\\)"):
+        checkpoint_to_resume(str(folder))
+    (folder / "last_checkpoint").write_text("model_0000000.pth")  # the negative control
+    assert checkpoint_to_resume(str(folder)) == str(folder / "model_0000000.pth")
+
+
+@pytest.mark.parametrize("problem", [
+    "missing", pytest.param("empty", marks=pytest.mark.slow),
+    pytest.param("folder", marks=pytest.mark.slow)])
+def test_resuming_from_a_broken_last_checkpoint_is_one_line(tmp_path, problem, capsys, shapes):
+    """train_net --resume, --eval-only --resume, the lazy tool and the comparison (whose runs
+    train_net.py resumes) stop before launch."""
+    from lambda_det.evaluation.compare import RECIPE_FILE, parse_variant, plan_comparison
+
+    comparison = tmp_path / "comparison"
+    run = plan_comparison(CONFIG, [], [parse_variant("conv")], [0], str(comparison)).runs[0]
+    folder = broken_pointer(run.folder, problem)
+    (folder / RECIPE_FILE).write_text(run.recipe)
+    runs = {
+        "train_net": ["--resume", "--config-file", CONFIG, *TINY, "OUTPUT_DIR", folder],
+        "train_net --eval-only": ["--eval-only", "--resume", "--config-file", CONFIG, *TINY,
+                                  "OUTPUT_DIR", folder],
+        "lazyconfig_train_net": ["--resume", "--config-file", LAZY_CONFIG,
+                                 f"train.output_dir={folder}"],
+        "compare_backbones": ["--config", CONFIG, "--variant", "conv", "--seeds", "0",
+                              "--output", comparison],
+    }
+    for name, argv in runs.items():
+        status, stderr = exit_status(load_tool(name.split()[0]).main, argv, capsys)
+        assert_one_line_error(status, stderr, f"{folder / 'last_checkpoint'}",
+                              POINTER_ERRORS[problem][1], "model_0000000.pth")
