@@ -17,7 +17,9 @@ import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from conftest import CONFIGS, load_tool
 from detectron2.engine.hooks import EvalHook
 from lambda_det.config import load_config
-from lambda_det.engine import AtomicCheckpointer, CorruptCheckpointError, load_checkpoint_file
+from lambda_det.engine import (
+    AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint_file,
+    load_weights)
 from lambda_det.engine import checkpoint as checkpoint_module
 from lambda_det.engine.atomic import OutputWriteError, atomic_path, check_writable_folder
 from lambda_det.engine.cli import check_device
@@ -297,3 +299,91 @@ def test_resuming_from_a_broken_last_checkpoint_is_one_line(tmp_path, problem, c
         status, stderr = exit_status(load_tool(name.split()[0]).main, argv, capsys)
         assert_one_line_error(status, stderr, f"{folder / 'last_checkpoint'}",
                               POINTER_ERRORS[problem][1], "model_0000000.pth")
+
+
+def test_convert_creates_a_missing_output_folder(tmp_path, capsys):
+    classifier = tmp_path / "classifier.pth"
+    torch.save({"state_dict": tiny_model().backbone.bottom_up.state_dict()}, classifier)
+    output = tmp_path / "new" / "folder" / "detector.pth"
+    status, stderr = exit_status(load_tool("convert_timm_checkpoint").main,
+                                 ["--config", CONFIG, classifier, output, *TINY], capsys)
+    assert status == 0, stderr[-3000:]
+    assert load_checkpoint_file(str(output))["model"]
+
+
+# ---- weights files: object arrays, protocol 5, refused torch files ----
+
+def pickled_weights(path, protocol=2, convert=lambda array: array):
+    model = tiny_model()
+    weights = {key: convert(value.numpy()) for key, value in model.state_dict().items()}
+    path.write_bytes(pickle.dumps({"model": weights, "__author__": "someone"}, protocol=protocol))
+    return model, path
+
+
+@pytest.mark.parametrize("protocol, convert", [
+    (2, lambda array: array.astype(object)), (4, lambda array: array.astype(object)),
+    (5, lambda array: array)], ids=["objects-protocol-2", "objects-protocol-4", "protocol-5"])
+def test_pickled_weights_of_plain_numbers_load_as_they_are(tmp_path, protocol, convert):
+    """Weights stored as numpy object arrays of numbers load as the numbers; protocol 5 stores
+    numeric arrays through numpy's _frombuffer."""
+    trained, path = pickled_weights(tmp_path / "weights.pkl", protocol, convert)
+    model = tiny_model()
+    torch.nn.init.zeros_(next(model.parameters()))
+    load_weights(model, str(path))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, trained.state_dict()[key]), key
+
+
+def strings_in(array):
+    texts = np.empty(array.shape, dtype=object)
+    texts[...] = "0.5"
+    return texts
+
+
+def test_pickled_weights_of_python_objects_are_refused_by_name(tmp_path):
+    _, path = pickled_weights(tmp_path / "weights.pkl", convert=strings_in)
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {path}: weight 'backbone.*' "
+                                                     r"is a numpy array of Python objects \(str\)"):
+        load_checkpoint_file(str(path))
+
+
+@pytest.mark.slow
+def test_pickled_weights_of_python_objects_are_one_line_at_every_entry_point(tmp_path, capsys,
+                                                                             shapes):
+    _, path = pickled_weights(tmp_path / "weights.pkl", convert=strings_in)
+    image = tmp_path / "image.png"
+    image.write_bytes(b"")  # never read: the weights are refused first
+    runs = {
+        "train_net": ["--config-file", CONFIG, *TINY, "MODEL.WEIGHTS", path,
+                      "OUTPUT_DIR", tmp_path / "train"],
+        "train_net --eval-only": ["--eval-only", "--config-file", CONFIG, *TINY,
+                                  "MODEL.WEIGHTS", path, "OUTPUT_DIR", tmp_path / "eval"],
+        "predict": ["--config-file", CONFIG, "--input", image, "--output", tmp_path / "drawn",
+                    *TINY, "MODEL.WEIGHTS", path],
+        "export_model": ["--config-file", CONFIG, "--format", "torchscript", "--output",
+                         tmp_path / "model.ts", *TINY, "MODEL.WEIGHTS", path],
+    }
+    for name, argv in runs.items():
+        status, stderr = exit_status(load_tool(name.split()[0]).main, argv, capsys)
+        assert_one_line_error(status, stderr, f"checkpoint {path}: weight 'backbone.",
+                              "numpy array of Python objects (str), not of numbers")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["image.png", "weights.pkl"]
+
+
+class Trusted:
+    """A class of the user's own in a checkpoint."""
+
+
+@pytest.mark.parametrize("extra, refused, advice", [
+    (Trusted(), "test_disk_errors.Trusted", "torch.serialization.safe_globals("
+                                            "[test_disk_errors.Trusted])"),
+    (print, "print", "runs code and has no place in a weights file: do not load it")])
+def test_refused_torch_files_get_only_safe_advice(tmp_path, extra, refused, advice):
+    path = tmp_path / "weights.pth"
+    torch.save({"model": tiny_model().state_dict(), "extra": extra}, path)
+    with pytest.raises(UnsafeCheckpointError) as error:
+        load_checkpoint_file(str(path))
+    message = str(error.value)
+    assert f"refers to {refused}," in message and advice in message
+    assert "torch.save(model.state_dict()" in message
+    assert "weights_only=False" not in message  # would run the file's code if pasted

@@ -115,6 +115,9 @@ def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError
         f"torch.save its 'model' weights alone to weights.pth and load that")
 
 
+_NUMBERS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
 def _numeric_weights(weights: Dict[str, Any], filename: str) -> Dict[str, Any]:
     """``weights`` with numpy object arrays of plain numbers turned into numeric arrays (what
     the model's weights are); an object array of anything else is refused by name."""
@@ -122,15 +125,17 @@ def _numeric_weights(weights: Dict[str, Any], filename: str) -> Dict[str, Any]:
     for key, value in weights.items():
         if not (isinstance(value, np.ndarray) and value.dtype == object):
             continue
+        types = set(map(type, value.flat))
         try:
-            numeric = np.array(value.tolist())
-        except (ValueError, TypeError):  # ragged nested sequences
-            numeric = None
-        if numeric is None or numeric.dtype.kind not in "biuf" or numeric.shape != value.shape:
+            if not all(issubclass(kind, _NUMBERS) for kind in types):
+                raise TypeError
+            converted[key] = value.astype(np.result_type(*types) if types else np.float32)
+        except (TypeError, OverflowError):  # other objects, or integers beyond 64 bits
             raise CorruptCheckpointError(
-                f"checkpoint {filename}: weight {key!r} is a numpy array of Python objects, "
-                f"not of numbers: save it as a numeric array (e.g. array.astype(np.float32))")
-        converted[key] = numeric
+                f"checkpoint {filename}: weight {key!r} is a numpy array of Python objects "
+                f"({', '.join(sorted(kind.__name__ for kind in types))}), not of numbers that "
+                f"fit a tensor: save it as a numeric array (e.g. array.astype(np.float32))"
+            ) from None
     return converted
 
 
