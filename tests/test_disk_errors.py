@@ -7,6 +7,7 @@ Tests run as root, which ignores file permissions: a read-only folder is one und
 /proc), where even root cannot create files, and a full disk is /dev/full (a file path) or a
 save that raises ``OSError(ENOSPC)``."""
 import errno
+import json
 import pickle
 
 import numpy as np
@@ -387,3 +388,52 @@ def test_refused_torch_files_get_only_safe_advice(tmp_path, extra, refused, advi
     assert f"refers to {refused}," in message and advice in message
     assert "torch.save(model.state_dict()" in message
     assert "weights_only=False" not in message  # would run the file's code if pasted
+
+
+# ---- the demo reusing a finished run, predict's drawings, MODEL.DEVICE in the tools ----
+
+def test_the_demo_reusing_a_run_with_refused_weights_is_one_line(tmp_path, capsys, shapes):
+    from test_untrusted_inputs import write_payload
+
+    output = tmp_path / "demo"
+    output.mkdir()
+    marker = tmp_path / "marker"
+    write_payload(output / "model_final.pth", "pth", marker)
+    overrides = [*TINY, "DATASETS.TEST", "('lambda_det_shapes_val',)", "OUTPUT_DIR", str(output)]
+    record = {"config": load_config(CONFIG, overrides).dump(),
+              "results": {"bbox": {"AP": 1.0, "APs": 1.0, "APm": 1.0, "APl": 1.0}}}
+    (output / "eval_results.json").write_text(json.dumps(record))
+    status, stderr = exit_status(load_tool("demo").main, ["--config", CONFIG, *overrides],
+                                 capsys)
+    assert_one_line_error(status, stderr, f"checkpoint {output / 'model_final.pth'} refers to "
+                                          f"exec", "do not load it")
+    assert not marker.exists()
+    assert sorted(path.name for path in output.iterdir()) == ["eval_results.json",
+                                                              "model_final.pth"]
+
+
+def test_predict_stops_at_a_drawing_it_cannot_write(tmp_path, capsys, monkeypatch):
+    import cv2
+
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    AtomicCheckpointer(tiny_model(), save_dir=str(weights)).save("model_final")
+    image = tmp_path / "image.png"
+    cv2.imwrite(str(image), np.full((64, 64, 3), 128, np.uint8))
+    monkeypatch.setattr(cv2, "imwrite", lambda path, picture: False)  # OpenCV's failure: False
+    output = tmp_path / "drawn"
+    status, stderr = exit_status(load_tool("predict").main, [
+        "--config-file", CONFIG, "--input", image, "--output", output, *TINY,
+        "MODEL.WEIGHTS", weights / "model_final.pth"], capsys)
+    assert_one_line_error(status, stderr, f"cannot write '{output / 'image.png'}'",
+                          "OpenCV could not write the image", "--output")
+    assert not (output / "predictions.json").exists()
+
+
+@pytest.mark.parametrize("tool", ["predict", "export_model", "demo"])
+def test_a_gpu_that_is_not_there_is_one_line_in_the_tools(tool, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    argv, _ = tool_runs(tmp_path, tmp_path / "out")[tool]
+    status, stderr = exit_status(load_tool(tool).main, [*argv, "MODEL.DEVICE", "cuda"], capsys)
+    assert_one_line_error(status, stderr, "MODEL.DEVICE 'cuda', but torch sees no GPU")
+    assert not (tmp_path / "out").exists()
