@@ -437,3 +437,26 @@ def test_a_gpu_that_is_not_there_is_one_line_in_the_tools(tool, tmp_path, capsys
     status, stderr = exit_status(load_tool(tool).main, [*argv, "MODEL.DEVICE", "cuda"], capsys)
     assert_one_line_error(status, stderr, "MODEL.DEVICE 'cuda', but torch sees no GPU")
     assert not (tmp_path / "out").exists()
+
+
+LAZY_TRAINING = ["--config-file", LAZY_CONFIG, "train.max_iter=2", "train.checkpointer.period=1",
+                 "model.backbone.bottom_up.width_multiplier=0.25",
+                 "model.backbone.bottom_up.scope=3", "dataloader.train.total_batch_size=2",
+                 "dataloader.train.num_workers=0", "train.device=cpu"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_lazy_training_without_a_final_evaluation(tmp_path, monkeypatch,
+                                                                   capsys, shapes):
+    from lambda_det.engine import lazy
+
+    output = tmp_path / "run"
+    evaluations = []
+    monkeypatch.setattr(lazy, "evaluate", lambda cfg, model: evaluations.append(1) or {})
+    full_after(1, monkeypatch)
+    status, stderr = exit_status(load_tool("lazyconfig_train_net").main,
+                                 [*LAZY_TRAINING, f"train.output_dir={output}"], capsys)
+    assert_one_line_error(status, stderr, f"saving checkpoint {output / 'model_0000001.pth'}",
+                          "last complete checkpoint is model_0000000.pth", "--resume")
+    assert (output / "last_checkpoint").read_text() == "model_0000000.pth"
+    assert evaluations == []
