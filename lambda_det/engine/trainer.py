@@ -140,7 +140,10 @@ class Trainer(DefaultTrainer):
       (:class:`~lambda_det.engine.amp.MixedPrecisionTrainer`); a compiled backbone with
       ``MODEL.LAMBDA_RESNET.COMPILE``;
     * ``DATALOADER.DETERMINISTIC``: every iteration a function of (SEED, iteration), so that
-      ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`).
+      ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`);
+    * a checkpoint that cannot be saved stops training (``OutputWriteError``, naming the last
+      complete checkpoint), and the final evaluation runs only after every iteration completed
+      (:class:`FinalEvalHook`).
     """
 
     def __init__(self, cfg: CfgNode):
