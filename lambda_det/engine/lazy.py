@@ -59,6 +59,8 @@ def evaluation_weights(cfg: DictConfig, resume: bool) -> str:
     Raises:
         ValueError: no weights at all (that would evaluate a randomly initialised model).
         FileNotFoundError: a local checkpoint file that does not exist.
+        ValueError, FileNotFoundError, IsADirectoryError: train.output_dir's last_checkpoint
+            is empty or names no file (:func:`~lambda_det.engine.output_dir.checkpoint_to_resume`).
     """
     output_dir, weights = cfg.train.output_dir, cfg.train.init_checkpoint
     latest = checkpoint_to_resume(output_dir) if resume else None
