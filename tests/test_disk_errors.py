@@ -201,12 +201,11 @@ def test_a_full_disk_stops_training_without_a_final_evaluation(tmp_path, monkeyp
     assert evaluations == [2]
 
 
-
 # ---- every tool that writes files: a read-only or full output folder, before any work ----
 
 def tool_runs(tmp_path, folder):
-    """(tool, argv, the option the message names) of every tool that writes files, writing into
-    ``folder``. The inputs they would read after the check need not exist: the check comes
+    """{tool: (argv, the option the message names)} of every tool that writes files, writing
+    into ``folder``. The inputs they would read after the check need not exist: the check comes
     first."""
     missing = tmp_path / "not_read.pth"
     image = tmp_path / "image.png"
