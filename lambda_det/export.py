@@ -232,7 +232,9 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r".*torch\.jit\.save.* is deprecated",
                                         category=FutureWarning)
-                torch.jit.save(traced.module, temporary, _extra_files=extra_files)
+                # Through a Python file, whose write errors (a full disk) are OSErrors.
+                with open(temporary, "wb") as f:
+                    torch.jit.save(traced.module, f, _extra_files=extra_files)
         else:
             _save_onnx(traced, Path(temporary), opset)
     return traced

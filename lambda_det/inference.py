@@ -26,10 +26,11 @@ from detectron2.data import transforms as T
 from detectron2.evaluation.coco_evaluation import instances_to_coco_json
 from detectron2.utils.visualizer import ColorMode, Visualizer
 from lambda_det.data.mapper import build_mapper
+from lambda_det.engine.atomic import OutputWriteError
 
 __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "drawing_names",
            "check_output_folder", "read_frames", "BatchPredictor", "draw", "coco_results",
-           "dataset_image_ids", "metadata_of", "predict_files"]
+           "dataset_image_ids", "metadata_of", "predict_files", "write_image"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
@@ -224,6 +225,18 @@ def draw(frame: Frame, output: Dict, metadata, image_format: str) -> np.ndarray:
     return drawing.get_image()[:, :, ::-1]
 
 
+def write_image(path: Path, picture: np.ndarray, option: str = "--output") -> None:
+    """``cv2.imwrite``, which returns False instead of raising when the file cannot be written.
+
+    Raises:
+        OutputWriteError: naming ``path`` and ``option`` (where the user chose the folder).
+    """
+    if not cv2.imwrite(str(path), picture):
+        raise OutputWriteError(f"cannot write {str(path)!r}: OpenCV could not write the image "
+                               f"(a full or read-only disk?): free space there, or pass "
+                               f"{option} in a folder you can write to")
+
+
 def dataset_image_ids(dataset: str) -> Dict[str, int]:
     """The image ids of a registered dataset's files, by absolute path ({} for a name that is
     not registered)."""
@@ -282,8 +295,7 @@ def predict_files(predictor: BatchPredictor, files: Sequence[str], output: Path,
             picture = draw(frame, prediction, metadata, image_format)
             image_id = None
             if frame.index is None:
-                if not cv2.imwrite(str(drawing[frame.source]), picture):
-                    raise OSError(f"could not write {drawing[frame.source]}")
+                write_image(drawing[frame.source], picture)
                 drawn.append(drawing[frame.source])
                 image_id = known_ids.get(os.path.abspath(frame.source))
             else:
@@ -320,4 +332,8 @@ def _video_writer(source: str, path: Path, shape) -> cv2.VideoWriter:
     capture = cv2.VideoCapture(source)
     fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
     capture.release()
-    return cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (shape[1], shape[0]))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (shape[1], shape[0]))
+    if not writer.isOpened():  # OpenCV does not raise
+        raise OutputWriteError(f"cannot write {str(path)!r}: OpenCV could not open it for "
+                               f"writing: pass --output in a folder you can write to")
+    return writer

@@ -272,6 +272,7 @@ def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_one
         (run.folder / RECIPE_FILE).write_text(run.recipe)
     fake_run(finished.folder, metrics(1.0), metrics(1.0))
     (interrupted.folder / "last_checkpoint").write_text("model_0000099.pth")
+    (interrupted.folder / "model_0000099.pth").write_bytes(b"")  # what it points at
     lines = []
     run_comparison(plan(tmp_path), str(train_net), num_gpus=2, log=lines.append)
     assert lines[0] == f"[1/4] conv seed 0: finished, reusing {finished.folder}"

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
+from lambda_det.engine.atomic import (  # noqa: E402
+    OutputWriteError, check_writable_folder, reporting_write_errors)
+from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
 from lambda_det.evaluation.ap_table import format_ap_table, load_results, plot_ap_by_size  # noqa
 
 
@@ -34,7 +37,17 @@ def main(argv=None) -> int:
     parser.add_argument("--output", metavar="MD", help="also write the table here")
     parser.add_argument("--dataset", help="the test dataset to report, for runs that evaluated "
                                           "several")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a file that cannot be written")
     args = parser.parse_args(argv)
+    with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+        for option, path in (("--output", args.output), ("--plot", args.plot)):
+            if path:
+                check_writable_folder(os.path.dirname(os.path.abspath(path)), option)
+        return report(parser, args)
+
+
+def report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     runs = {}
     for spec in args.runs:
         name, path = run_name(spec)
@@ -47,9 +60,12 @@ def main(argv=None) -> int:
     table = format_ap_table(runs, baseline=args.baseline, paper=args.paper)
     print(table)
     if args.output:
-        Path(args.output).write_text(table + "\n")
+        with reporting_write_errors(args.output, "--output"):
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(table + "\n")
     if args.plot:
-        print(f"wrote {plot_ap_by_size(runs, args.plot)}")
+        with reporting_write_errors(args.plot, "--plot"):
+            print(f"wrote {plot_ap_by_size(runs, args.plot)}")
     return 0
 
 

@@ -30,7 +30,8 @@ import torch  # noqa: E402
 from lambda_det.engine.benchmark_detector import (  # noqa: E402
     MODES, PRECISIONS, DetectorSettings, benchmark_detector, format_detector)
 from lambda_det.benchmark.harness import machine_description  # noqa: E402
-from lambda_det.engine.atomic import atomic_path  # noqa: E402
+from lambda_det.engine.atomic import (  # noqa: E402
+    atomic_path, check_writable_folder, reporting_write_errors)
 from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
 
 
@@ -59,10 +60,12 @@ def main(argv=None) -> int:
                         help="show the traceback of errors in the input instead of one line")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     args = parser.parse_args(argv)
+    output = Path(args.output or Path("output/benchmark_detector") / time.strftime("%Y%m%d-%H%M%S"))
     with reporting_user_errors(args.debug):
         if args.ims_per_device < 1 or args.rounds < 1 or args.warmup < 0:
             raise ValueError(f"--ims-per-device and --rounds must be >= 1 and --warmup >= 0, "
                              f"got {args.ims_per_device}, {args.rounds}, {args.warmup}")
+        check_writable_folder(output, "--output")  # before minutes of measurements
         settings = DetectorSettings(
             configs=args.configs, opts=args.opts, ims_per_device=args.ims_per_device,
             precisions=args.precision, modes=args.mode, size=args.size, device=args.device,
@@ -72,11 +75,12 @@ def main(argv=None) -> int:
     results["command"] = " ".join(["python tools/benchmark_detector.py", *sys.argv[1:]])
     table = format_detector(results)
     print(table)
-    output = Path(args.output or Path("output/benchmark_detector") / time.strftime("%Y%m%d-%H%M%S"))
-    output.mkdir(parents=True, exist_ok=True)
-    for name, text in (("table.md", table + "\n"), ("results.json", json.dumps(results, indent=2))):
-        with atomic_path(str(output / name)) as temporary, open(temporary, "w") as f:
-            f.write(text)
+    with reporting_user_errors(args.debug), reporting_write_errors(output, "--output"):
+        output.mkdir(parents=True, exist_ok=True)
+        for name, text in (("table.md", table + "\n"),
+                           ("results.json", json.dumps(results, indent=2))):
+            with atomic_path(str(output / name)) as temporary, open(temporary, "w") as f:
+                f.write(text)
     print(f"wrote {output / 'table.md'} and {output / 'results.json'}")
     return 0
 

@@ -27,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout as a script
 
 from lambda_det.benchmark import report  # noqa: E402
+from lambda_det.engine.atomic import (  # noqa: E402
+    OutputWriteError, check_writable_folder, reporting_write_errors)
+from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
 from lambda_det.benchmark.candidates import SHAPES  # noqa: E402
 from lambda_det.benchmark.modes import (BackboneSettings, LayerSettings,  # noqa: E402
                                         benchmark_backbone, benchmark_blocks, benchmark_layers)
@@ -62,6 +65,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--impl", default="auto", help="lambda layer impl in backbone mode")
     parser.add_argument("--out", type=Path, help="output folder (default: a new "
                         "output/benchmark_lambda/<mode>_<device>_<dtype>_<date-time>)")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an output folder that cannot be written")
     args = parser.parse_args(argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no GPU")
@@ -98,15 +103,19 @@ def main(argv=None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")  # a rerun never overwrites an earlier run's results
     out = args.out or (ROOT / "output" / "benchmark_lambda"
                        / f"{mode}_{torch.device(args.device).type}_{args.dtype}_{stamp}")
-    out.mkdir(parents=True, exist_ok=True)
+    with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+        check_writable_folder(out, "--out")  # before minutes of measurements
     results, tables = run(args)
-    if mode == "layer":
-        report.plot_layers(results, out / "results.png")
     results["command"] = "python tools/benchmark_lambda.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     markdown = report.format_report(results, tables)
-    (out / "results.md").write_text(markdown)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    with reporting_user_errors(args.debug, errors=(OutputWriteError,)), \
+            reporting_write_errors(out, "--out"):
+        out.mkdir(parents=True, exist_ok=True)
+        if mode == "layer":
+            report.plot_layers(results, out / "results.png")
+        (out / "results.md").write_text(markdown)
+        (out / "results.json").write_text(json.dumps(results, indent=1))
     print(markdown)
     print(f"wrote {out}/results.md, results.json" + ("" if mode != "layer" else ", results.png"))
     return 0

@@ -23,6 +23,7 @@ from pathlib import Path
 TOOLS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TOOLS.parent))  # run from a checkout as a script
 
+from lambda_det.engine.atomic import OutputWriteError, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
 from lambda_det.evaluation.compare import (  # noqa: E402
     DEFAULT_VARIANTS, RunFailedError, parse_variant, plan_comparison, run_comparison)
@@ -100,11 +101,13 @@ def main(argv=None) -> int:
             raise ValueError(f"--baseline {baseline!r} is not one of the variants "
                              f"{[v.name for v in variants]}")
         output = args.output or f"output/compare_{Path(args.config).stem}"
+        check_writable_folder(output, "--output")
         comparison = plan_comparison(args.config, opts, variants, args.seeds, output,
                                      dataset=args.dataset, coco_datasets=args.coco_dataset)
     log(f"{len(variants)} variants x {len(args.seeds)} seeds under {comparison.output}")
     try:
-        run_comparison(comparison, str(TOOLS / "train_net.py"), args.num_gpus, log=log)
+        with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+            run_comparison(comparison, str(TOOLS / "train_net.py"), args.num_gpus, log=log)
     except RunFailedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

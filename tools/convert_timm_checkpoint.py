@@ -9,7 +9,7 @@ The classifier (``timm.create_model("lambda_resnet101_det")``, registered by
 ``lambda_det.modeling.timm_models``) must be the config's backbone: same depth, placement,
 width, SE and mixer (trailing ``KEY VALUE`` overrides apply, as in train_net.py). Its
 classifier is dropped; every backbone weight must be there. ``--ema`` takes timm's EMA weights.
-The checkpoint is read without running code from it.
+The checkpoint is read without running code from it. The output's folder is created if missing.
 """
 import os
 import sys
@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import load_checkpoint_file  # noqa: E402
-from lambda_det.engine.atomic import atomic_path  # noqa: E402
+from lambda_det.engine.atomic import atomic_path, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
     add_debug_and_overrides, check_model, reporting_user_errors, tool_argument_parser)
 from lambda_det.modeling.timm_models import convert_classifier_checkpoint  # noqa: E402
@@ -34,14 +34,17 @@ def main(argv=None) -> int:
     parser.add_argument("output", help="the detector weights to write (.pth)")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
     args = add_debug_and_overrides(parser).parse_args(argv)
+    folder = os.path.dirname(os.path.abspath(args.output))
     with reporting_user_errors(args.debug):
         if os.path.exists(args.output):
             raise FileExistsError(f"{args.output!r} exists: give another output file")
+        check_writable_folder(folder, "the output file")
         model = check_model(load_config(args.config_file, args.opts))
         weights = convert_classifier_checkpoint(load_checkpoint_file(args.classifier), model,
                                                 use_ema=args.ema)
-    with atomic_path(args.output) as temporary, open(temporary, "wb") as f:
-        torch.save({"model": weights, "__author__": f"timm classifier {args.classifier}"}, f)
+        os.makedirs(folder, exist_ok=True)
+        with atomic_path(args.output) as temporary, open(temporary, "wb") as f:
+            torch.save({"model": weights, "__author__": f"timm classifier {args.classifier}"}, f)
     print(f"wrote {args.output}: {len(weights)} backbone weights for {args.config_file}")
     return 0
 

@@ -30,9 +30,11 @@ from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
 from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
 from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.engine.atomic import check_writable_folder, reporting_write_errors  # noqa: E402
+from lambda_det.engine.cli import check_device, reporting_user_errors  # noqa: E402
 from lambda_det.engine.output_dir import RUN_FILES, last_checkpoint  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
+from lambda_det.inference import write_image  # noqa: E402
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 # What the demo adds to a training run's files; --force moves them aside with the run.
@@ -54,7 +56,7 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
         drawing = Visualizer(image[:, :, ::-1], metadata, scale=2.0, instance_mode=ColorMode.IMAGE)
         tiles.append(drawing.draw_instance_predictions(instances).get_image())
     rows = [np.concatenate(tiles[i:i + 2], axis=1) for i in range(0, len(tiles), 2)]
-    cv2.imwrite(str(path), np.concatenate(rows, axis=0)[:, :, ::-1])
+    write_image(path, np.concatenate(rows, axis=0)[:, :, ::-1], option="OUTPUT_DIR")
     return path
 
 
@@ -63,24 +65,33 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a Demo config (path or name)")
     parser.add_argument("--force", action="store_true", help="train even if a finished run exists")
     parser.add_argument("--name", default=None, help="row name in the AP table")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     args = parser.parse_args(argv)
-    start = time.time()
-    with reporting_user_errors():
-        config_file = resolve_config_file(args.config)
-        cfg = load_config(config_file, args.opts)  # as train_net.py loads it, so the dumps compare
+    with reporting_user_errors(args.debug):
+        return demo(args)
 
-    root = lambda_det.data.ensure_shapes_dataset()
+
+def demo(args: argparse.Namespace) -> int:
+    start = time.time()
+    config_file = resolve_config_file(args.config)
+    cfg = load_config(config_file, args.opts)  # as train_net.py loads it, so the dumps compare
+    check_device(cfg)
+    output = Path(cfg.OUTPUT_DIR)
+    check_writable_folder(output, "OUTPUT_DIR")
+
+    root = lambda_det.data.shapes_root()
+    with reporting_write_errors(root, "DETECTRON2_DATASETS"):
+        lambda_det.data.ensure_shapes_dataset(root)
     print(f"dataset: {root} (lambda_det_shapes_train / lambda_det_shapes_val)", flush=True)
 
-    output = Path(cfg.OUTPUT_DIR)
     weights, record = output / "model_final.pth", output / "eval_results.json"
     if not args.force and weights.is_file() and record.is_file():
-        with reporting_user_errors():
-            differences = config_differences(json.loads(record.read_text())["config"],
-                                             cfg.dump(), saved_in=str(record))
+        differences = config_differences(json.loads(record.read_text())["config"],
+                                         cfg.dump(), saved_in=str(record))
         if differences:
-            raise SystemExit(
+            raise ValueError(
                 f"the finished run in {output} was made with another config ("
                 + "; ".join(differences[:5]) + "): pass --force (FORCE=1 with make) to train "
                 "over it, or set another OUTPUT_DIR")
@@ -105,9 +116,11 @@ def main(argv=None) -> int:
     results = load_results(str(output))
     name = args.name or f"{Path(config_file).stem} (demo)"
     table = format_ap_table({name: results})
-    (output / "ap_table.md").write_text(table + "\n")
-    plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
+    # The pictures first: they load the weights, which a reused run may hold refused ones of.
     picture = draw_predictions(cfg, str(weights), cfg.DATASETS.TEST[0], output / "predictions.png")
+    with reporting_write_errors(output, "OUTPUT_DIR"):
+        (output / "ap_table.md").write_text(table + "\n")
+        plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
     print("\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):")
     print(table)
     print(f"\nwrote {output / 'eval_results.json'}, {output / 'ap_table.md'}, "

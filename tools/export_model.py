@@ -36,8 +36,9 @@ sys.path.insert(0, str(REPO))  # run from a checkout as a script
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
+from lambda_det.engine.atomic import OutputWriteError, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides, check_device, reporting_user_errors, tool_argument_parser)
 from lambda_det.export import (  # noqa: E402
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
     export_model, max_differences, sample_image)
@@ -70,11 +71,14 @@ def main(argv=None) -> int:
         cfg = load_config(args.config_file, args.opts)
         output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
         check_export_output(output, cfg.MODEL.WEIGHTS, args.overwrite)
+        check_device(cfg)
+        check_writable_folder(output.parent, "--output" if args.output else "OUTPUT_DIR")
         image = sample_image(cfg, args.sample_image, args.sample_size)
         model = build_trained_model(cfg)
 
     try:
-        traced = export_model(model, image, output, args.format, opset=args.opset)
+        with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+            traced = export_model(model, image, output, args.format, opset=args.opset)
     except (ImportError, ValueError) as error:  # onnx missing, opset too old
         parser.error(" ".join(str(error).split()))
     print(f"wrote {output} ({args.format}): input 'image', uint8 {tuple(image.shape)} in "

@@ -31,9 +31,9 @@ import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
-from lambda_det.engine.atomic import atomic_path  # noqa: E402
+from lambda_det.engine.atomic import atomic_path, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides, check_device, reporting_user_errors, tool_argument_parser)
 from lambda_det.inference import (  # noqa: E402
     BatchPredictor, check_output_folder, collect_inputs, dataset_image_ids, drawing_names,
     metadata_of, predict_files)
@@ -77,6 +77,8 @@ def main(argv=None) -> int:
         files = collect_inputs(args.input)
         check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE])
         cfg = load_config(args.config_file, config_overrides(args))
+        check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
+        check_writable_folder(output, "--output")
         metadata = metadata_of(cfg)
         known_ids = dataset_image_ids(cfg.DATASETS.TEST[0]) if len(cfg.DATASETS.TEST) else {}
         predictor = BatchPredictor(cfg, build_trained_model(cfg))
@@ -86,8 +88,8 @@ def main(argv=None) -> int:
     with reporting_user_errors(args.debug):
         results, drawn = predict_files(predictor, files, output, metadata, cfg.INPUT.FORMAT,
                                        known_ids, args.batch_size, overwrite=args.overwrite)
-    with atomic_path(str(output / RESULTS_FILE)) as temporary, open(temporary, "w") as f:
-        json.dump(results, f)
+        with atomic_path(str(output / RESULTS_FILE)) as temporary, open(temporary, "w") as f:
+            json.dump(results, f)
     print(f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
           f"and {len(drawn)} drawn files to {output}")
     return 0

@@ -28,7 +28,9 @@ Unlike detectron2's script:
 * ``--coco-dataset NAME JSON IMAGE_DIR`` (repeatable) registers a COCO-format dataset under
   NAME for DATASETS.TRAIN / TEST; the datasets and their images are checked before training;
 * a mistake in the input (config, dataset, weights, OUTPUT_DIR) is one ``error: ...`` line and
-  exit status 2; ``--debug`` shows its traceback.
+  exit status 2; ``--debug`` shows its traceback. So is a disk that cannot be written: an
+  OUTPUT_DIR that is read-only or full before the run, or a checkpoint that cannot be saved
+  during it (the run stops at once, without its final evaluation).
 """
 import sys
 from pathlib import Path

@@ -4,7 +4,8 @@ Every weights or checkpoint file lambda_det reads (training's MODEL.WEIGHTS, ``-
 ``--eval-only``, export, the demo's pictures) goes through :func:`load_checkpoint_file`:
 
 * ``.pkl`` (detectron2 and Caffe2 model zoo files) with :class:`RestrictedUnpickler`, which
-  admits only dicts, lists, numbers, strings and numpy arrays;
+  admits only dicts, lists, numbers, strings and numpy arrays (a weight stored as an object
+  array of numbers becomes a numeric array);
 * every other suffix with ``torch.load(..., weights_only=True)``.
 
 Anything else in a file is refused with :class:`UnsafeCheckpointError` before it can run.
@@ -12,6 +13,7 @@ Anything else in a file is refused with :class:`UnsafeCheckpointError` before it
 import argparse
 import codecs
 import collections
+import errno
 import os
 import pickle
 import re
@@ -23,7 +25,8 @@ import torch
 
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
-from lambda_det.engine.atomic import atomic_path
+from lambda_det.engine.atomic import OutputWriteError, atomic_path
+from lambda_det.engine.output_dir import last_checkpoint
 
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
            "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
@@ -45,12 +48,16 @@ class WeightsMismatchError(ValueError):
 
 # What detectron2 / Caffe2 model-zoo pickles hold besides dicts, lists, numbers and strings:
 # numpy arrays, scalars and dtypes (the objects themselves, whatever module numpy keeps them in),
-# OrderedDicts, and _codecs.encode, which protocol-2 pickles use to store bytes.
+# OrderedDicts, and _codecs.encode, which protocol-2 pickles use to store bytes. Protocol 5
+# stores a numeric array as its bytes (_frombuffer: np.frombuffer and a reshape).
 _NUMPY_RECONSTRUCT = np.zeros(1).__reduce__()[0]
+_NUMPY_FROMBUFFER = np.zeros(1).__reduce_ex__(5)[0]
 _NUMPY_SCALAR = np.float32(0).__reduce__()[0]
 _SAFE_GLOBALS = {
     **{(module, "_reconstruct"): _NUMPY_RECONSTRUCT
        for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    **{(module, "_frombuffer"): _NUMPY_FROMBUFFER
+       for module in ("numpy.core.numeric", "numpy._core.numeric")},
     **{(module, "scalar"): _NUMPY_SCALAR
        for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
     ("numpy", "ndarray"): np.ndarray,
@@ -78,14 +85,58 @@ class RestrictedUnpickler(pickle.Unpickler):
                 f"strings and numpy arrays load from .pkl files)") from None
 
 
+# Modules whose functions run code or commands: a global from one of them (or a bare builtin
+# such as exec) is never part of a weights file, so no way to load it is suggested.
+_CODE_MODULES = {"builtins", "__builtin__", "os", "posix", "nt", "subprocess", "sys", "runpy",
+                 "importlib", "pty", "shutil", "socket", "code", "codeop", "pickle", "marshal",
+                 "types", "ctypes", "webbrowser", "functools", "operator"}
+
+
 def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError:
     refused = re.search(r"GLOBAL ([\w.]+)", str(error))
-    what = f"refers to {refused[1]}, which" if refused else "holds objects that"
+    if refused is None:
+        return UnsafeCheckpointError(
+            f"checkpoint {filename} holds objects that torch.load(weights_only=True) refuses to "
+            f"unpickle (they could run code): if you trust its source, save its weights alone "
+            f"where it was made (torch.save(model.state_dict(), 'weights.pth')) and load those")
+    name = refused[1]
+    module = name.split(".")[0] if "." in name else "builtins"
+    if module in _CODE_MODULES:
+        return UnsafeCheckpointError(
+            f"checkpoint {filename} refers to {name}, which runs code and has no place in a "
+            f"weights file: do not load it; ask its source for the weights alone, saved with "
+            f"torch.save(model.state_dict(), 'weights.pth')")
     return UnsafeCheckpointError(
-        f"checkpoint {filename} {what} torch.load(weights_only=True) refuses to unpickle (it "
-        f"could run code). If you trust its source, keep only its 'model' weights once: "
-        f"python -c \"import torch; c = torch.load({filename!r}, weights_only=False); "
-        f"torch.save({{'model': c['model']}}, 'weights.pth')\" and load weights.pth")
+        f"checkpoint {filename} refers to {name}, which torch.load(weights_only=True) refuses "
+        f"to unpickle (it could run code). If you trust the file's source: save its weights "
+        f"alone where it was made (torch.save(model.state_dict(), 'weights.pth')); or, if "
+        f"{name} is a class you trust, read the file in Python under "
+        f"torch.serialization.safe_globals([{name}]) with torch.load(..., weights_only=True), "
+        f"torch.save its 'model' weights alone to weights.pth and load that")
+
+
+_NUMBERS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def _numeric_weights(weights: Dict[str, Any], filename: str) -> Dict[str, Any]:
+    """``weights`` with numpy object arrays of plain numbers turned into numeric arrays (what
+    the model's weights are); an object array of anything else is refused by name."""
+    converted = dict(weights)
+    for key, value in weights.items():
+        if not (isinstance(value, np.ndarray) and value.dtype == object):
+            continue
+        types = set(map(type, value.flat))
+        try:
+            if not all(issubclass(kind, _NUMBERS) for kind in types):
+                raise TypeError
+            converted[key] = value.astype(np.result_type(*types) if types else np.float32)
+        except (TypeError, OverflowError):  # other objects, or integers beyond 64 bits
+            raise CorruptCheckpointError(
+                f"checkpoint {filename}: weight {key!r} is a numpy array of Python objects "
+                f"({', '.join(sorted(kind.__name__ for kind in types))}), not of numbers that "
+                f"fit a tensor: save it as a numeric array (e.g. array.astype(np.float32))"
+            ) from None
+    return converted
 
 
 def _from_pickle(data: Dict[str, Any]) -> Dict[str, Any]:
@@ -118,7 +169,10 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
             if not isinstance(data, dict):
                 raise CorruptCheckpointError(f"checkpoint {filename} holds a "
                                              f"{type(data).__name__}, not a dict of weights")
-            return _from_pickle(data)
+            data = _from_pickle(data)
+            if isinstance(data["model"], dict):
+                data["model"] = _numeric_weights(data["model"], filename)
+            return data
         # timm's train.py stores its arguments (an argparse.Namespace of plain values) in its
         # checkpoints; allowed for this load only.
         with torch.serialization.safe_globals([argparse.Namespace]):
@@ -176,9 +230,25 @@ class AtomicCheckpointer(DetectionCheckpointer):
         data.update(kwargs)
         path = os.path.join(self.save_dir, f"{name}.pth")
         self.logger.info("Saving checkpoint to %s", path)
-        with atomic_path(path) as temporary, open(temporary, "wb") as f:
-            torch.save(data, f)
-        self.tag_last_checkpoint(os.path.basename(path))
+        try:
+            with atomic_path(path) as temporary, open(temporary, "wb") as f:
+                torch.save(data, f)
+            self.tag_last_checkpoint(os.path.basename(path))
+        except OutputWriteError as error:  # atomic_path's, for an OSError
+            raise self._save_failed(path, error.__cause__) from error.__cause__
+
+    def _save_failed(self, path: str, error: OSError) -> OutputWriteError:
+        """The save error, with where the run stands: its last complete checkpoint (which
+        ``--resume`` continues from) or none."""
+        previous = last_checkpoint(self.save_dir)
+        saved = (f"its last complete checkpoint is {previous} (last_checkpoint)" if previous
+                 else "it has saved no checkpoint")
+        reason = error.strerror or str(error)
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = "free space on that disk" if full else f"make {self.save_dir} writable"
+        return OutputWriteError(
+            f"saving checkpoint {path} failed ({reason}): the run stopped and {saved}; "
+            f"{fix}, then continue it with --resume")
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         with atomic_path(os.path.join(self.save_dir, "last_checkpoint")) as temporary, \

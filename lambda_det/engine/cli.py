@@ -9,11 +9,10 @@ its traceback.
 import argparse
 import contextlib
 import logging
-import os
 import pickle
 import sys
 import warnings
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -25,29 +24,32 @@ from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config import load_config
 from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import coco_dataset_overrides
+from lambda_det.engine.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 from lambda_det.engine.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, check_weights, load_weights)
 from lambda_det.engine.launch import launch
 from lambda_det.engine.output_dir import (
-    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, evaluation_output_dir, last_checkpoint,
-    prepare_output_dir)
+    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, checkpoint_to_resume,
+    evaluation_output_dir, prepare_output_dir)
+from lambda_det.engine import preflight
 from lambda_det.engine.preflight import (
-    Setting, check_batch_size, check_device, check_launch_arguments, check_training_memory,
+    Setting, check_batch_size, check_launch_arguments, check_training_memory,
     check_training_settings, yaml_training_settings)
 from lambda_det.engine.trainer import Trainer, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
            "load_run_config", "launch_checked", "reporting_user_errors", "check_model",
-           "check_config_before_launch", "check_weights_fit", "plan_evaluation", "Evaluation",
-           "prepare_training_output_dir", "USER_ERRORS", "USAGE_ERROR_STATUS"]
+           "check_config_before_launch", "check_weights_fit", "check_device", "plan_evaluation",
+           "Evaluation", "prepare_training_output_dir", "USER_ERRORS", "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
-# has started, an exception is a bug and keeps its traceback.
+# has started, an exception is a bug and keeps its traceback, but for a disk that cannot be
+# written (OutputWriteError).
 USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, pickle.UnpicklingError, CorruptCheckpointError,
-               OutputDirBusyError)
+               OutputDirBusyError, OutputWriteError)
 
 
 def _one_line(error: BaseException) -> str:
@@ -56,12 +58,12 @@ def _one_line(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def reporting_user_errors(debug: bool = False):
-    """Turn a :data:`USER_ERRORS` exception into ``error: <message>`` on stderr and exit status
-    2 (with ``debug``, let it through with its traceback)."""
+def reporting_user_errors(debug: bool = False, errors: Tuple[type, ...] = USER_ERRORS):
+    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`) into ``error: <message>``
+    on stderr and exit status 2 (with ``debug``, let it through with its traceback)."""
     try:
         yield
-    except USER_ERRORS as error:
+    except errors as error:
         if debug:
             raise
         print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
@@ -120,7 +122,9 @@ def run(args: argparse.Namespace):
             return Trainer.test(cfg, model)
         trainer = Trainer(cfg)
         trainer.resume_or_load(resume=args.resume)
-    return trainer.train()
+    with reporting_user_errors(args.debug, errors=(OutputWriteError,)), \
+            reporting_write_errors(cfg.OUTPUT_DIR, "OUTPUT_DIR", errnos=DISK_ERRNOS):
+        return trainer.train()
 
 
 def check_model(cfg) -> nn.Module:
@@ -133,6 +137,12 @@ def check_model(cfg) -> nn.Module:
     with torch.device("meta"):
         return build_model(meta)
 
+
+def check_device(cfg, key: str = "MODEL.DEVICE") -> None:
+    """``cfg.MODEL.DEVICE`` names a device that this machine has, for the tools that run one
+    process (predict, export, the demo's pictures); ``key``: where the user set it, for the
+    message (:func:`lambda_det.engine.preflight.check_device`)."""
+    preflight.check_device(Setting(key, cfg.MODEL.DEVICE), num_gpus=1)
 
 def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
     """Read ``weights`` as the run will (safely) and check that it fits ``model`` (a meta-device
@@ -169,7 +179,7 @@ def check_config_before_launch(args: argparse.Namespace, cfg) -> nn.Module:
     model (built on the meta device, returned for the weights' checks) and, for training, every
     setting that would fail after launch and the memory a process needs at least
     (:mod:`lambda_det.engine.preflight`)."""
-    check_device(Setting("MODEL.DEVICE", cfg.MODEL.DEVICE), args.num_gpus)
+    preflight.check_device(Setting("MODEL.DEVICE", cfg.MODEL.DEVICE), args.num_gpus)
     model = check_model(cfg)
     if args.eval_only:
         return model
@@ -212,9 +222,9 @@ def _check_before_launch(args: argparse.Namespace, cfg, model: nn.Module) -> Non
         plan_evaluation(args, cfg.OUTPUT_DIR, weights)
         return
     check_run_datasets(cfg)
-    latest = last_checkpoint(cfg.OUTPUT_DIR)
-    if args.resume and latest is not None:  # as Trainer.resume_or_load will load it
-        check_weights_fit(model, os.path.join(cfg.OUTPUT_DIR, latest), require="all")
+    latest = checkpoint_to_resume(cfg.OUTPUT_DIR) if args.resume else None
+    if latest is not None:  # as Trainer.resume_or_load will load it
+        check_weights_fit(model, latest, require="all")
     elif cfg.MODEL.WEIGHTS:
         check_weights(cfg.MODEL.WEIGHTS)
         check_weights_fit(model, cfg.MODEL.WEIGHTS, require="backbone")
@@ -247,15 +257,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
-                   check: Callable[[], None], cpu: bool) -> int:
-    """Hold ``output_dir``'s lock (on machine 0, whose main process writes it), run ``check``,
-    then ``run_function(args)`` in every process (on the CPU, ``--num-gpus N`` starts N gloo
+                   check: Callable[[], None], cpu: bool, output_option: str = "OUTPUT_DIR") -> int:
+    """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
+    that the folder can be written, ``output_option`` naming it), run ``check``, then
+    ``run_function(args)`` in every process (on the CPU, ``--num-gpus N`` starts N gloo
     processes: detectron2's launch needs CUDA). Returns the exit status: 2 when a check or a
     worker reported a user error."""
     lock = None
     with reporting_user_errors(args.debug):
         if args.machine_rank == 0:
-            lock = OutputDirLock(output_dir).acquire()
+            lock = OutputDirLock(output_dir, output_option).acquire()
     try:
         with reporting_user_errors(args.debug):
             check()

@@ -22,16 +22,18 @@ from lambda_det.compat import ddp_without_buffer_sync, quiet_detectron2_warnings
 from lambda_det.data.checks import check_images, check_unique_ids, load_checked_test_dicts
 from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine.amp import MixedPrecisionTrainer
+from lambda_det.engine.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.cli import (
     argument_parser, check_weights_fit, launch_checked, plan_evaluation,
     prepare_training_output_dir, reporting_user_errors)
-from lambda_det.engine.output_dir import last_checkpoint
+from lambda_det.engine.output_dir import checkpoint_to_resume
 from lambda_det.engine.preflight import (
     Setting, check_batch_size, check_device, check_launch_arguments, check_training_memory,
     check_training_settings, lazy_training_settings)
-from lambda_det.engine.trainer import _plain, plain_default_setup, write_json_atomically
+from lambda_det.engine.trainer import (
+    FinalEvalHook, _plain, plain_default_setup, write_json_atomically)
 from lambda_det.lazy_config import (
     load_lazy_config, resolve_lazy_config_file, scale_to_world_size)
 from lambda_det.modeling import LambdaResNet
@@ -61,11 +63,13 @@ def evaluation_weights(cfg: DictConfig, resume: bool) -> str:
     Raises:
         ValueError: no weights at all (that would evaluate a randomly initialised model).
         FileNotFoundError: a local checkpoint file that does not exist.
+        ValueError, FileNotFoundError, IsADirectoryError: train.output_dir's last_checkpoint
+            is empty or names no file (:func:`~lambda_det.engine.output_dir.checkpoint_to_resume`).
     """
     output_dir, weights = cfg.train.output_dir, cfg.train.init_checkpoint
-    latest = last_checkpoint(output_dir) if resume else None
+    latest = checkpoint_to_resume(output_dir) if resume else None
     if latest is not None:
-        return os.path.join(output_dir, latest)
+        return latest
     if not weights:
         where = f" and train.output_dir {output_dir!r} has no last_checkpoint" if resume else ""
         raise ValueError(f"--eval-only needs trained weights: train.init_checkpoint is "
@@ -174,9 +178,9 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig,
         plan_evaluation(args, cfg.train.output_dir, weights)
         return
     output_dir = cfg.train.output_dir
-    latest = last_checkpoint(output_dir)
-    if args.resume and latest is not None:
-        check_weights_fit(model, os.path.join(output_dir, latest), require="all")
+    latest = checkpoint_to_resume(output_dir) if args.resume else None
+    if latest is not None:
+        check_weights_fit(model, latest, require="all")
     elif cfg.train.init_checkpoint:
         _check_file(cfg.train.init_checkpoint)
         check_weights_fit(model, cfg.train.init_checkpoint, require="backbone")
@@ -265,7 +269,7 @@ def train(cfg: DictConfig, resume: bool) -> None:
         hooks.IterationTimer(),
         hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
         hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
-        hooks.EvalHook(cfg.train.eval_period, lambda: evaluate(cfg, model)),
+        FinalEvalHook(cfg.train.eval_period, lambda: evaluate(cfg, model)),
         hooks.PeriodicWriter(default_writers(cfg.train.output_dir, cfg.train.max_iter),
                              period=cfg.train.log_period) if main else None,
     ])
@@ -276,7 +280,8 @@ def train(cfg: DictConfig, resume: bool) -> None:
     start = trainer.iter + 1 if resuming else 0
     if seed is not None:
         train_loader.start_iteration = start
-    trainer.train(start, cfg.train.max_iter)
+    with reporting_write_errors(cfg.train.output_dir, "train.output_dir", errnos=DISK_ERRNOS):
+        trainer.train(start, cfg.train.max_iter)
 
 
 def run(args: argparse.Namespace):
@@ -295,7 +300,8 @@ def run(args: argparse.Namespace):
             AtomicCheckpointer(model, require="all").load(evaluation_weights(cfg, args.resume),
                                                           checkpointables=[])
             return evaluate(cfg, model)
-    return train(cfg, args.resume)
+    with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+        return train(cfg, args.resume)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -316,4 +322,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         scale_to_world_size(cfg, args.num_gpus * args.num_machines)
         model = check_config_before_launch(args, cfg)
     return launch_checked(run, args, cfg.train.output_dir,
-                          lambda: _check_before_launch(args, cfg, model), cpu=_on_cpu(cfg))
+                          lambda: _check_before_launch(args, cfg, model), cpu=_on_cpu(cfg),
+                          output_option="train.output_dir")

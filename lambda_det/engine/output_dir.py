@@ -2,14 +2,17 @@
 written over by an evaluation."""
 import datetime
 import fnmatch
+import glob
 import os
 import socket
 import time
 from typing import List, Optional, Sequence
 
+from lambda_det.engine.atomic import reporting_write_errors
+
 __all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir", "last_checkpoint",
-           "holds_run_files", "evaluation_output_dir", "RUN_FILES", "PREVIOUS_RUN_PREFIX",
-           "EVALUATION_PREFIX", "LOCK_FILE"]
+           "holds_run_files", "evaluation_output_dir", "checkpoint_to_resume", "RUN_FILES",
+           "PREVIOUS_RUN_PREFIX", "EVALUATION_PREFIX", "LOCK_FILE"]
 
 PREVIOUS_RUN_PREFIX = "previous_"
 EVALUATION_PREFIX = "eval_"
@@ -32,14 +35,25 @@ class OutputDirLock:
     a second run gets. Use as a context manager, or ``acquire()`` / ``release()``.
     """
 
-    def __init__(self, output_dir: str):
+    def __init__(self, output_dir: str, option: str = "OUTPUT_DIR"):
         self.output_dir = output_dir
+        self.option = option  # where the user sets the folder, for errors
         self.path = os.path.join(output_dir, LOCK_FILE)
         self._fd: Optional[int] = None
         self._created_folder = False
 
     def acquire(self) -> "OutputDirLock":
-        """Raises :class:`OutputDirBusyError` naming the holder when another process has it."""
+        """Raises :class:`OutputDirBusyError` naming the holder when another process has it, and
+        :class:`~lambda_det.engine.atomic.OutputWriteError` when the folder cannot be written
+        (read-only, full): the lock file is the run's first write."""
+        with reporting_write_errors(self.output_dir, self.option):
+            try:
+                return self._acquire()
+            except OSError:
+                self.release()  # the lock file could not be written: let go of it
+                raise
+
+    def _acquire(self) -> "OutputDirLock":
         import fcntl  # POSIX; detectron2 runs on Linux
 
         self._created_folder = not os.path.isdir(self.output_dir)
@@ -54,9 +68,9 @@ class OutputDirLock:
                 f"OUTPUT_DIR {self.output_dir!r} is in use by another run ({holder}): wait for "
                 f"it to end, or pass another OUTPUT_DIR") from None
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        self._fd = fd
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
-        self._fd = fd
         return self
 
     def release(self) -> None:
@@ -84,6 +98,35 @@ def last_checkpoint(output_dir: str) -> Optional[str]:
         return None
     with open(path) as f:
         return f.read().strip()
+
+
+def checkpoint_to_resume(output_dir: str) -> Optional[str]:
+    """The checkpoint that ``--resume`` continues from: the path of the file that
+    ``output_dir/last_checkpoint`` names, or None without last_checkpoint.
+
+    Raises:
+        ValueError: last_checkpoint is empty.
+        FileNotFoundError: it names a file that does not exist.
+        IsADirectoryError: it names a folder.
+    """
+    name = last_checkpoint(output_dir)
+    if name is None:
+        return None
+    path = os.path.join(output_dir, name)
+    if name and os.path.isfile(path):
+        return path
+    pointer = os.path.join(output_dir, "last_checkpoint")
+    found = sorted(os.path.basename(file) for file in glob.glob(
+        os.path.join(glob.escape(output_dir), "model_*.pth")))
+    fix = (f"write the name of one of the run's checkpoints ({', '.join(found[-3:])}) into "
+           f"it, or, to train from scratch instead, pass --restart without --resume" if found
+           else "the folder holds no checkpoint (model_*.pth): to train from scratch, pass "
+                "--restart without --resume")
+    if not name:
+        raise ValueError(f"{pointer} is empty: {fix}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{pointer} names {name!r}, a folder, not a checkpoint: {fix}")
+    raise FileNotFoundError(f"{pointer} names {name!r}, which does not exist: {fix}")
 
 
 def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,

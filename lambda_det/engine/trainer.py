@@ -19,22 +19,22 @@ from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
 from detectron2.engine import defaults as engine_defaults
-from detectron2.engine.hooks import PeriodicWriter
+from detectron2.engine.hooks import EvalHook, PeriodicWriter
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_training_dicts
 from lambda_det.engine.amp import MixedPrecisionTrainer
-from lambda_det.engine.atomic import atomic_path
+from lambda_det.engine.atomic import OutputWriteError, atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
-from lambda_det.engine.output_dir import last_checkpoint
+from lambda_det.engine.output_dir import checkpoint_to_resume
 from lambda_det.engine.preflight import (
     check_batch_size, check_training_settings, yaml_training_settings)
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["Trainer", "setup_cfg", "plain_default_setup", "evaluation_weights",
-           "write_json_atomically"]
+           "write_json_atomically", "FinalEvalHook"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +64,25 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
         default_setup(cfg, args)
     finally:
         engine_defaults._highlight = highlight
+    _log_write_errors_without_traceback()
+
+
+class _WriteErrorWithoutTraceback(logging.Filter):
+    """Detectron2 logs the exception that ends training with its traceback; for a file that
+    cannot be written (:class:`OutputWriteError`) the message says it all, and the tools print
+    it as their one error line (with its traceback under --debug)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], OutputWriteError):
+            record.msg, record.args = f"{record.getMessage()} {record.exc_info[1]}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _log_write_errors_without_traceback() -> None:
+    train_loop = logging.getLogger("detectron2.engine.train_loop")
+    if not any(isinstance(f, _WriteErrorWithoutTraceback) for f in train_loop.filters):
+        train_loop.addFilter(_WriteErrorWithoutTraceback())
 
 
 def write_json_atomically(path: str, data) -> None:
@@ -79,15 +98,28 @@ def evaluation_weights(cfg: CfgNode, resume: bool) -> str:
     Raises:
         ValueError: no weights at all (detectron2 would evaluate a randomly initialised model).
         FileNotFoundError: a local checkpoint file that does not exist.
+        ValueError, FileNotFoundError, IsADirectoryError: OUTPUT_DIR's last_checkpoint is
+            empty or names no file (:func:`~lambda_det.engine.output_dir.checkpoint_to_resume`).
     """
-    latest = last_checkpoint(cfg.OUTPUT_DIR) if resume else None
+    latest = checkpoint_to_resume(cfg.OUTPUT_DIR) if resume else None
     if latest is not None:
-        return os.path.join(cfg.OUTPUT_DIR, latest)
+        return latest
     if resume and not cfg.MODEL.WEIGHTS:
         raise ValueError(f"--eval-only needs trained weights: MODEL.WEIGHTS is empty and "
                          f"OUTPUT_DIR {cfg.OUTPUT_DIR!r} has no last_checkpoint")
     check_weights(cfg.MODEL.WEIGHTS)
     return cfg.MODEL.WEIGHTS
+
+
+class FinalEvalHook(EvalHook):
+    """Detectron2's ``EvalHook``, whose final evaluation runs only after every iteration
+    completed: detectron2's also runs when the last iteration raised (e.g. its checkpoint could
+    not be saved), and would write results of a model that no checkpoint holds."""
+
+    def after_train(self):
+        if self.trainer.iter >= self.trainer.max_iter:  # TrainerBase.train counts past the end
+            self._do_eval()
+        del self._func  # as EvalHook: the closure holds the trainer
 
 
 class Trainer(DefaultTrainer):
@@ -106,7 +138,10 @@ class Trainer(DefaultTrainer):
       (:class:`~lambda_det.engine.amp.MixedPrecisionTrainer`); a compiled backbone with
       ``MODEL.LAMBDA_RESNET.COMPILE``;
     * ``DATALOADER.DETERMINISTIC``: every iteration a function of (SEED, iteration), so that
-      ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`).
+      ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`);
+    * a checkpoint that cannot be saved stops training (``OutputWriteError``, naming the last
+      complete checkpoint), and the final evaluation runs only after every iteration completed
+      (:class:`FinalEvalHook`).
     """
 
     def __init__(self, cfg: CfgNode):
@@ -147,7 +182,8 @@ class Trainer(DefaultTrainer):
             hooks.insert(0, SeedEachIteration(self.cfg.SEED))
         if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
             hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
-        return hooks
+        return [FinalEvalHook(hook._period, hook._func) if type(hook) is EvalHook else hook
+                for hook in hooks]
 
     def state_dict(self):
         # detectron2 0.6's DefaultTrainer saves only the iteration and hook states: the

@@ -23,8 +23,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.config import config_differences, load_config, resolve_config_file
 from lambda_det.data.coco import coco_dataset_overrides
-from lambda_det.engine.atomic import atomic_path
-from lambda_det.engine.output_dir import last_checkpoint
+from lambda_det.engine.atomic import atomic_path, reporting_write_errors
+from lambda_det.engine.output_dir import checkpoint_to_resume, last_checkpoint
 
 __all__ = ["Variant", "PairRun", "Comparison", "PRESETS", "DEFAULT_VARIANTS", "RECIPE_FILE",
            "RunFailedError", "parse_variant", "plan_comparison", "run_comparison",
@@ -145,6 +145,8 @@ def _check_folder(run: PairRun) -> None:
     elif run.folder.is_dir() and any(run.folder.iterdir()):
         raise FileExistsError(f"{run.folder} holds files but no {RECIPE_FILE}, so it is not a "
                               f"run of this comparison: pass another --output")
+    if not run.finished:
+        checkpoint_to_resume(str(run.folder))  # what train_net.py --resume will continue from
 
 
 def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant],
@@ -157,7 +159,8 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
     to ``DATASETS.COCO_INSTANCES`` as an override that every run gets.
 
     Raises:
-        ValueError, FileNotFoundError, FileExistsError: a mistake in the input (one line).
+        ValueError, FileNotFoundError, FileExistsError, IsADirectoryError: a mistake in the
+            input (one line), or an unfinished run's last_checkpoint that names no checkpoint.
     """
     config_file = os.path.abspath(resolve_config_file(config))
     opts = tuple(opts)
@@ -245,11 +248,12 @@ def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
         if run.finished:
             log(f"{where}: finished, reusing {run.folder}")
             continue
-        run.folder.mkdir(parents=True, exist_ok=True)
         recorded = run.folder / RECIPE_FILE
-        if not recorded.is_file():
-            with atomic_path(recorded) as temporary, open(temporary, "w") as f:
-                f.write(run.recipe)
+        with reporting_write_errors(run.folder, "--output"):
+            run.folder.mkdir(parents=True, exist_ok=True)
+            if not recorded.is_file():
+                with atomic_path(recorded) as temporary, open(temporary, "w") as f:
+                    f.write(run.recipe)
         command = train_command(train_net, comparison, run, num_gpus)
         state = ("continuing from its last checkpoint" if run.started else "training")
         log(f"{where}: {state} in {run.folder}\n  {shlex.join(command)}")
