@@ -211,8 +211,11 @@ def _reading(summary: Mapping, name: str) -> str:
         others.append(f"{len(within)} {'is' if len(within) == 1 else 'are'} {WITHIN}")
     for kind, words in ((ONE_SEED, "rest on one seed pair (no spread)"),
                         (NO_VALUE, "have no value, no seed having both runs' AP")):
-        if by_reading.get(kind):
-            others.append(f"{len(by_reading[kind])} {words}: {', '.join(by_reading[kind])}")
+        labels = by_reading.get(kind, [])
+        if len(labels) == len(differences):
+            others.append(f"all {len(labels)} {words}")
+        elif labels:
+            others.append(f"{len(labels)} {words}: {', '.join(labels)}")
     rest = "; ".join(others)
     beyond = [(label, stats) for label, stats in differences
               if stats["reading"].endswith("beyond the spread")]
