@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.evaluation.compare import (
-    PRESETS, RECIPE_FILE, RunFailedError, Variant, parse_variant, plan_comparison, run_comparison,
+    PRESETS, RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant, plan_comparison, run_comparison,
     train_command)
 from lambda_det.config import load_config
 from lambda_det.evaluation.compare_report import (
@@ -393,6 +394,7 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
     comparison = plan(tmp_path)
     with pytest.raises(RunFailedError, match=r"conv seed 0 failed \(exit status 2\)"):
         run_comparison(comparison, str(train_net), log=lambda line: None)
+    assert capsys.readouterr().err == "error: bad dataset\n"  # the child's own line, shown
     # The CLI: a mistake in the input is one line and status 2, before anything trains.
     with pytest.raises(SystemExit) as exit_info:
         compare.main(["--config", "lambda_r26_shapes", "--variant", "conv", "lamda",
@@ -402,6 +404,65 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
         "error: unknown variant 'lamda': name one of conv, se, lambda, aft_conv, or define it as "
         "NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)"]
     assert not (tmp_path / "cli").exists()
+
+
+FAKE_INTERRUPTED_RUN = textwrap.dedent("""
+    # Stands in for a train_net.py run that Ctrl-C stops: a warning, a checkpoint, training.
+    import os, sys, time
+    output = sys.argv[sys.argv.index("OUTPUT_DIR") + 1]
+    print("a warning before the interrupt", file=sys.stderr, flush=True)
+    with open(os.path.join(output, "last_checkpoint"), "w") as f:
+        f.write("model_0000001.pth")
+    with open(os.path.join(output, "pid.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(output, "pid.tmp"), os.path.join(output, "pid"))
+    time.sleep(120)
+""")
+
+
+def test_ctrl_c_names_the_run_without_the_childs_traceback(tmp_path, capfd):
+    train_net = tmp_path / "train_net.py"
+    train_net.write_text(FAKE_INTERRUPTED_RUN)
+    comparison = plan(tmp_path)
+    pid_file = comparison.runs[0].folder / "pid"
+
+    def press_ctrl_c():
+        """As a terminal does: the child and this process get SIGINT (the child first)."""
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        time.sleep(1.0)  # the warning reaches stderr
+        os.kill(int(pid_file.read_text()), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c)
+    presser.start()
+    with pytest.raises(RunInterrupted) as info:
+        run_comparison(comparison, str(train_net), log=lambda line: None)
+    presser.join()
+    assert str(info.value) == (
+        f"conv seed 0 in {comparison.runs[0].folder}: the same command continues the "
+        f"comparison (it resumes from model_0000001.pth; finished runs are reused)")
+    with pytest.raises(ProcessLookupError):  # the child has ended
+        os.kill(int(pid_file.read_text()), 0)
+    err = capfd.readouterr().err
+    assert "a warning before the interrupt" in err  # the child's stderr passes through
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_the_tool_reports_an_interrupted_run_in_one_line(tmp_path, monkeypatch, capsys):
+    compare = load_tool("compare_backbones")
+
+    def interrupted(comparison, *args, **kwargs):
+        raise RunInterrupted("conv seed 0 in OUT: the same command continues the comparison")
+
+    monkeypatch.setattr(compare, "run_comparison", interrupted)
+    assert compare.main(["--config", "lambda_r26_shapes", "--variant", "conv", "lambda",
+                         "--seeds", "0", "--output", str(tmp_path / "cmp")]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "interrupted conv seed 0 in OUT: the same command continues the comparison"]
 
 
 def test_overrides_may_follow_list_options():
