@@ -192,23 +192,23 @@ def _reading(summary: Mapping, name: str) -> str:
     differences = [(f"{TASK_LABELS[task]} {metric}", stats)
                    for task, by_metric in entry["difference"].items()
                    for metric, stats in by_metric.items()]
-    headline = ", ".join(f"{TASK_LABELS[t]} AP {_value(entry['difference'][t]['AP'], signed=True)}"
-                         for t in summary["tasks"])
+    headline = ", ".join(f"{TASK_LABELS[task]} AP "
+                         f"{_value(entry['difference'][task]['AP'], signed=True)}"
+                         for task in summary["tasks"])
     start = f"- **{name}** vs {baseline}: {headline}"
     if len(summary["seeds"]) == 1:
         return f"{start}. {ONE_SEED}: run more --seeds before reading a difference."
-    by_reading: Dict[str, List[str]] = {}
+    beyond = [(label, stats) for label, stats in differences
+              if stats["reading"].endswith("beyond the spread")]
+    by_reading: Dict[str, List[str]] = {}  # the others
     for label, stats in differences:
-        kind = "beyond" if stats["reading"].endswith("beyond the spread") else stats["reading"]
-        by_reading.setdefault(kind, []).append(label)
+        if not stats["reading"].endswith("beyond the spread"):
+            by_reading.setdefault(stats["reading"], []).append(label)
     within = by_reading.get(WITHIN, [])
-    seeds = len(summary["seeds"])
     if len(within) == len(differences):
-        return (f"{start}. Every difference is {WITHIN} (|mean| <= std over {seeds} seeds): "
-                f"these runs do not rank {name} and {baseline}.")
-    others = []
-    if within:
-        others.append(f"{len(within)} {'is' if len(within) == 1 else 'are'} {WITHIN}")
+        return (f"{start}. Every difference is {WITHIN} (|mean| <= std over "
+                f"{len(summary['seeds'])} seeds): these runs do not rank {name} and {baseline}.")
+    others = [f"{len(within)} {'is' if len(within) == 1 else 'are'} {WITHIN}"] if within else []
     for kind, words in ((ONE_SEED, "rest on one seed pair (no spread)"),
                         (NO_VALUE, "have no value, no seed having both runs' AP")):
         labels = by_reading.get(kind, [])
@@ -217,8 +217,6 @@ def _reading(summary: Mapping, name: str) -> str:
         elif labels:
             others.append(f"{len(labels)} {words}: {', '.join(labels)}")
     rest = "; ".join(others)
-    beyond = [(label, stats) for label, stats in differences
-              if stats["reading"].endswith("beyond the spread")]
     if not beyond:
         return (f"{start}. No difference is beyond the spread: {rest}; these runs do not "
                 f"rank {name} and {baseline}.")
@@ -238,8 +236,9 @@ def _left_out_lines(summary: Mapping) -> List[str]:
     if not runs:
         return []
     lines = ["", "## Runs without AP", "",
-             "Left out of the means and paired differences of the tasks named (the cells give "
-             "the count, n=2 of 3): these runs had no predictions to evaluate.", ""]
+             "These runs had no predictions to evaluate for the tasks named: they are left out "
+             "of those tasks' means and paired differences, whose cells give the count of runs "
+             "(n=...).", ""]
     lines += [f"- {variant} seed {seed}: no {' or '.join(tasks)} AP (`{run}`)"
               for (variant, seed, run), tasks in runs.items()]
     return lines
