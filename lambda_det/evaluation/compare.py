@@ -295,6 +295,7 @@ class _DelayedStderr:
     that what it writes after a Ctrl-C can be dropped."""
 
     def __init__(self, pipe):
+        self._pipe = pipe
         self._chunks = collections.deque()  # (arrival time, bytes); appended by the thread
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._reader = threading.Thread(target=self._read, args=(pipe,), daemon=True)
@@ -317,6 +318,8 @@ class _DelayedStderr:
         if keep:
             self.write()
         self._chunks.clear()
+        if not self._reader.is_alive():
+            self._pipe.close()
 
 
 def _run_child(command: Sequence[str]) -> int:
