@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -15,11 +16,12 @@ import pytest
 
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.evaluation.compare import (
-    PRESETS, RECIPE_FILE, RunFailedError, Variant, parse_variant, plan_comparison, run_comparison,
-    train_command)
+    PRESETS, RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant,
+    plan_comparison, run_comparison, train_command)
 from lambda_det.config import load_config
 from lambda_det.evaluation.compare_report import (
-    format_comparison, median_iteration_time, summarize, write_report)
+    _bars, format_comparison, mean_std, median_iteration_time, read_difference, summarize,
+    write_report)
 
 METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -135,6 +137,97 @@ def test_every_difference_within_the_spread_says_so(tmp_path):
     markdown = format_comparison(summarize(runs, "conv", {}, {}, recipe={"config": "x"}))
     assert "Every difference is within the seed-to-seed spread" in markdown
     assert "do not rank se and conv" in markdown
+
+
+NO_PREDICTIONS = {metric: math.nan for metric in METRICS}  # detectron2's box results, no "segm"
+
+
+def test_a_run_without_predictions_is_named_and_left_out_of_the_means(tmp_path):
+    runs = {"conv": {s: fake_run(tmp_path / f"c{s}", metrics(40.0 + s), metrics(30.0 + s))
+                     for s in (0, 1, 2)},
+            "lambda": {0: fake_run(tmp_path / "l0", metrics(43.0), metrics(31.0)),
+                       2: fake_run(tmp_path / "l2", metrics(47.0), metrics(35.0))}}
+    folder = tmp_path / "l1"
+    folder.mkdir()
+    (folder / "eval_results.json").write_text(json.dumps(
+        {"config": "", "results": {"bbox": NO_PREDICTIONS}}))
+    runs["lambda"][1] = str(folder)
+    summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
+    assert summary["tasks"] == ["bbox", "segm"]  # the run without masks keeps every section
+    assert summary["left_out"] == [
+        {"variant": "lambda", "seed": 1, "task": "bbox", "run": str(folder)},
+        {"variant": "lambda", "seed": 1, "task": "segm", "run": str(folder)}]
+    lam = summary["variants"]["lambda"]
+    box = lam["results"]["bbox"]["AP"]  # 43 and 47: the NaN run does not turn it into NaN
+    assert (box["mean"], box["n"], box["of"]) == (45.0, 2, 3)
+    assert box["std"] == pytest.approx(math.sqrt(8))
+    assert lam["results"]["segm"]["AP"]["mean"] == 33.0
+    assert summary["variants"]["conv"]["results"]["segm"]["AP"]["n"] == 3
+    # Paired differences only where both runs have AP: seeds 0 (+3) and 2 (+5).
+    difference = lam["difference"]["bbox"]["AP"]
+    assert (difference["mean"], difference["n"]) == (4.0, 2)
+    assert math.isnan(difference["per_seed"]["1"])
+    markdown = format_comparison(summary)
+    assert "## Mask AP" in markdown
+    assert "| lambda | 45.0 ± 2.8 (n=2 of 3) | 46.0 ± 2.8 (n=2 of 3) |" in markdown
+    assert "| conv | 41.0 ± 1.0 | 42.0 ± 1.0 |" in markdown
+    assert f"- lambda seed 1: no box or mask AP (`{folder}`)" in markdown
+    assert "box AP +4.0 ± 1.4 (n=2 of 3)" in markdown
+    _, data, _ = write_report(summary, str(tmp_path / "report"))
+    loaded = json.loads(Path(data).read_text(), parse_constant=pytest.fail)
+    assert loaded["variants"]["lambda"]["results"]["bbox"]["AP"]["per_seed"]["1"] is None
+
+
+def readings(tmp_path, conv: dict, other: dict) -> str:
+    """The reading sentence of ``other`` vs ``conv``: seed -> (box results, mask results)."""
+    runs = {name: {seed: fake_run(tmp_path / f"{name}{seed}", *results)
+                   for seed, results in by_seed.items()}
+            for name, by_seed in (("conv", conv), ("other", other))}
+    markdown = format_comparison(summarize(runs, "conv", {}, {}, recipe={"config": "x"}))
+    return markdown.split("## Reading\n\n")[1].splitlines()[0]
+
+
+def test_the_reading_says_within_the_spread_only_when_each_difference_is(tmp_path):
+    conv = {0: (metrics(40.0), metrics(30.0)), 1: (metrics(42.0), metrics(32.0))}
+    other = {0: (metrics(41.0), metrics(31.0)), 1: (metrics(41.0), metrics(31.0))}
+    assert "Every difference is within the seed-to-seed spread" in readings(
+        tmp_path / "a", conv, other)
+    # The same numbers with APs NaN everywhere (no small objects): 10 within, 2 no value.
+    conv_nan = {s: ({**b, "APs": math.nan}, {**m, "APs": math.nan}) for s, (b, m) in conv.items()}
+    other_nan = {s: ({**b, "APs": math.nan}, {**m, "APs": math.nan})
+                 for s, (b, m) in other.items()}
+    sentence = readings(tmp_path / "b", conv_nan, other_nan)
+    assert "Every difference" not in sentence
+    assert ("No difference is beyond the spread: 10 are within the seed-to-seed spread; 2 have "
+            "no value, no seed having both runs' AP: box APs, mask APs; these runs do not rank "
+            "other and conv.") in sentence
+    # Three seeds, two of them without predictions: one pair left, no spread.
+    conv3 = {**conv, 2: (metrics(41.0), metrics(31.0))}
+    other3 = {0: (metrics(45.0), metrics(35.0)), 1: (NO_PREDICTIONS, {}),
+              2: (NO_PREDICTIONS, {})}
+    sentence = readings(tmp_path / "c", conv3, other3)
+    assert "Every difference" not in sentence
+    assert "box AP +5.0 (n=1 of 3), mask AP +5.0 (n=1 of 3)" in sentence
+    assert "No difference is beyond the spread: all 12 rest on one seed pair (no spread); " \
+           "these runs do not rank other and conv." in sentence
+
+
+def test_mean_std_leaves_out_values_that_are_not_numbers():
+    assert mean_std([1.0, math.nan, 3.0, None]) == {"mean": 2.0, "std": math.sqrt(2), "n": 2}
+    assert mean_std([5.0, math.nan]) == {"mean": 5.0, "std": None, "n": 1}
+    empty = mean_std([math.nan])
+    assert math.isnan(empty["mean"]) and (empty["std"], empty["n"]) == (None, 0)
+    assert read_difference(math.nan, None) == "no value: no seed has it for both variants"
+    assert read_difference(2.0, None) == "one seed: no spread, not a ranking"
+
+
+def test_chart_bars_and_error_bars_stop_at_zero():
+    results = {metric: {"mean": 10.0, "std": 2.0} for metric in METRICS}
+    results["AP50"] = {"mean": 1.0, "std": 3.0}  # +-std would reach -2
+    results["APs"] = {"mean": math.nan, "std": None}  # no value: no bar, not a bar at 0
+    results["APl"] = {"mean": 4.0, "std": None}  # one seed: no error bar
+    assert _bars(results) == [(0, 10.0, 2.0, 2.0), (1, 1.0, 1.0, 3.0), (2, 10.0, 2.0, 2.0),
+                              (4, 10.0, 2.0, 2.0), (5, 4.0, 0.0, 0.0)]
 
 
 def test_median_iteration_time_skips_a_truncated_line_and_missing_times(tmp_path):
@@ -302,6 +395,7 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
     comparison = plan(tmp_path)
     with pytest.raises(RunFailedError, match=r"conv seed 0 failed \(exit status 2\)"):
         run_comparison(comparison, str(train_net), log=lambda line: None)
+    assert capsys.readouterr().err == "error: bad dataset\n"  # the child's own line, shown
     # The CLI: a mistake in the input is one line and status 2, before anything trains.
     with pytest.raises(SystemExit) as exit_info:
         compare.main(["--config", "lambda_r26_shapes", "--variant", "conv", "lamda",
@@ -311,6 +405,65 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
         "error: unknown variant 'lamda': name one of conv, se, lambda, aft_conv, or define it as "
         "NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)"]
     assert not (tmp_path / "cli").exists()
+
+
+FAKE_INTERRUPTED_RUN = textwrap.dedent("""
+    # Stands in for a train_net.py run that Ctrl-C stops: a warning, a checkpoint, training.
+    import os, sys, time
+    output = sys.argv[sys.argv.index("OUTPUT_DIR") + 1]
+    print("a warning before the interrupt", file=sys.stderr, flush=True)
+    with open(os.path.join(output, "last_checkpoint"), "w") as f:
+        f.write("model_0000001.pth")
+    with open(os.path.join(output, "pid.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(output, "pid.tmp"), os.path.join(output, "pid"))
+    time.sleep(120)
+""")
+
+
+def test_ctrl_c_names_the_run_without_the_childs_traceback(tmp_path, capfd):
+    train_net = tmp_path / "train_net.py"
+    train_net.write_text(FAKE_INTERRUPTED_RUN)
+    comparison = plan(tmp_path)
+    pid_file = comparison.runs[0].folder / "pid"
+
+    def press_ctrl_c():
+        """As a terminal does: the child and this process get SIGINT (the child first)."""
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        time.sleep(1.0)  # the warning reaches stderr
+        os.kill(int(pid_file.read_text()), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c)
+    presser.start()
+    with pytest.raises(RunInterrupted) as info:
+        run_comparison(comparison, str(train_net), log=lambda line: None)
+    presser.join()
+    assert str(info.value) == (
+        f"conv seed 0 in {comparison.runs[0].folder}: the same command continues the "
+        f"comparison (it resumes from model_0000001.pth; finished runs are reused)")
+    with pytest.raises(ProcessLookupError):  # the child has ended
+        os.kill(int(pid_file.read_text()), 0)
+    err = capfd.readouterr().err
+    assert "a warning before the interrupt" in err  # the child's stderr passes through
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_the_tool_reports_an_interrupted_run_in_one_line(tmp_path, monkeypatch, capsys):
+    compare = load_tool("compare_backbones")
+
+    def interrupted(comparison, *args, **kwargs):
+        raise RunInterrupted("conv seed 0 in OUT: the same command continues the comparison")
+
+    monkeypatch.setattr(compare, "run_comparison", interrupted)
+    assert compare.main(["--config", "lambda_r26_shapes", "--variant", "conv", "lambda",
+                         "--seeds", "0", "--output", str(tmp_path / "cmp")]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "interrupted conv seed 0 in OUT: the same command continues the comparison"]
 
 
 def test_overrides_may_follow_list_options():

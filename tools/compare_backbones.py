@@ -26,7 +26,8 @@ sys.path.insert(0, str(TOOLS.parent))  # run from a checkout as a script
 from lambda_det.engine.atomic import OutputWriteError, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
 from lambda_det.evaluation.compare import (  # noqa: E402
-    DEFAULT_VARIANTS, RunFailedError, parse_variant, plan_comparison, run_comparison)
+    DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison,
+    run_comparison)
 from lambda_det.evaluation.compare_report import summarize, write_report  # noqa: E402
 
 
@@ -111,7 +112,10 @@ def main(argv=None) -> int:
     except RunFailedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt:
+    except RunInterrupted as error:
+        print(f"interrupted {error}", file=sys.stderr, flush=True)
+        return 130
+    except KeyboardInterrupt:  # between runs
         print("interrupted: the same command continues the comparison (finished runs are kept, "
               "the interrupted one resumes from its last checkpoint)", file=sys.stderr)
         return 130

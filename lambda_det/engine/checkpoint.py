@@ -264,6 +264,7 @@ class AtomicCheckpointer(DetectionCheckpointer):
 
     def _load_model(self, checkpoint):
         incompatible = super()._load_model(checkpoint)
+        self.logger.info(_loaded_counts(self.model, incompatible.missing_keys, self._path))
         if self.require is None:
             return incompatible
         prefix = _backbone_prefix(self.model) if self.require == "backbone" else ""
@@ -290,6 +291,24 @@ def _backbone_prefix(model) -> str:
     if backbone is None:
         return ""
     return "backbone.bottom_up." if hasattr(backbone, "bottom_up") else "backbone."
+
+
+def _loaded_counts(model, missing_keys, path: str) -> str:
+    """"loaded 231 of 231 backbone weights and 40 of 120 other weights from PATH": the
+    model's weights (parameters and buffers, without BatchNorm's counters) that ``path``
+    filled, in the image network and in the rest."""
+    prefix = _backbone_prefix(model)
+    missing = set(missing_keys)
+    counts = {True: [0, 0], False: [0, 0]}  # in the backbone: [loaded, all]
+    for key in model.state_dict():
+        if not key.endswith("num_batches_tracked"):
+            count = counts[key.startswith(prefix)]
+            count[0] += key not in missing
+            count[1] += 1
+    if not prefix:  # a model without a backbone: all of it
+        return f"loaded {counts[True][0]} of {counts[True][1]} weights from {path}"
+    return (f"loaded {counts[True][0]} of {counts[True][1]} backbone weights and "
+            f"{counts[False][0]} of {counts[False][1]} other weights from {path}")
 
 
 def check_weights(weights: str) -> None:

@@ -24,13 +24,14 @@ from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_training_dicts
-from lambda_det.engine.amp import MixedPrecisionTrainer
+from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
 from lambda_det.engine.atomic import OutputWriteError, atomic_path
 from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.output_dir import checkpoint_to_resume
 from lambda_det.engine.preflight import (
     check_batch_size, check_training_settings, yaml_training_settings)
+from lambda_det.engine.run_logging import setup_run_logging
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["Trainer", "setup_cfg", "plain_default_setup", "evaluation_weights",
@@ -57,7 +58,11 @@ def setup_cfg(args: argparse.Namespace) -> CfgNode:
 
 def plain_default_setup(cfg, args: argparse.Namespace) -> None:
     """Detectron2's ``default_setup`` (yaml or LazyConfig) without terminal colours: it logs the
-    config files through pygments, whose escape codes would land in log.txt and piped output."""
+    config files through pygments, whose escape codes would land in log.txt and piped output.
+    lambda_det's loggers log with detectron2's, and the console shows long printouts as a
+    pointer to log.txt (:func:`~lambda_det.engine.run_logging.setup_run_logging`); autocast
+    training on a CPU without kernels for its dtype gets a warning."""
+    setup_run_logging(cfg)
     highlight = engine_defaults._highlight
     engine_defaults._highlight = lambda code, filename: code
     try:
@@ -65,6 +70,8 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
     finally:
         engine_defaults._highlight = highlight
     _log_write_errors_without_traceback()
+    if not getattr(args, "eval_only", False):
+        warn_about_slow_cpu_amp(cfg)
 
 
 class _WriteErrorWithoutTraceback(logging.Filter):

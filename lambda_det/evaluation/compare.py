@@ -9,12 +9,21 @@ pair trains from scratch, an interrupted one continues from its last checkpoint,
 one (with eval_results.json) is not started at all. Each folder records the full config of its
 run (``compare_recipe.yaml``, written before training); a later invocation whose config differs
 stops before training anything, so runs of two recipes never mix in one report.
+
+Ctrl-C reaches the parent and its train_net.py child alike (one process group): the child
+stops (its checkpoints are written atomically), and :class:`RunInterrupted` names the run and
+how to continue; the child's own KeyboardInterrupt traceback is dropped (its stderr reaches
+the terminal :data:`STDERR_DELAY_S` late so that it can be).
 """
+import codecs
+import collections
 import os
 import re
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -27,7 +36,7 @@ from lambda_det.engine.atomic import atomic_path, reporting_write_errors
 from lambda_det.engine.output_dir import checkpoint_to_resume, last_checkpoint
 
 __all__ = ["Variant", "PairRun", "Comparison", "PRESETS", "DEFAULT_VARIANTS", "RECIPE_FILE",
-           "RunFailedError", "parse_variant", "plan_comparison", "run_comparison",
+           "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison", "run_comparison",
            "count_parameters"]
 
 KEY_PREFIX = "MODEL.LAMBDA_RESNET."
@@ -43,10 +52,20 @@ PRESETS: Dict[str, Tuple[str, ...]] = {
 DEFAULT_VARIANTS = ("conv", "se", "lambda")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _PER_RUN_KEYS = ("SEED", "OUTPUT_DIR")
+# How late a child's stderr is shown: what it writes after a Ctrl-C (its traceback) arrives
+# after the parent has seen the interrupt (within a poll of 0.05 s), and is dropped.
+STDERR_DELAY_S = 0.5
+# How long a child has to end after Ctrl-C (it got the signal too) before it is killed.
+INTERRUPT_GRACE_S = 30.0
 
 
 class RunFailedError(RuntimeError):
     """A train_net.py run of the comparison ended without results."""
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C stopped a train_net.py run of the comparison; the message names it and says how
+    to continue."""
 
 
 @dataclass(frozen=True)
@@ -241,6 +260,7 @@ def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
     Raises:
         RunFailedError: a run exited with an error or wrote no eval_results.json; the runs
             before it are kept, and the same call continues from there.
+        RunInterrupted: Ctrl-C stopped a run (the same call continues it).
     """
     total = len(comparison.runs)
     for index, run in enumerate(comparison.runs, start=1):
@@ -257,7 +277,15 @@ def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
         command = train_command(train_net, comparison, run, num_gpus)
         state = ("continuing from its last checkpoint" if run.started else "training")
         log(f"{where}: {state} in {run.folder}\n  {shlex.join(command)}")
-        status = subprocess.run(command).returncode
+        try:
+            status = _run_child(command)
+        except KeyboardInterrupt:
+            latest = last_checkpoint(str(run.folder))
+            resumes = (f"it resumes from {latest}" if latest else
+                       "it starts over: it had written no checkpoint")
+            raise RunInterrupted(
+                f"{run.variant.name} seed {run.seed} in {run.folder}: the same command "
+                f"continues the comparison ({resumes}; finished runs are reused)") from None
         if status != 0:
             raise RunFailedError(
                 f"{run.variant.name} seed {run.seed} failed (exit status {status}): see its "
@@ -266,3 +294,59 @@ def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
         if not run.finished:
             raise RunFailedError(f"{run.variant.name} seed {run.seed} ended without "
                                  f"{run.folder / 'eval_results.json'}: see its log.txt")
+
+
+class _DelayedStderr:
+    """A child's stderr copied to ours :data:`STDERR_DELAY_S` late, from a reading thread, so
+    that what it writes after a Ctrl-C can be dropped."""
+
+    def __init__(self, pipe):
+        self._pipe = pipe
+        self._chunks = collections.deque()  # (arrival time, bytes); appended by the thread
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._reader = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self._reader.start()
+
+    def _read(self, pipe) -> None:
+        for chunk in iter(lambda: pipe.read1(1 << 16), b""):
+            self._chunks.append((time.monotonic(), chunk))
+
+    def write(self, delay: float = 0.0) -> None:
+        """Write the chunks that arrived at least ``delay`` seconds ago."""
+        while self._chunks and self._chunks[0][0] <= time.monotonic() - delay:
+            sys.stderr.write(self._decoder.decode(self._chunks.popleft()[1]))
+        sys.stderr.flush()
+
+    def finish(self, keep: bool) -> None:
+        """Wait for the rest (a descendant that outlives the child may keep the pipe open),
+        then write it or drop it."""
+        self._reader.join(timeout=5)
+        if keep:
+            self.write()
+        self._chunks.clear()
+        if not self._reader.is_alive():
+            self._pipe.close()
+
+
+def _run_child(command: Sequence[str]) -> int:
+    """Run ``command`` to its end and return its exit status; its stdout goes straight to
+    ours, its stderr :data:`STDERR_DELAY_S` late. On Ctrl-C, wait for the child to end (it got
+    the signal too; killed after :data:`INTERRUPT_GRACE_S` or a second Ctrl-C), drop what it
+    wrote to stderr since, and raise KeyboardInterrupt."""
+    process = subprocess.Popen(command, stderr=subprocess.PIPE)
+    stderr = _DelayedStderr(process.stderr)
+    try:
+        while process.poll() is None:
+            stderr.write(delay=STDERR_DELAY_S)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        stderr.write(delay=STDERR_DELAY_S / 2)  # written well before the interrupt
+        try:
+            process.wait(timeout=INTERRUPT_GRACE_S)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            process.kill()
+            process.wait()
+        stderr.finish(keep=False)
+        raise
+    stderr.finish(keep=True)
+    return process.returncode

@@ -5,6 +5,10 @@ per iteration; as a dict (the JSON file), a markdown text and a bar chart with e
 A difference counts as "beyond the spread" only when |mean| > std of the per-seed paired
 differences. That is a loose screen, not a significance test: with a few seeds it keeps the
 report from ranking variants whose difference the seeds alone could produce.
+
+A run without AP for a task (no predictions: detectron2 reports NaN, or no results for the
+task) is named in the report and left out of that task's means and paired differences, whose
+cells then say how many runs they rest on ("n=2 of 3"); the other runs still count.
 """
 import json
 import math
@@ -21,22 +25,32 @@ METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 TASK_LABELS = {"bbox": "box", "segm": "mask"}
 ONE_SEED = "one seed: no spread, not a ranking"
 WITHIN = "within the seed-to-seed spread"
+NO_VALUE = "no value: no seed has it for both variants"
+
+
+def _is_number(value) -> bool:
+    return value is not None and not math.isnan(value)
 
 
 def mean_std(values: Sequence[float]) -> Dict[str, Optional[float]]:
-    """Mean and sample standard deviation (n - 1); std is None for a single value."""
+    """Mean and sample standard deviation (n - 1) of the values that are numbers, and their
+    count n: NaN and None values are left out. The mean is NaN when none is left; std is None
+    with fewer than two."""
+    values = [value for value in values if _is_number(value)]
     n = len(values)
+    if not n:
+        return {"mean": math.nan, "std": None, "n": 0}
     mean = sum(values) / n
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return {"mean": mean, "std": std}
+    return {"mean": mean, "std": std, "n": n}
 
 
 def read_difference(mean: float, std: Optional[float]) -> str:
     """What a paired difference (variant - baseline) over seeds allows one to say."""
+    if math.isnan(mean):
+        return NO_VALUE
     if std is None:
         return ONE_SEED
-    if math.isnan(mean) or math.isnan(std):
-        return "undefined (nan)"
     if abs(mean) <= std:
         return WITHIN
     return "above the baseline, beyond the spread" if mean > 0 else \
@@ -64,7 +78,20 @@ def median_iteration_time(run_dir: str) -> Optional[float]:
 
 
 def _statistics(per_seed: Mapping[str, float]) -> dict:
-    return {**mean_std(list(per_seed.values())), "per_seed": dict(per_seed)}
+    """mean_std of the seeds' values, with "of" (how many seeds) and the values themselves."""
+    return {**mean_std(list(per_seed.values())), "of": len(per_seed),
+            "per_seed": dict(per_seed)}
+
+
+def _has_ap(results: Mapping, task: str) -> bool:
+    """Whether a run has an AP for ``task``: detectron2 gives NaN for every metric of a run
+    without predictions, and no "segm" at all when none of them had a mask."""
+    return _is_number(results.get(task, {}).get("AP"))
+
+
+def _metric(results: Mapping, task: str, metric: str) -> float:
+    """A run's value of ``metric``, NaN when the run has no AP for ``task``."""
+    return results[task].get(metric, math.nan) if _has_ap(results, task) else math.nan
 
 
 def summarize(runs: Mapping[str, Mapping[int, str]], baseline: str,
@@ -91,34 +118,37 @@ def summarize(runs: Mapping[str, Mapping[int, str]], baseline: str,
         raise ValueError(f"baseline {baseline!r} is not one of the variants {list(runs)}")
     results = {name: {seed: load_results(folder, dataset) for seed, folder in by_seed.items()}
                for name, by_seed in runs.items()}
-    # Tasks every run reports (a box-only detector has no "segm").
+    # Tasks any run reports (a box-only detector has no "segm"; nor has a run without
+    # predictions, which must not take the task away from the others).
     tasks = [task for task in TASK_LABELS
-             if all(task in r for by_seed in results.values() for r in by_seed.values())]
+             if any(task in r for by_seed in results.values() for r in by_seed.values())]
     if not tasks:
-        raise ValueError("the runs share no bbox or segm results to compare")
+        raise ValueError("the runs have no bbox or segm results to compare")
+    left_out = [{"variant": name, "seed": seed, "task": task, "run": str(runs[name][seed])}
+                for name, by_seed in results.items() for seed in seeds for task in tasks
+                if not _has_ap(by_seed[seed], task)]
     variants = {}
     for name, by_seed in runs.items():
         times = {str(seed): median_iteration_time(folder) for seed, folder in by_seed.items()}
-        measured = {seed: t for seed, t in times.items() if t is not None}
+        measured = any(t is not None for t in times.values())
         entry = {
             "overrides": list(overrides.get(name, ())),
             **dict(parameters.get(name, {})),
-            "seconds_per_iteration": _statistics(measured) if measured else None,
+            "seconds_per_iteration": _statistics(times) if measured else None,
             "runs": {str(seed): str(folder) for seed, folder in by_seed.items()},
             "results": {}, "difference": {},
         }
         for task in tasks:
             entry["results"][task] = {}
             for metric in METRICS:
-                per_seed = {str(s): results[name][s][task].get(metric, math.nan) for s in seeds}
+                per_seed = {str(s): _metric(results[name][s], task, metric) for s in seeds}
                 entry["results"][task][metric] = _statistics(per_seed)
         if name != baseline:
             for task in tasks:
                 entry["difference"][task] = {}
                 for metric in METRICS:
-                    per_seed = {str(s): entry["results"][task][metric]["per_seed"][str(s)]
-                                - results[baseline][s][task].get(metric, math.nan)
-                                for s in seeds}
+                    per_seed = {str(s): _metric(results[name][s], task, metric)
+                                - _metric(results[baseline][s], task, metric) for s in seeds}
                     stats = _statistics(per_seed)
                     stats["reading"] = read_difference(stats["mean"], stats["std"])
                     entry["difference"][task][metric] = stats
@@ -126,17 +156,22 @@ def summarize(runs: Mapping[str, Mapping[int, str]], baseline: str,
     return {"recipe": dict(recipe), "dataset": dataset, "seeds": seeds, "baseline": baseline,
             "tasks": tasks, "reading_rule": f"per-seed paired differences: |mean| <= std is "
                                             f"'{WITHIN}'; with one seed, '{ONE_SEED}'",
-            "variants": variants}
+            "left_out": left_out, "variants": variants}
 
 
 def _value(stats: Optional[Mapping], signed: bool = False, digits: int = 1) -> str:
+    """mean ± std, and "(n=2 of 3)" when runs were left out; "nan" when no run has a value."""
     if stats is None:
         return "–"
     mean, std = stats["mean"], stats["std"]
     if math.isnan(mean):
         return "nan"
     text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
-    return text if std is None else f"{text} ± {std:.{digits}f}"
+    if std is not None:
+        text += f" ± {std:.{digits}f}"
+    if stats["n"] < stats["of"]:
+        text += f" (n={stats['n']} of {stats['of']})"
+    return text
 
 
 def _millions(count: Optional[int]) -> str:
@@ -150,26 +185,63 @@ def _short(overrides: Sequence[str]) -> str:
 
 
 def _reading(summary: Mapping, name: str) -> str:
-    """One sentence per variant: which differences to the baseline exceed the spread."""
+    """One sentence per variant: which differences to the baseline exceed the spread, and how
+    many are within it, rest on one seed pair or have no value; "every difference is within
+    the spread" only when each one is."""
     baseline, entry = summary["baseline"], summary["variants"][name]
-    differences = [(TASK_LABELS[task], metric, stats)
+    differences = [(f"{TASK_LABELS[task]} {metric}", stats)
                    for task, by_metric in entry["difference"].items()
                    for metric, stats in by_metric.items()]
-    headline = ", ".join(f"{label} AP {_value(by_metric['AP'], signed=True)}"
-                         for label, by_metric in ((TASK_LABELS[t], entry["difference"][t])
-                                                  for t in summary["tasks"]))
+    headline = ", ".join(f"{TASK_LABELS[task]} AP "
+                         f"{_value(entry['difference'][task]['AP'], signed=True)}"
+                         for task in summary["tasks"])
     start = f"- **{name}** vs {baseline}: {headline}"
     if len(summary["seeds"]) == 1:
         return f"{start}. {ONE_SEED}: run more --seeds before reading a difference."
-    beyond = [(label, metric, stats) for label, metric, stats in differences
+    beyond = [(label, stats) for label, stats in differences
               if stats["reading"].endswith("beyond the spread")]
-    if not beyond:
+    by_reading: Dict[str, List[str]] = {}  # the others
+    for label, stats in differences:
+        if not stats["reading"].endswith("beyond the spread"):
+            by_reading.setdefault(stats["reading"], []).append(label)
+    within = by_reading.get(WITHIN, [])
+    if len(within) == len(differences):
         return (f"{start}. Every difference is {WITHIN} (|mean| <= std over "
                 f"{len(summary['seeds'])} seeds): these runs do not rank {name} and {baseline}.")
-    listed = ", ".join(f"{label} {metric} {_value(stats, signed=True)}"
-                       for label, metric, stats in beyond)
-    return (f"{start}. Beyond the spread (|mean| > std): {listed}; the other "
-            f"{len(differences) - len(beyond)} differences are {WITHIN}.")
+    others = [f"{len(within)} {'is' if len(within) == 1 else 'are'} {WITHIN}"] if within else []
+    for kind, words in ((ONE_SEED, "rest on one seed pair (no spread)"),
+                        (NO_VALUE, "have no value, no seed having both runs' AP")):
+        labels = by_reading.get(kind, [])
+        if len(labels) == len(differences):
+            others.append(f"all {len(labels)} {words}")
+        elif labels:
+            others.append(f"{len(labels)} {words}: {', '.join(labels)}")
+    rest = "; ".join(others)
+    if not beyond:
+        return (f"{start}. No difference is beyond the spread: {rest}; these runs do not "
+                f"rank {name} and {baseline}.")
+    listed = ", ".join(f"{label} {_value(stats, signed=True)}" for label, stats in beyond)
+    start = f"{start}. Beyond the spread (|mean| > std): {listed}"
+    if len(beyond) + len(within) == len(differences):
+        return f"{start}; the other {len(within)} differences are {WITHIN}."
+    return f"{start}; of the other {len(differences) - len(beyond)} differences, {rest}."
+
+
+def _left_out_lines(summary: Mapping) -> List[str]:
+    """The runs without AP for a task, named: they are left out of that task's means."""
+    runs: Dict[tuple, List[str]] = {}
+    for item in summary.get("left_out", []):
+        key = (item["variant"], item["seed"], item["run"])
+        runs.setdefault(key, []).append(TASK_LABELS[item["task"]])
+    if not runs:
+        return []
+    lines = ["", "## Runs without AP", "",
+             "These runs had no predictions to evaluate for the tasks named: they are left out "
+             "of those tasks' means and paired differences, whose cells give the count of runs "
+             "(n=...).", ""]
+    lines += [f"- {variant} seed {seed}: no {' or '.join(tasks)} AP (`{run}`)"
+              for (variant, seed, run), tasks in runs.items()]
+    return lines
 
 
 def format_comparison(summary: Mapping) -> str:
@@ -195,6 +267,7 @@ def format_comparison(summary: Mapping) -> str:
                      f"{_millions(entry.get('parameters'))} | "
                      f"{_millions(entry.get('backbone_parameters'))} | "
                      f"{_value(entry['seconds_per_iteration'], digits=2)} |")
+    lines += _left_out_lines(summary)
     header = "| Variant | " + " | ".join(METRICS) + " |"
     rule = "|:--|" + "--:|" * len(METRICS)
     for task in summary["tasks"]:
@@ -222,9 +295,21 @@ def format_comparison(summary: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _bars(results: Mapping[str, Mapping]) -> List[tuple]:
+    """(position, mean, lower error, upper error) of each metric's bar: the error is the std,
+    and its lower end stops at 0 (AP is never below); a metric without a value gets no bar
+    (rather than a bar at 0)."""
+    bars = []
+    for position, metric in enumerate(METRICS):
+        mean, std = results[metric]["mean"], results[metric]["std"] or 0.0
+        if not math.isnan(mean):
+            bars.append((position, mean, min(std, max(mean, 0.0)), std))
+    return bars
+
+
 def plot_comparison(summary: Mapping, path: str) -> str:
-    """Bars per metric and variant (mean over seeds) with the std as error bars; one panel per
-    task. Written atomically as a PNG."""
+    """Bars per metric and variant (mean over seeds) with the std as error bars, cut at 0 (the
+    table gives the full ± std); one panel per task. Written atomically as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,13 +320,13 @@ def plot_comparison(summary: Mapping, path: str) -> str:
     width = 0.8 / len(variants)
     for axis, task in zip(axes[0], tasks):
         for index, (name, entry) in enumerate(variants.items()):
-            stats = [entry["results"][task][m] for m in METRICS]
-            means = [s["mean"] for s in stats]
-            errors = [s["std"] or 0.0 for s in stats]
             offset = (index - (len(variants) - 1) / 2) * width
-            axis.bar([i + offset for i in range(len(METRICS))], means, width, yerr=errors,
-                     capsize=3, label=name)
+            bars = _bars(entry["results"][task])
+            axis.bar([bar[0] + offset for bar in bars], [bar[1] for bar in bars], width,
+                     yerr=[[bar[2] for bar in bars], [bar[3] for bar in bars]], capsize=3,
+                     label=name)
         axis.set_xticks(range(len(METRICS)), METRICS)
+        axis.set_ylim(bottom=0)
         axis.set_ylabel("AP (%)")
         seeds = len(summary["seeds"])
         axis.set_title(f"{TASK_LABELS[task]} AP, mean ± std over {seeds} seed"

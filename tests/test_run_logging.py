@@ -1,0 +1,133 @@
+"""The log of a run: lambda_det's lines on the console and in log.txt, long printouts (config,
+model) in log.txt only, the count of loaded weights, and the warning for autocast on a CPU
+without kernels for its dtype."""
+import argparse
+import logging
+import re
+
+import pytest
+import torch
+
+import lambda_det.data
+from conftest import load_tool
+from lambda_det.config import load_config
+from lambda_det.engine import amp
+from detectron2.modeling import build_model
+from lambda_det.engine.trainer import plain_default_setup
+from lambda_det.lazy_config import load_lazy_config
+
+TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "2",
+        "SOLVER.STEPS", "(1,)", "SOLVER.WARMUP_ITERS", "1", "DATALOADER.NUM_WORKERS", "0",
+        "DATASETS.TEST", "()"]
+LOGGERS = ("detectron2", "fvcore", "lambda_det")
+
+
+@pytest.fixture(autouse=True)
+def restored_loggers():
+    """The loggers a run sets up, as they were before: a run's handlers write to this test's
+    captured stdout, and without propagation other tests' caplog would see nothing."""
+    loggers = [logging.getLogger(name) for name in LOGGERS]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    yield
+    for logger, (handlers, level, propagate) in zip(loggers, saved):
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+@pytest.fixture
+def shapes(monkeypatch, datasets_root):
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
+    lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
+    yield
+    monkeypatch.undo()
+    lambda_det.data.register_shapes_datasets()
+
+
+def backbone_only_weights(path, cfg):
+    """A checkpoint with the image network's weights only; returns (backbone, other) counts of
+    the model's weights."""
+    model = build_model(cfg)
+    weights = {key: value for key, value in model.state_dict().items()
+               if not key.endswith("num_batches_tracked")}
+    backbone = {key: value for key, value in weights.items()
+                if key.startswith("backbone.bottom_up.")}
+    torch.save({"model": backbone}, path)
+    return len(backbone), len(weights) - len(backbone)
+
+
+@pytest.mark.slow  # an in-process training: 11 s
+def test_the_console_shows_the_run_and_log_txt_keeps_everything(tmp_path, shapes, capsys):
+    output = tmp_path / "run"
+    weights = tmp_path / "backbone.pth"
+    backbone, other = backbone_only_weights(weights, load_config("lambda_r26_shapes", TINY))
+    assert backbone > 100 and other > 50
+    assert load_tool("train_net").main(["--config", "lambda_r26_shapes", *TINY, "OUTPUT_DIR",
+                                        str(output), "MODEL.WEIGHTS", str(weights)]) == 0
+    console = capsys.readouterr().out
+    log = (output / "log.txt").read_text()
+    loaded = (f"loaded {backbone} of {backbone} backbone weights and 0 of {other} other weights "
+              f"from {weights}")
+    # lambda_det's own lines and the weights count reach both.
+    swap = "MODEL.LAMBDA_RESNET follows MODEL.RESNETS for OUT_FEATURES"
+    for text in (console, log):
+        assert swap in text and loaded in text
+    # The console: the printouts as one line each, pointing at log.txt; each line once.
+    for printout in ("Environment info:", "Running with full config:", "Model:"):
+        line = next(line for line in console.splitlines() if printout in line)
+        assert line.endswith(f" lines in {output / 'log.txt'}"), line
+    assert "GeneralizedRCNN(" not in console and "ANCHOR_GENERATOR:" not in console
+    assert console.count("Starting training from iteration 0") == 1
+    records = [line for line in console.splitlines() if re.match(r"(WARNING )?\[\d\d/", line)]
+    assert len(records) < 30, records
+    # ~760 lines with the printouts; ~40 are detectron2's list of the weights left new
+    assert len(console.splitlines()) < 100, console
+    # log.txt: everything, the printouts in full.
+    assert "GeneralizedRCNN(" in log and "ANCHOR_GENERATOR:" in log
+    assert len(log.splitlines()) > 700
+
+
+def setup_args(tmp_path, **kwargs):
+    return argparse.Namespace(config_file="", eval_only=False, **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["yaml", "lazy"])
+def test_float16_on_the_cpu_warns_once_with_the_fix(kind, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(amp, "_has_fast_cpu_kernels", lambda dtype: dtype == "bfloat16")
+    if kind == "yaml":
+        cfg = load_config("lambda_r26_shapes", [
+            "MODEL.DEVICE", "cpu", "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "float16",
+            "OUTPUT_DIR", str(tmp_path)])
+        fix = "SOLVER.AMP.DTYPE bfloat16"
+    else:
+        cfg = load_lazy_config("lambda_r26_shapes", [
+            "train.device=cpu", "train.amp.enabled=True", "train.amp.dtype=float16",
+            f"train.output_dir={tmp_path}"])
+        fix = "train.amp.dtype=bfloat16"
+    plain_default_setup(cfg, setup_args(tmp_path))
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "autocast" in line]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith("WARNING") and "lambda_det.engine.amp" in warnings[0]
+    assert "14x to 17x measured" in warnings[0]
+    assert warnings[0].endswith(f"bfloat16 is the CPU's choice: set {fix}")
+    assert warnings[0].split("]: ", 1)[1] in (tmp_path / "log.txt").read_text()
+
+
+def amp_cfg(dtype="float16", device="cpu", enabled=True):
+    return load_config("lambda_r26_shapes", ["MODEL.DEVICE", device, "SOLVER.AMP.ENABLED",
+                                             str(enabled), "SOLVER.AMP.DTYPE", dtype])
+
+
+def test_the_amp_warning_follows_the_cpus_kernels(monkeypatch):
+    monkeypatch.setattr(amp, "_has_fast_cpu_kernels", lambda dtype: False)  # an AVX2 CPU
+    assert amp.cpu_amp_warning(amp_cfg()).endswith(
+        "this CPU lacks AVX-512, which oneDNN's bfloat16 kernels need, so train in float32 with "
+        "SOLVER.AMP.ENABLED False")
+    assert amp.cpu_amp_warning(amp_cfg("bfloat16")).startswith(
+        "bfloat16 autocast on this CPU trains several times slower than float32")
+    assert amp.cpu_amp_warning(amp_cfg(enabled=False)) is None
+    assert amp.cpu_amp_warning(amp_cfg(device="cuda")) is None
+    monkeypatch.setattr(amp, "_has_fast_cpu_kernels", lambda dtype: True)  # AVX-512 FP16 / AMX
+    assert amp.cpu_amp_warning(amp_cfg()) is None
+    assert amp.cpu_amp_warning(amp_cfg("bfloat16")) is None
