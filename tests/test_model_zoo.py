@@ -62,3 +62,24 @@ def test_configs_resolve_from_an_installed_wheel_in_another_folder(tmp_path):
     assert config == str(site / "lambda_det/model_zoo/configs/COCO-InstanceSegmentation/"
                                 "lambda_r152_mask_rcnn.yaml")
     assert depth == lazy_depth == "152"  # the LazyConfig recipe and its common/ pieces ship too
+
+
+def _schedule(name: str) -> tuple:
+    """(max_iter, checkpoint period) of a shipped yaml config or LazyConfig recipe."""
+    if name.endswith(".py"):
+        from lambda_det.lazy_config import load_lazy_config
+
+        cfg = load_lazy_config(model_zoo.get_config_file(name), [])
+        return cfg.train.max_iter, cfg.train.checkpointer.period
+    cfg = model_zoo.get_config(name)
+    return cfg.SOLVER.MAX_ITER, cfg.SOLVER.CHECKPOINT_PERIOD
+
+
+@pytest.mark.parametrize("name", [name for name in model_zoo.list_configs()
+                                  if not name.rsplit("/", 1)[-1].startswith(("Base-", "common"))
+                                  and "/common/" not in name])
+def test_every_shipped_config_checkpoints_before_its_end(name):
+    """An interruption loses one checkpoint period, not the run: at least two checkpoints come
+    before the final one."""
+    max_iter, period = _schedule(name)
+    assert 1 <= period <= max_iter // 3, (name, max_iter, period)
