@@ -104,16 +104,21 @@ def test_a_full_disk_in_an_atomic_write_names_the_file(tmp_path):
 # ---- MODEL.DEVICE ----
 
 def test_a_gpu_that_is_not_there_is_named(monkeypatch):
+    """The one-process tools' check (predict, export, the demo): preflight's, with num_gpus 1."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     cfg = load_config(CONFIG, ["MODEL.DEVICE", "cuda"])
-    with pytest.raises(ValueError, match="MODEL.DEVICE 'cuda', but torch sees no GPU on this "
-                                         "machine: pass MODEL.DEVICE cpu"):
+    with pytest.raises(ValueError, match="MODEL.DEVICE 'cuda' needs a CUDA GPU, and torch finds "
+                                         "none on this machine: set MODEL.DEVICE to cpu"):
         check_device(cfg)
+    with pytest.raises(ValueError, match="--device 'cuda' needs a CUDA GPU"):
+        check_device(cfg, key="--device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     check_device(cfg)  # the negative control: a machine with GPUs
-    with pytest.raises(ValueError, match=r"'cuda:2', but this machine has 2 GPU\(s\)"):
+    with pytest.raises(ValueError, match=r"'cuda:2': this machine has 2 CUDA GPU\(s\)"):
         check_device(load_config(CONFIG, ["MODEL.DEVICE", "cuda:2"]))
-    with pytest.raises(ValueError, match="'gpu' is not a device"):
+    with pytest.raises(ValueError, match="'gpu' is not a torch device"):
         check_device(load_config(CONFIG, ["MODEL.DEVICE", "gpu"]))
     check_device(load_config(CONFIG, ["MODEL.DEVICE", "cpu"]))
 
@@ -446,10 +451,11 @@ def test_predict_stops_at_a_drawing_it_cannot_write(tmp_path, capsys, monkeypatc
 
 @pytest.mark.parametrize("tool", ["predict", "export_model", "demo"])
 def test_a_gpu_that_is_not_there_is_one_line_in_the_tools(tool, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     argv, _ = tool_runs(tmp_path, tmp_path / "out")[tool]
     status, stderr = exit_status(load_tool(tool).main, [*argv, "MODEL.DEVICE", "cuda"], capsys)
-    assert_one_line_error(status, stderr, "MODEL.DEVICE 'cuda', but torch sees no GPU")
+    assert_one_line_error(status, stderr, "MODEL.DEVICE 'cuda' needs a CUDA GPU")
     assert not (tmp_path / "out").exists()
 
 
