@@ -7,9 +7,10 @@ follow ``MODEL.RESNETS.DEPTH``, ``NORM`` and ``OUT_FEATURES``, and the build log
 ``MODEL.RESNETS`` keys a LambdaResNet has no use for are named in a warning when set.
 
 With C4 heads (``build_lambda_resnet_backbone``, ``OUT_FEATURES ["res4"]`` and detectron2's
-``Res5ROIHeads``), the heads build their own res5 from ``MODEL.RESNETS``: its input channels,
-``4 * MODEL.RESNETS.RES2_OUT_CHANNELS``, must be the LambdaResNet's res4 channels (256 x
-``WIDTH_MULTIPLIER`` for ``RES2_OUT_CHANNELS``); the build names the value to set otherwise.
+``Res5ROIHeads``), the backbone has no res5 and the heads build their own from
+``MODEL.RESNETS``. Its input channels, ``4 * MODEL.RESNETS.RES2_OUT_CHANNELS``, must be the
+LambdaResNet's res4 channels, so ``RES2_OUT_CHANNELS`` must be 256 x ``WIDTH_MULTIPLIER``; the
+build names the value to set otherwise.
 """
 import logging
 from typing import Any, Callable, Dict
