@@ -96,7 +96,8 @@ def test_the_build_names_only_resnets_keys_nothing_reads(caplog):
 def test_c4_mask_rcnn_trains_in_two_gloo_processes(tmp_path, datasets_root):
     """DDP stops at the second iteration when a parameter got no gradient in the first."""
     settings = {**C4_MASK_RCNN, "DATASETS.TRAIN": "('lambda_det_shapes_train',)",
-                "DATASETS.TEST": "()", "INPUT.MIN_SIZE_TRAIN": "(128,)", "INPUT.MAX_SIZE_TRAIN": 128,
+                "DATASETS.TEST": "()", "INPUT.MIN_SIZE_TRAIN": "(128,)",
+                "INPUT.MAX_SIZE_TRAIN": 128,
                 "SOLVER.IMS_PER_BATCH": 2, "SOLVER.BASE_LR": 0.01, "SOLVER.MAX_ITER": 3,
                 "SOLVER.STEPS": "(2,)", "SOLVER.WARMUP_ITERS": 1, "SOLVER.LOG_PERIOD": 1,
                 "DATALOADER.NUM_WORKERS": 0, "OUTPUT_DIR": tmp_path / "c4"}
