@@ -1,21 +1,20 @@
 """lambda_det: LambdaNetworks (Bello, ICLR 2021) backbones for Detectron2.
 
-Importing this package imports nothing beyond it: the shared core, :mod:`lambda_det.layers`, needs
-torch alone, and works in any PyTorch project. The detectron2 parts are imported when used:
-
-* ``import lambda_det.modeling`` registers the backbones in detectron2's ``BACKBONE_REGISTRY``
-  (``build_lambda_resnet_backbone``, ``build_lambda_resnet_fpn_backbone``,
-  ``build_retinanet_lambda_resnet_fpn_backbone``);
-* the names below (``lambda_det.get_cfg``, ``lambda_det.LambdaResNet``, ...) import their module on
-  first access.
+The shared core, :mod:`lambda_det.layers`, needs torch alone, and works in any PyTorch project.
+Where detectron2 is installed, importing this package registers the backbones in detectron2's
+``BACKBONE_REGISTRY`` (``build_lambda_resnet_backbone``, ``build_lambda_resnet_fpn_backbone``,
+``build_retinanet_lambda_resnet_fpn_backbone``; :mod:`lambda_det.modeling`), as a detectron2
+plug-in does; without detectron2 it imports nothing beyond itself. The names below
+(``lambda_det.get_cfg``, ``lambda_det.LambdaResNet``, ...) import their module on first access.
 
 Typical use::
 
-    import lambda_det.modeling            # registers the backbones
+    import lambda_det                     # registers the backbones
     cfg = lambda_det.get_cfg()            # detectron2's defaults + MODEL.LAMBDA_RESNET
     cfg.merge_from_file("configs/COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml")
 """
 import importlib
+import importlib.util
 
 __version__ = "0.1.0"
 
@@ -47,3 +46,14 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY_NAMES))
+
+
+def _detectron2_installed() -> bool:
+    try:
+        return importlib.util.find_spec("detectron2") is not None
+    except (ImportError, ValueError):  # a broken or blocked detectron2: as if absent
+        return False
+
+
+if _detectron2_installed():
+    importlib.import_module("lambda_det.modeling")  # registers the backbones

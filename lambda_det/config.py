@@ -22,8 +22,9 @@ from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
 from fvcore.common.config import BASE_KEY  # noqa: E402
 
 __all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
-           "resolve_config_file", "adapt_norms_to_device", "config_differences",
-           "check_config_file", "CfgNode", "ConfigFileError", "MISSING_CONFIG_HINT"]
+           "resolve_config_file", "prepare_merged_config", "adapt_norms_to_device",
+           "config_differences", "check_config_file", "CfgNode", "ConfigFileError",
+           "MISSING_CONFIG_HINT"]
 
 logger = logging.getLogger(__name__)
 
@@ -342,12 +343,19 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
         cfg.merge_from_list(opts)
     except (KeyError, ValueError, AssertionError) as error:
         raise _config_error(error, "in the command-line overrides") from None
+    prepare_merged_config(cfg)
+    if freeze:
+        cfg.freeze()
+    return cfg
+
+
+def prepare_merged_config(cfg: CN) -> None:
+    """What :func:`load_config` does once the file and overrides are merged: registers the
+    COCO-format datasets of ``DATASETS.COCO_INSTANCES`` and, on the CPU, makes SyncBN
+    naiveSyncBN (:func:`adapt_norms_to_device`)."""
     from lambda_det.data.coco import register_coco_datasets  # the data stack, only when loading
 
     register_coco_datasets(cfg)
     changed = adapt_norms_to_device(cfg)
     if changed:
         logger.info("MODEL.DEVICE is cpu: SyncBN -> naiveSyncBN for %s", ", ".join(changed))
-    if freeze:
-        cfg.freeze()
-    return cfg

@@ -74,3 +74,22 @@ else:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
+
+
+def test_import_lambda_det_registers_the_backbones():
+    """As a detectron2 plug-in is used: ``import lambda_det``, then detectron2's ``build_model``."""
+    code = """
+import lambda_det
+from detectron2.config import get_cfg
+from detectron2.modeling import build_model
+
+cfg = lambda_det.add_lambda_det_config(get_cfg())
+cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME", "build_lambda_resnet_backbone",
+                     "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+                     "0.25", "MODEL.RESNETS.RES2_OUT_CHANNELS", "64"])
+print(type(build_model(cfg).backbone).__name__)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["LambdaResNet"]

@@ -49,7 +49,8 @@ def test_the_readme_has_its_commands():
             "tools/convert_timm_checkpoint.py", "tools/lazyconfig_train_net.py",
             "tools/compare_backbones.py", "tools/ap_table.py"} <= tools
     for command in COMMANDS:
-        assert command.startswith(("make ", "python tools/", "python -c ")), command
+        assert command.startswith(("make ", "python tools/", "python -c ",
+                                   "python -m lambda_det.d2tool ")), command
 
 
 @pytest.mark.parametrize("command", TOOL_COMMANDS)

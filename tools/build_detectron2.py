@@ -15,7 +15,8 @@ source patches below, and installs the result as ``pb1-detectron2 0.6+lambdadet`
 * ``detectron2/_C.py``: a pure-Python stand-in for the compiled extension. ``collect_env`` works; an
   op that needs C++ (rotated boxes, deformable conv) raises an error that says why.
 * ``np.int``/``np.float``/``np.bool``/``np.str`` (removed in numpy 1.24) become the builtins they
-  aliased; ``Image.LINEAR`` (removed in Pillow 10) becomes ``Image.BILINEAR`` (the same filter).
+  aliased; ``np.percentile(..., interpolation=)`` (gone in numpy 2.x) becomes ``method=``;
+  ``Image.LINEAR`` (removed in Pillow 10) becomes ``Image.BILINEAR`` (the same filter).
 * ``model_zoo``: no ``pkg_resources`` (removed from setuptools 82).
 * ``COCOEvaluator``: the C++ "fast" COCOeval is unavailable, so pycocotools' own COCOeval is used.
 * ``export``: the caffe2 exporter is skipped (caffe2 left torch); tracing and scripting remain.
@@ -86,6 +87,12 @@ SOURCE_PATCHES: List[Tuple[str, str, str]] = [
         "detectron2/modeling/anchor_generator.py",
         "    shift_y, shift_x = torch.meshgrid(shifts_y, shifts_x)\n",
         '    shift_y, shift_x = torch.meshgrid(shifts_y, shifts_x, indexing="ij")\n',
+    ),
+    # numpy 2.x has only `method` (since 1.22) for what `interpolation` named.
+    (
+        "detectron2/data/benchmark.py",
+        'np.percentile(all_times, k, interpolation="nearest")',
+        'np.percentile(all_times, k, method="nearest")',
     ),
     (
         "detectron2/evaluation/coco_evaluation.py",

@@ -5,13 +5,21 @@ Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has la
 config says: ``MODEL.LAMBDA_RESNET.DEPTH``, ``NORM`` and ``OUT_FEATURES`` left unset (None)
 follow ``MODEL.RESNETS.DEPTH``, ``NORM`` and ``OUT_FEATURES``, and the build logs which it took;
 ``MODEL.RESNETS`` keys a LambdaResNet has no use for are named in a warning when set.
+
+With C4 heads (``build_lambda_resnet_backbone``, ``OUT_FEATURES ["res4"]`` and detectron2's
+``Res5ROIHeads``), the backbone has no res5 and the heads build their own from
+``MODEL.RESNETS``. Its input channels, ``4 * MODEL.RESNETS.RES2_OUT_CHANNELS``, must be the
+LambdaResNet's res4 channels, so ``RES2_OUT_CHANNELS`` must be 256 x ``WIDTH_MULTIPLIER``; the
+build names the value to set otherwise.
 """
 import logging
 from typing import Any, Callable, Dict
 
 from detectron2.config import CfgNode
 from detectron2.layers import ShapeSpec
-from detectron2.modeling import BACKBONE_REGISTRY, FPN
+from detectron2.modeling import (
+    BACKBONE_REGISTRY, FPN, META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, GeneralizedRCNN)
+from detectron2.modeling.roi_heads import Res5ROIHeads
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from lambda_det.config import MISSING_CONFIG_HINT
 from lambda_det.modeling.lambda_resnet import LambdaResNet
@@ -19,7 +27,8 @@ from lambda_det.modeling.mixers import MIXERS
 
 __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
            "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config",
-           "backbone_setting", "check_training_recipe", "MIXER_OPTIONS_FROM_CONFIG",
+           "backbone_setting", "check_training_recipe", "check_c4_head_channels",
+           "has_c4_heads", "MIXER_OPTIONS_FROM_CONFIG",
            "LAMBDA_DET_BACKBONES"]
 
 logger = logging.getLogger(__name__)
@@ -33,6 +42,8 @@ FOLLOWS_RESNETS = ("DEPTH", "NORM", "OUT_FEATURES")
 UNUSED_RESNETS_KEYS = {"NUM_GROUPS": 1, "WIDTH_PER_GROUP": 64, "RES5_DILATION": 1,
                        "STEM_OUT_CHANNELS": 64, "RES2_OUT_CHANNELS": 256,
                        "DEFORM_ON_PER_STAGE": [False, False, False, False]}
+# The MODEL.RESNETS keys of that list that C4 heads (Res5ROIHeads) read to build their res5.
+RES5_HEAD_KEYS = ("NUM_GROUPS", "WIDTH_PER_GROUP", "RES2_OUT_CHANNELS")
 # Detectron2's ImageNet-pretrained ResNets (what stock configs load): they fit no LambdaResNet.
 STOCK_IMAGENET_WEIGHTS = "ImageNetPretrained/"
 
@@ -66,11 +77,48 @@ def _log_settings(cfg) -> None:
                 if cfg.MODEL.LAMBDA_RESNET[key] is None]
     if followed:
         logger.info("MODEL.LAMBDA_RESNET follows MODEL.RESNETS for %s", ", ".join(followed))
+    read_by_heads = RES5_HEAD_KEYS if has_c4_heads(cfg) else ()
     unused = [f"{key}={cfg.MODEL.RESNETS[key]!r}" for key, default in UNUSED_RESNETS_KEYS.items()
-              if key in cfg.MODEL.RESNETS and list_or_value(cfg.MODEL.RESNETS[key]) != default]
+              if key in cfg.MODEL.RESNETS and key not in read_by_heads
+              and list_or_value(cfg.MODEL.RESNETS[key]) != default]
     if unused:
         logger.warning("a LambdaResNet has no use for MODEL.RESNETS %s (ResNet-RS blocks); "
                        "they are ignored", ", ".join(unused))
+
+
+def has_c4_heads(cfg) -> bool:
+    """Whether the model is an R-CNN whose ROI heads build their own res5 from MODEL.RESNETS
+    (detectron2's ``Res5ROIHeads``, or a subclass)."""
+    try:
+        architecture = META_ARCH_REGISTRY.get(cfg.MODEL.META_ARCHITECTURE)
+        heads = ROI_HEADS_REGISTRY.get(cfg.MODEL.ROI_HEADS.NAME)
+    except KeyError:  # an unknown name: detectron2 names it when it builds the model
+        return False
+    return (isinstance(architecture, type) and issubclass(architecture, GeneralizedRCNN)
+            and isinstance(heads, type) and issubclass(heads, Res5ROIHeads))
+
+
+def check_c4_head_channels(cfg, backbone: LambdaResNet) -> None:
+    """C4 heads take ``4 * MODEL.RESNETS.RES2_OUT_CHANNELS`` channels from their input feature;
+    a LambdaResNet's res4 has 1024 x ``WIDTH_MULTIPLIER``.
+
+    Raises:
+        ValueError: naming the value of MODEL.RESNETS.RES2_OUT_CHANNELS that fits.
+    """
+    if not has_c4_heads(cfg):
+        return
+    feature = cfg.MODEL.ROI_HEADS.IN_FEATURES[0]
+    if feature not in backbone.output_shape():
+        return  # detectron2 names the missing feature
+    channels = backbone.output_shape()[feature].channels
+    res2_out_channels = cfg.MODEL.RESNETS.RES2_OUT_CHANNELS
+    if 4 * res2_out_channels != channels:
+        raise ValueError(
+            f"MODEL.RESNETS.RES2_OUT_CHANNELS {res2_out_channels} gives the C4 heads' res5 "
+            f"(Res5ROIHeads) {4 * res2_out_channels} input channels, but the LambdaResNet's "
+            f"{feature} has {channels} (MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER "
+            f"{cfg.MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER}): set MODEL.RESNETS.RES2_OUT_CHANNELS "
+            f"{channels // 4}")
 
 
 def list_or_value(value):
@@ -151,8 +199,11 @@ def _fpn_in_features(cfg, bottom_up: LambdaResNet):
 
 @BACKBONE_REGISTRY.register()
 def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNet:
-    """The LambdaResNet alone (e.g. for C4-style heads): outputs MODEL.LAMBDA_RESNET.OUT_FEATURES."""
-    return lambda_resnet_from_config(cfg, input_shape)
+    """The LambdaResNet alone (e.g. for C4 heads): outputs MODEL.LAMBDA_RESNET.OUT_FEATURES, and
+    builds the stages up to the last of them."""
+    backbone = lambda_resnet_from_config(cfg, input_shape)
+    check_c4_head_channels(cfg, backbone)
+    return backbone
 
 
 @BACKBONE_REGISTRY.register()

@@ -126,6 +126,8 @@ class LambdaResNet(Backbone):
         se: squeeze-and-excitation (ratio 0.25) in the conv blocks: the "+SE" baselines.
         num_classes: adds global average pooling and a linear classifier.
         out_features: names of the outputs to return (default: res2..res5, or ["linear"]).
+            Without a classifier, the stages after the last one named are not built (a C4
+            backbone, ["res4"], has no res5), as in detectron2's ResNet.
         norm: detectron2 norm for the whole backbone: "BN", "SyncBN", "FrozenBN", "GN", ...
         freeze_at: detectron2's convention: 0 trains everything, 1 freezes the stem, 2 also
             res2, and so on.
@@ -168,18 +170,27 @@ class LambdaResNet(Backbone):
         self.stem = ResNetRSStem(in_channels, stem_width, norm)
         self._out_feature_channels = {"stem": stem_width}
         self._out_feature_strides = {"stem": 4}
+        default_features = ["linear"] if num_classes is not None else list(STAGES)
+        self._out_features = list(out_features or default_features)
+        # The stages up to the last output, as detectron2's ResNet builds them: a C4 backbone
+        # (res4) has no res5, whose parameters would get no gradient (DDP stops on them). The
+        # classifier reads res5.
+        last_stage = len(STAGES) if num_classes is not None else max(
+            (STAGES.index(name) + 1 for name in self._out_features if name in STAGES), default=0)
+        self.stage_names = STAGES[:last_stage]
 
         # Built here, after the stem, and only when a block uses it: a factory may create modules
         # its mixers share (the lambda layers' position embedding), and random init follows
         # construction order.
-        placed_mixer = (build_mixer_factory(mixer, **options) if any(mixer_blocks.values())
-                        else None)
+        placed_mixer = (build_mixer_factory(mixer, **options)
+                        if any(mixer_blocks[name] for name in self.stage_names) else None)
         conv_mixer = build_mixer_factory("conv")
 
         channels = stem_width
         total_blocks = sum(BLOCKS_PER_STAGE[depth])
         block_number = 0  # over all stages, for the stochastic depth rule
-        for stage_index, (name, count) in enumerate(zip(STAGES, BLOCKS_PER_STAGE[depth])):
+        for stage_index, (name, count) in enumerate(zip(self.stage_names,
+                                                        BLOCKS_PER_STAGE[depth])):
             width = int(64 * width_multiplier * 2 ** stage_index)
             blocks = []
             for block_index in range(1, count + 1):
@@ -203,8 +214,6 @@ class LambdaResNet(Backbone):
         if num_classes is not None:
             self.avgpool = nn.AdaptiveAvgPool2d(1)
             self.linear = nn.Linear(channels, num_classes)
-        default_features = ["linear"] if num_classes is not None else list(STAGES)
-        self._out_features = list(out_features or default_features)
         known = list(self._out_feature_channels) + (["linear"] if num_classes is not None else [])
         for feature in self._out_features:
             if feature not in known:
@@ -218,7 +227,7 @@ class LambdaResNet(Backbone):
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 weight_init.c2_msra_fill(module)
-        for name in STAGES:
+        for name in self.stage_names:
             for block in getattr(self, name):
                 block.init_weights()
         if self.num_classes is not None:
@@ -235,11 +244,11 @@ class LambdaResNet(Backbone):
             raise ValueError(f"freeze_at must be an integer in [0, 5], got {freeze_at!r}")
         if freeze_at >= 1:
             self.stem.freeze()
-        for stage_index, name in enumerate(STAGES, start=2):
+        for stage_index, name in enumerate(self.stage_names, start=2):
             if freeze_at >= stage_index:
                 for block in getattr(self, name):
                     block.freeze()
-        parts = [self.stem] + [getattr(self, name) for name in STAGES]
+        parts = [self.stem] + [getattr(self, name) for name in self.stage_names]
         frozen = {id(parameter) for part in parts[:freeze_at] for parameter in part.parameters()}
         for part in parts[freeze_at:]:
             for parameter in part.parameters():
@@ -254,7 +263,7 @@ class LambdaResNet(Backbone):
         x = self.stem(x)
         if "stem" in self._out_features:
             outputs["stem"] = x
-        for name in STAGES:
+        for name in self.stage_names:
             x = getattr(self, name)(x)
             if name in self._out_features:
                 outputs[name] = x
