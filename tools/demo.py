@@ -29,6 +29,7 @@ import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
 from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
+from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
 from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
 from lambda_det.engine.output_dir import RUN_FILES  # noqa: E402
@@ -40,10 +41,12 @@ DEMO_FILES = ("ap_table.md", "ap_by_size.png", "predictions.png")
 
 
 def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4) -> Path:
-    """A 2 x (count / 2) grid of validation images with predicted masks, boxes and scores."""
+    """A 2 x (count / 2) grid of validation images with predicted masks, boxes and scores.
+    Its classes are checked as tools/predict.py checks them (``check_prediction_classes``)."""
     cfg = cfg.clone()
     cfg.defrost()
     cfg.MODEL.WEIGHTS = weights
+    check_prediction_classes(cfg)
     cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST = 0.5
     predictor = Predictor(cfg)
     metadata = MetadataCatalog.get(dataset)
@@ -107,7 +110,9 @@ def main(argv=None) -> int:
     table = format_ap_table({name: results})
     (output / "ap_table.md").write_text(table + "\n")
     plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
-    picture = draw_predictions(cfg, str(weights), cfg.DATASETS.TEST[0], output / "predictions.png")
+    with reporting_user_errors():
+        picture = draw_predictions(cfg, str(weights), cfg.DATASETS.TEST[0],
+                                   output / "predictions.png")
     print("\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):")
     print(table)
     print(f"\nwrote {output / 'eval_results.json'}, {output / 'ap_table.md'}, "

@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
+from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
     add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
         parser.error("give --sample-image or --sample-size, not both")
     with reporting_user_errors(args.debug):
         cfg = load_config(args.config_file, args.opts)
+        check_prediction_classes(cfg)
         output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
         check_export_output(output, cfg.MODEL.WEIGHTS, args.overwrite)
         image = sample_image(cfg, args.sample_image, args.sample_size)

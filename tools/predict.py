@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Run a trained model on your own images and videos, in the shape of detectron2's demo/demo.py.
 
-    python tools/predict.py --config lambda_r26_shapes --input photos/ street.mp4 'more/*.jpg' \\
-        --output predictions/ MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
+    python tools/predict.py --config output/demo_lambda_r26_shapes/config.yaml \\
+        --input photos/ street.mp4 'more/*.jpg' --output predictions/ \\
+        MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
 
 Writes into ``--output``: each image drawn with its predicted boxes, masks, class names and
 scores (same name as the input), each video drawn frame by frame (``<name>.mp4``), and
@@ -17,8 +18,11 @@ It refuses, before loading the model, an ``--output`` that holds an input or a f
 write (a drawing's name, predictions.json); ``--overwrite`` replaces such files, but an input is
 never written over.
 
-Trailing ``KEY VALUE`` pairs override the config; MODEL.WEIGHTS must fit the model. Images are
-resized as the config's evaluation resizes them; ``--batch-size`` images run together.
+Pass the config the run saved (OUTPUT_DIR/config.yaml): it holds the run's classes and
+datasets. Trailing ``KEY VALUE`` pairs override it; MODEL.WEIGHTS must fit the model, and the
+model's classes DATASETS.TEST[0]'s categories (the names drawn), or it stops with one ``error:``
+line. Images are resized as the config's evaluation resizes them; ``--batch-size`` images run
+together.
 """
 import argparse
 import json
@@ -30,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
+from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
 from lambda_det.engine.atomic import atomic_path  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
@@ -77,6 +82,7 @@ def main(argv=None) -> int:
         files = collect_inputs(args.input)
         check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE])
         cfg = load_config(args.config_file, config_overrides(args))
+        check_prediction_classes(cfg)
         metadata = metadata_of(cfg)
         known_ids = dataset_image_ids(cfg.DATASETS.TEST[0]) if len(cfg.DATASETS.TEST) else {}
         predictor = BatchPredictor(cfg, build_trained_model(cfg))
