@@ -24,7 +24,8 @@ from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import load_checkpoint_file  # noqa: E402
 from lambda_det.engine.atomic import atomic_path  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, check_model, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides, check_model, parse_command_line, reporting_user_errors,
+    tool_argument_parser)
 from lambda_det.modeling.timm_models import convert_classifier_checkpoint  # noqa: E402
 
 
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("classifier", help="timm checkpoint (train.py's .pth.tar, or a state dict)")
     parser.add_argument("output", help="the detector weights to write (.pth)")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
-    args = add_debug_and_overrides(parser).parse_args(argv)
+    args = parse_command_line(add_debug_and_overrides(parser), argv)
     with reporting_user_errors(args.debug):
         if os.path.exists(args.output):
             raise FileExistsError(f"{args.output!r} exists: give another output file")

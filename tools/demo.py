@@ -31,7 +31,7 @@ from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
 from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
 from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.engine.cli import parse_command_line, reporting_user_errors  # noqa: E402
 from lambda_det.engine.output_dir import RUN_FILES  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="train even if a finished run exists")
     parser.add_argument("--name", default=None, help="row name in the AP table")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     start = time.time()
     with reporting_user_errors():
         config_file = resolve_config_file(args.config)

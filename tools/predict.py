@@ -38,7 +38,7 @@ from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
 from lambda_det.engine.atomic import atomic_path  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
 from lambda_det.inference import (  # noqa: E402
     BatchPredictor, check_output_folder, collect_inputs, dataset_image_ids, drawing_names,
     metadata_of, predict_files)
@@ -74,7 +74,7 @@ def config_overrides(args) -> list:
 
 
 def main(argv=None) -> int:
-    args = argument_parser().parse_args(argv)
+    args = parse_command_line(argument_parser(), argv)
     output = Path(args.output)
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:

@@ -393,17 +393,17 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
 
 
 def check_images(dicts: Sequence[dict], mode: str = "header", image_format: str = "BGR",
-                 threads: Optional[int] = None) -> int:
+                 threads: Optional[int] = None, key: str = "DATALOADER.CHECK_IMAGES") -> int:
     """:func:`check_image_file` for every record's image, in a thread pool (reading files
-    waits on storage, which threads overlap). Returns the number of images checked.
+    waits on storage, which threads overlap). Returns the number of images checked. ``key``
+    names ``mode`` in the error of an unknown one (a LazyConfig recipe's own key).
 
     Raises:
         the first bad image's error (FileNotFoundError or ValueError), with how many more
         images failed.
     """
     if mode not in IMAGE_CHECKS:
-        raise ValueError(f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got "
-                         f"{mode!r}")
+        raise ValueError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
     if mode == "none" or not dicts:
         return 0
     files = {}  # an image listed twice (several datasets, repeat factors) is read once

@@ -2,7 +2,7 @@
 detectron2's tools/lazyconfig_train_net.py, with what tools/train_net.py adds for yaml configs:
 one run per ``train.output_dir`` (--resume / --restart), checkpoints read safely and written
 atomically, the inputs checked before any process starts (one ``error: ...`` line, exit 2),
-gloo processes on the CPU, and OUTPUT_DIR/eval_results.json.
+gloo processes on the CPU, and train.output_dir/eval_results.json.
 """
 import argparse
 import logging
@@ -25,7 +25,8 @@ from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.cli import (
-    argument_parser, check_weights_fit, launch_checked, plan_evaluation, reporting_user_errors)
+    argument_parser, check_weights_fit, launch_checked, parse_command_line, plan_evaluation,
+    reporting_user_errors)
 from lambda_det.engine.output_dir import last_checkpoint, prepare_output_dir
 from lambda_det.engine.trainer import (
     _plain, check_batch_size, plain_default_setup, write_json_atomically)
@@ -38,6 +39,10 @@ __all__ = ["main", "run", "train", "evaluate", "evaluation_weights", "build_meta
            "check_datasets", "check_training_recipe"]
 
 logger = logging.getLogger(__name__)
+
+# What the messages and help call the output folder and the datasets: a recipe's own keys.
+OUTPUT_DIR_KEY = "train.output_dir"
+DATASET_KEYS = "dataloader.train.dataset.names / dataloader.test.dataset.names"
 
 
 def _on_cpu(cfg: DictConfig) -> bool:
@@ -107,13 +112,13 @@ def check_datasets(cfg: DictConfig, training: bool = True) -> None:
         names = _dataset_names(cfg.dataloader.train.dataset)
         check_unique_ids(names)
         _check_num_classes(cfg, names)
-        check_images(dicts, mode, image_format)
+        check_images(dicts, mode, image_format, key="dataloader.check_images")
     # detectron2's StandardROIHeads predicts masks when it has mask_in_features.
     masks = OmegaConf.select(cfg, "model.roi_heads.mask_in_features", default=None) is not None
     for name in _dataset_names(cfg.dataloader.test.dataset):
         dicts = load_checked_test_dicts(name, require_masks=masks)
         _check_num_classes(cfg, [name])
-        check_images(dicts, mode, image_format)
+        check_images(dicts, mode, image_format, key="dataloader.check_images")
 
 
 def check_training_recipe(cfg: DictConfig) -> None:
@@ -165,7 +170,7 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig) -> None:
         check_weights_fit(model, cfg.train.init_checkpoint, require="backbone")
     check_datasets(cfg)
     previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
-                                  machine_rank=args.machine_rank)
+                                  machine_rank=args.machine_rank, key=OUTPUT_DIR_KEY)
     if previous:
         print(f"--restart: moved the previous run to {previous}", flush=True)
 
@@ -290,9 +295,9 @@ def run(args: argparse.Namespace):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """tools/lazyconfig_train_net.py: returns the exit status."""
-    parser = argument_parser()
+    parser = argument_parser(output_dir=OUTPUT_DIR_KEY, datasets=DATASET_KEYS)
     parser.description = "Train or evaluate a LazyConfig recipe (configs/LazyConfigs/)."
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
         if not args.config_file:
@@ -305,4 +310,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         scale_to_world_size(cfg, args.num_gpus * args.num_machines)
     cpu = _on_cpu(cfg) or not torch.cuda.is_available()
     return launch_checked(run, args, cfg.train.output_dir,
-                          lambda: _check_before_launch(args, cfg), cpu=cpu)
+                          lambda: _check_before_launch(args, cfg), cpu=cpu,
+                          output_dir_key=OUTPUT_DIR_KEY)

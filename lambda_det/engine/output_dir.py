@@ -29,11 +29,13 @@ class OutputDirLock:
 
     The kernel drops the lock when the process ends, however it ends, so a killed run leaves no
     stale lock behind. The file keeps the holder's pid, host and start time for the error that
-    a second run gets. Use as a context manager, or ``acquire()`` / ``release()``.
+    a second run gets. Use as a context manager, or ``acquire()`` / ``release()``. ``key``
+    names the folder in errors as the config does (``train.output_dir`` in a LazyConfig recipe).
     """
 
-    def __init__(self, output_dir: str):
+    def __init__(self, output_dir: str, key: str = "OUTPUT_DIR"):
         self.output_dir = output_dir
+        self.key = key
         self.path = os.path.join(output_dir, LOCK_FILE)
         self._fd: Optional[int] = None
         self._created_folder = False
@@ -51,8 +53,8 @@ class OutputDirLock:
             holder = os.read(fd, 1024).decode(errors="replace").strip() or "unknown process"
             os.close(fd)
             raise OutputDirBusyError(
-                f"OUTPUT_DIR {self.output_dir!r} is in use by another run ({holder}): wait for "
-                f"it to end, or pass another OUTPUT_DIR") from None
+                f"{self.key} {self.output_dir!r} is in use by another run ({holder}): wait for "
+                f"it to end, or pass another {self.key}") from None
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
@@ -87,14 +89,15 @@ def last_checkpoint(output_dir: str) -> Optional[str]:
 
 
 def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,
-                       run_files: Sequence[str] = RUN_FILES) -> Optional[str]:
+                       run_files: Sequence[str] = RUN_FILES,
+                       key: str = "OUTPUT_DIR") -> Optional[str]:
     """Refuse to train from scratch over the run that ``output_dir`` already holds.
 
     Detectron2 would start again at iteration 0, replace the run's checkpoints one by one and
     append to its metrics.json. Starting over takes ``restart``, which first moves the run's
     files (``run_files``, by default :data:`RUN_FILES`) into ``output_dir/previous_<date-time>/``:
     nothing is deleted and nothing mixes. Only machine 0 moves files (detectron2 writes them from
-    the main process only).
+    the main process only). ``key`` names the folder in the error as the config does.
 
     Returns:
         the folder the previous run was moved to, or None.
@@ -108,8 +111,8 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
         return None
     if not restart:
         raise FileExistsError(
-            f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
-            f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
+            f"{key} {output_dir!r} already holds a run (last checkpoint {latest}): pass "
+            f"--resume to continue it, another {key} to keep it, or --restart to start "
             f"over in it (the previous run is moved to {PREVIOUS_RUN_PREFIX}<date-time>/)")
     if machine_rank != 0:
         return None
