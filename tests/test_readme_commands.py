@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.config import load_config
@@ -104,6 +105,37 @@ def test_the_timm_recipe_names_a_registered_model():
     recipe = next(command for command in COMMANDS if "train.py" in command)
     model = shlex.split(recipe)[shlex.split(recipe).index("--model") + 1]
     assert model in timm.list_models("*_det")
+
+
+def test_each_timm_recipe_converts_into_its_config():
+    """Each README timm train.py command (its --model-kwargs parsed with timm's ParseKwargs, as
+    train.py parses them) builds the backbone of the config whose conversion reads its
+    --experiment folder."""
+    timm = pytest.importorskip("timm")
+    from timm.utils import ParseKwargs
+    import lambda_det.modeling.timm_models  # noqa: F401
+    from lambda_det.engine.cli import check_model
+    from lambda_det.modeling.timm_models import convert_classifier_checkpoint
+
+    timm_parser = argparse.ArgumentParser()  # the options of timm's train.py read here
+    timm_parser.add_argument("--model")
+    timm_parser.add_argument("--model-kwargs", nargs="*", default={}, action=ParseKwargs)
+    timm_parser.add_argument("--experiment")
+    conversions = {shlex.split(c)[-2]: shlex.split(c)[2:] for c in TOOL_COMMANDS
+                   if c.startswith("python tools/convert_timm_checkpoint.py")}
+    recipes = [command for command in COMMANDS if "train.py" in command and "runpy" in command]
+    assert len(recipes) >= 2
+    for recipe in recipes:
+        args, _ = timm_parser.parse_known_args(shlex.split(recipe)[3:])
+        classifier = f"output/train/{args.experiment}/model_best.pth.tar"
+        assert classifier in conversions, (recipe, sorted(conversions))
+        convert = conversions[classifier]
+        config = convert[convert.index("--config") + 1]
+        with torch.device("meta"):
+            model = timm.create_model(args.model, num_classes=1000, **args.model_kwargs)
+        detector = check_model(load_config(config))
+        weights = convert_classifier_checkpoint({"state_dict": model.state_dict()}, detector)
+        assert len(weights) == len(model.state_dict()) - 2  # all but linear.weight, .bias
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 """Turn a LambdaResNet classifier trained with timm into MODEL.WEIGHTS for a detector.
 
     python tools/convert_timm_checkpoint.py --config lambda_r101_mask_rcnn \\
-        output/train/model_best.pth.tar lambda_r101_in1k.pth
+        output/train/lambda_r101_in1k/model_best.pth.tar lambda_r101_in1k.pth
     python tools/train_net.py --config lambda_r101_mask_rcnn MODEL.WEIGHTS lambda_r101_in1k.pth
 
 The classifier (``timm.create_model("lambda_resnet101_det")``, registered by
