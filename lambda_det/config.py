@@ -6,10 +6,11 @@ Config files run no code: yaml is read with yaml's safe loader only (detectron2'
 file that is not a plain yaml mapping, or whose ``_BASE_`` chain is missing a file or loops, is a
 :class:`ConfigFileError` that names the file (:func:`check_config_file`).
 """
+import difflib
 import logging
 import os
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -24,7 +25,7 @@ from fvcore.common.config import BASE_KEY  # noqa: E402
 __all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
            "resolve_config_file", "prepare_merged_config", "adapt_norms_to_device",
            "config_differences", "check_config_file", "CfgNode", "ConfigFileError",
-           "MISSING_CONFIG_HINT"]
+           "MISSING_CONFIG_HINT", "config_keys", "did_you_mean"]
 
 logger = logging.getLogger(__name__)
 
@@ -284,14 +285,36 @@ def adapt_norms_to_device(cfg: CN) -> List[str]:
     return changed
 
 
-def _config_error(error: Exception, where: str) -> ValueError:
+def config_keys(node, prefix: str = "") -> Iterator[str]:
+    """Every key of a nested config (a CfgNode, a dict), dotted: nodes and values."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield f"{prefix}{key}"
+            yield from config_keys(value, f"{prefix}{key}.")
+
+
+def did_you_mean(key: str, keys: Sequence[str]) -> str:
+    """"did you mean X? " for the one of ``keys`` closest to a misspelt ``key``, else "": the
+    hint of an unknown key, in yaml configs and LazyConfig recipes alike."""
+    close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.8)
+    return f"did you mean {close[0]}? " if close else ""
+
+
+# yacs' messages of an unknown key: in a file (merge_from_file), in overrides (merge_from_list).
+_UNKNOWN_KEY_PREFIXES = ("Non-existent config key: ", "Non-existent key: ")
+
+
+def _config_error(error: Exception, where: str, cfg: CN) -> ValueError:
     """yacs' and detectron2's config errors (KeyError, AssertionError, ...) as one-line
-    ValueErrors that say where the bad key came from."""
+    ValueErrors that say where the bad key came from, and for an unknown key the closest of
+    ``cfg``'s."""
     message = str(error.args[0]) if error.args else str(error)
-    if message.startswith("Non-existent config key: "):
-        key = message[len("Non-existent config key: "):]
-        return ValueError(f"config key {key} ({where}) does not exist: check its spelling "
-                          f"(lambda_det's own keys are listed in docs/config.md)")
+    for prefix in _UNKNOWN_KEY_PREFIXES:
+        if message.startswith(prefix):
+            key = message[len(prefix):]
+            return ValueError(f"config key {key} ({where}) does not exist: "
+                              f"{did_you_mean(key, list(config_keys(cfg)))}check its spelling "
+                              f"(lambda_det's own keys are listed in docs/config.md)")
     return ValueError(f"{where}: {' '.join(message.split())}")
 
 
@@ -335,14 +358,14 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
         except ConfigFileError:
             raise  # names the file already
         except (KeyError, ValueError, AssertionError, yaml.YAMLError) as error:
-            raise _config_error(error, f"in config file {path}") from None
+            raise _config_error(error, f"in config file {path}", cfg) from None
     opts = list(opts)
     if len(opts) % 2:
         raise ValueError(f"config overrides must be KEY VALUE pairs, got an odd number: {opts}")
     try:
         cfg.merge_from_list(opts)
     except (KeyError, ValueError, AssertionError) as error:
-        raise _config_error(error, "in the command-line overrides") from None
+        raise _config_error(error, "in the command-line overrides", cfg) from None
     prepare_merged_config(cfg)
     if freeze:
         cfg.freeze()

@@ -5,7 +5,6 @@ from lambda_det.config and detectron2's ``DefaultTrainer.auto_scale_workers``.
 A recipe defines ``model``, ``dataloader`` (``train``, ``test``, ``evaluator``), ``optimizer``,
 ``lr_multiplier`` and ``train`` (tools/lazyconfig_train_net.py reads them).
 """
-import difflib
 import logging
 import os
 from typing import Iterator, List, Sequence
@@ -18,6 +17,7 @@ from lambda_det.compat import import_detectron2
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import LazyConfig  # noqa: E402
+from lambda_det.config import config_keys, did_you_mean  # noqa: E402
 
 __all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
            "adapt_lazy_norms_to_device", "scale_to_world_size", "REQUIRED_KEYS"]
@@ -48,14 +48,6 @@ def resolve_lazy_config_file(name: str) -> str:
         raise ValueError(f"{path} is a yaml config: train it with tools/train_net.py, or pass a "
                          f"LazyConfig .py recipe (e.g. lambda_r152_mask_rcnn.py)")
     return path
-
-
-def _all_keys(node, prefix: str = "") -> Iterator[str]:
-    """Every key of a nested dict, dotted."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            yield f"{prefix}{key}"
-            yield from _all_keys(value, f"{prefix}{key}.")
 
 
 def _check_value_type(key: str, old, new) -> None:
@@ -96,11 +88,9 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
         key = override.key_or_group
         old = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
         if old is _ABSENT and not (override.is_add() or override.is_force_add()):
-            keys = list(_all_keys(OmegaConf.to_container(cfg, resolve=False)))
-            close = difflib.get_close_matches(key, keys, n=1, cutoff=0.8)
-            hint = f"did you mean {close[0]}? " if close else ""
-            raise ValueError(f"config key {key} does not exist: {hint}check its spelling, or "
-                             f"write +{key}=... to add it")
+            keys = config_keys(OmegaConf.to_container(cfg, resolve=False))
+            raise ValueError(f"config key {key} does not exist: {did_you_mean(key, keys)}check "
+                             f"its spelling, or write +{key}=... to add it")
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
         if not isinstance(parent, DictConfig):

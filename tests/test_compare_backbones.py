@@ -316,7 +316,8 @@ def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datas
     (dict(seeds=(-1,)), "seed -1 is not an integer >= 0"),
     (dict(opts=["DATASETS.TEST", "()"]), "DATASETS.TEST is empty"),
     (dict(opts=["MODEL.LAMBDA_RESNET.DEPTH", "27"]), "depth must be one of"),
-    (dict(opts=["MODEL.LAMBDA_RESNET.DEPHT", "26"]), "Non-existent key: MODEL.LAMBDA_RESNET.DEPHT"),
+    (dict(opts=["MODEL.LAMBDA_RESNET.DEPHT", "26"]),
+     "MODEL.LAMBDA_RESNET.DEPHT .* did you mean MODEL.LAMBDA_RESNET.DEPTH?"),
 ])
 def test_plan_rejects_bad_input(tmp_path, kwargs, words):
     with pytest.raises(ValueError, match=words):

@@ -256,8 +256,8 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
     overrides = list(OVERRIDES)
     path = {"missing weights": str(tmp_path / "no_such_model.pth"),
             "empty weights": ""}.get(case, weights)
-    if case == "wrong weights":
-        overrides += ["MODEL.ROI_HEADS.NUM_CLASSES", "5"]
+    if case == "wrong weights":  # the test set's 3 categories would be named first
+        overrides += ["MODEL.ROI_HEADS.NUM_CLASSES", "5", "DATASETS.TEST", "()"]
     if case == "truncated weights":
         path = str(tmp_path / "truncated.pth")
         Path(path).write_bytes(Path(weights).read_bytes()[:1000])
@@ -267,7 +267,8 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",
-                "empty weights": "MODEL.WEIGHTS is empty", "wrong weights": "of another shape",
+                "empty weights": "MODEL.WEIGHTS is empty",
+                "wrong weights": "trained for 3 classes, but the model built from the config has 5",
                 "truncated weights": "truncated.pth is truncated or corrupt",
                 "missing sample": "no_such_image.png"}[case]
     assert expected in error

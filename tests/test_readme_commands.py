@@ -1,12 +1,14 @@
 """Every command in the README's bash blocks names a tool that exists, with flags it takes, and a
 config name, keys and values that load; the short ones run."""
 import argparse
+import os
 import re
 import shlex
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.config import load_config
@@ -26,6 +28,22 @@ def readme_commands():
 
 COMMANDS = readme_commands()
 TOOL_COMMANDS = [command for command in COMMANDS if command.startswith("python tools/")]
+
+
+# A run's saved config that a README command reads, and the shipped config whose run writes it.
+RUN_CONFIGS = {"output/demo_lambda_r26_shapes/config.yaml": "lambda_r26_shapes"}
+
+
+def run_config(config: str, folder) -> str:
+    """``config``, or for a run's saved config.yaml (RUN_CONFIGS) the dump that run writes (in
+    ``folder``): the run's OUTPUT_DIR is where the command looks for it."""
+    if config not in RUN_CONFIGS:
+        return config
+    cfg = load_config(RUN_CONFIGS[config])
+    assert os.path.normpath(cfg.OUTPUT_DIR) == os.path.dirname(config)
+    path = folder / "config.yaml"
+    path.write_text(cfg.dump())  # as detectron2's default_setup saves it
+    return str(path)
 
 
 class Parsed(Exception):
@@ -54,7 +72,7 @@ def test_the_readme_has_its_commands():
 
 
 @pytest.mark.parametrize("command", TOOL_COMMANDS)
-def test_each_tool_command_parses_and_its_config_loads(command, parse_only):
+def test_each_tool_command_parses_and_its_config_loads(command, parse_only, tmp_path):
     words = shlex.split(command)
     script = REPO_ROOT / words[1]
     assert script.is_file(), words[1]
@@ -70,6 +88,7 @@ def test_each_tool_command_parses_and_its_config_loads(command, parse_only):
     config = getattr(args, "config_file", None) or getattr(args, "config", None)
     if config is None:
         return
+    config = run_config(config, tmp_path)
     if script.stem == "lazyconfig_train_net":
         from lambda_det.lazy_config import load_lazy_config
         load_lazy_config(config, args.opts)
@@ -87,6 +106,37 @@ def test_the_timm_recipe_names_a_registered_model():
     recipe = next(command for command in COMMANDS if "train.py" in command)
     model = shlex.split(recipe)[shlex.split(recipe).index("--model") + 1]
     assert model in timm.list_models("*_det")
+
+
+def test_each_timm_recipe_converts_into_its_config():
+    """Each README timm train.py command (its --model-kwargs parsed with timm's ParseKwargs, as
+    train.py parses them) builds the backbone of the config whose conversion reads its
+    --experiment folder."""
+    timm = pytest.importorskip("timm")
+    from timm.utils import ParseKwargs
+    import lambda_det.modeling.timm_models  # noqa: F401
+    from lambda_det.engine.cli import check_model
+    from lambda_det.modeling.timm_models import convert_classifier_checkpoint
+
+    timm_parser = argparse.ArgumentParser()  # the options of timm's train.py read here
+    timm_parser.add_argument("--model")
+    timm_parser.add_argument("--model-kwargs", nargs="*", default={}, action=ParseKwargs)
+    timm_parser.add_argument("--experiment")
+    conversions = {shlex.split(c)[-2]: shlex.split(c)[2:] for c in TOOL_COMMANDS
+                   if c.startswith("python tools/convert_timm_checkpoint.py")}
+    recipes = [command for command in COMMANDS if "train.py" in command and "runpy" in command]
+    assert len(recipes) >= 2
+    for recipe in recipes:
+        args, _ = timm_parser.parse_known_args(shlex.split(recipe)[3:])
+        classifier = f"output/train/{args.experiment}/model_best.pth.tar"
+        assert classifier in conversions, (recipe, sorted(conversions))
+        convert = conversions[classifier]
+        config = convert[convert.index("--config") + 1]
+        with torch.device("meta"):
+            model = timm.create_model(args.model, num_classes=1000, **args.model_kwargs)
+        detector = check_model(load_config(config))
+        weights = convert_classifier_checkpoint({"state_dict": model.state_dict()}, detector)
+        assert len(weights) == len(model.state_dict()) - 2  # all but linear.weight, .bias
 
 
 @pytest.mark.slow

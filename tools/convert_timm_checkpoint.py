@@ -2,7 +2,7 @@
 """Turn a LambdaResNet classifier trained with timm into MODEL.WEIGHTS for a detector.
 
     python tools/convert_timm_checkpoint.py --config lambda_r101_mask_rcnn \\
-        output/train/model_best.pth.tar lambda_r101_in1k.pth
+        output/train/lambda_r101_in1k/model_best.pth.tar lambda_r101_in1k.pth
     python tools/train_net.py --config lambda_r101_mask_rcnn MODEL.WEIGHTS lambda_r101_in1k.pth
 
 The classifier (``timm.create_model("lambda_resnet101_det")``, registered by
@@ -24,7 +24,8 @@ from lambda_det.config import load_config  # noqa: E402
 from lambda_det.engine import load_checkpoint_file  # noqa: E402
 from lambda_det.engine.atomic import atomic_path, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, check_model, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides, check_model, parse_command_line, reporting_user_errors,
+    tool_argument_parser)
 from lambda_det.modeling.timm_models import convert_classifier_checkpoint  # noqa: E402
 
 
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     parser.add_argument("classifier", help="timm checkpoint (train.py's .pth.tar, or a state dict)")
     parser.add_argument("output", help="the detector weights to write (.pth)")
     parser.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
-    args = add_debug_and_overrides(parser).parse_args(argv)
+    args = parse_command_line(add_debug_and_overrides(parser), argv)
     folder = os.path.dirname(os.path.abspath(args.output))
     with reporting_user_errors(args.debug):
         if os.path.exists(args.output):

@@ -29,9 +29,11 @@ import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
 from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
 from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
+from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
 from lambda_det.engine.atomic import check_writable_folder, reporting_write_errors  # noqa: E402
-from lambda_det.engine.cli import check_device, reporting_user_errors  # noqa: E402
+from lambda_det.engine.cli import (  # noqa: E402
+    check_device, parse_command_line, reporting_user_errors)
 from lambda_det.engine.output_dir import RUN_FILES, last_checkpoint  # noqa: E402
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
 from lambda_det.inference import write_image  # noqa: E402
@@ -42,10 +44,12 @@ DEMO_FILES = ("ap_table.md", "ap_by_size.png", "predictions.png")
 
 
 def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4) -> Path:
-    """A 2 x (count / 2) grid of validation images with predicted masks, boxes and scores."""
+    """A 2 x (count / 2) grid of validation images with predicted masks, boxes and scores.
+    Its classes are checked as tools/predict.py checks them (``check_prediction_classes``)."""
     cfg = cfg.clone()
     cfg.defrost()
     cfg.MODEL.WEIGHTS = weights
+    check_prediction_classes(cfg)
     cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST = 0.5
     predictor = Predictor(cfg)
     metadata = MetadataCatalog.get(dataset)
@@ -68,7 +72,7 @@ def main(argv=None) -> int:
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of errors in the input instead of one line")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     with reporting_user_errors(args.debug):
         return demo(args)
 

@@ -35,10 +35,12 @@ sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
+from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
 from lambda_det.engine.atomic import OutputWriteError, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, check_device, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides, check_device, parse_command_line, reporting_user_errors,
+    tool_argument_parser)
 from lambda_det.export import (  # noqa: E402
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
     export_model, max_differences, sample_image)
@@ -64,11 +66,12 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = argument_parser()
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     if args.sample_image is not None and args.sample_size is not None:
         parser.error("give --sample-image or --sample-size, not both")
     with reporting_user_errors(args.debug):
         cfg = load_config(args.config_file, args.opts)
+        check_prediction_classes(cfg)
         output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
         check_export_output(output, cfg.MODEL.WEIGHTS, args.overwrite)
         check_device(cfg)

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Run a trained model on your own images and videos, in the shape of detectron2's demo/demo.py.
 
-    python tools/predict.py --config lambda_r26_shapes --input photos/ street.mp4 'more/*.jpg' \\
-        --output predictions/ MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
+    python tools/predict.py --config output/demo_lambda_r26_shapes/config.yaml \\
+        --input photos/ street.mp4 'more/*.jpg' --output predictions/ \\
+        MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
 
 Writes into ``--output``: each image drawn with its predicted boxes, masks, class names and
 scores (same name as the input), each video drawn frame by frame (``<name>.mp4``), and
@@ -17,8 +18,11 @@ It refuses, before loading the model, an ``--output`` that holds an input or a f
 write (a drawing's name, predictions.json); ``--overwrite`` replaces such files, but an input is
 never written over.
 
-Trailing ``KEY VALUE`` pairs override the config; MODEL.WEIGHTS must fit the model. Images are
-resized as the config's evaluation resizes them; ``--batch-size`` images run together.
+Pass the config the run saved (OUTPUT_DIR/config.yaml): it holds the run's classes and
+datasets. Trailing ``KEY VALUE`` pairs override it; MODEL.WEIGHTS must fit the model, and the
+model's classes DATASETS.TEST[0]'s categories (the names drawn), or it stops with one ``error:``
+line. Images are resized as the config's evaluation resizes them; ``--batch-size`` images run
+together.
 """
 import argparse
 import json
@@ -30,10 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
+from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
 from lambda_det.engine.atomic import atomic_path, check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, check_device, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides, check_device, parse_command_line, reporting_user_errors,
+    tool_argument_parser)
 from lambda_det.inference import (  # noqa: E402
     BatchPredictor, check_output_folder, collect_inputs, dataset_image_ids, drawing_names,
     metadata_of, predict_files)
@@ -69,7 +75,7 @@ def config_overrides(args) -> list:
 
 
 def main(argv=None) -> int:
-    args = argument_parser().parse_args(argv)
+    args = parse_command_line(argument_parser(), argv)
     output = Path(args.output)
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:
@@ -79,6 +85,7 @@ def main(argv=None) -> int:
         cfg = load_config(args.config_file, config_overrides(args))
         check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
         check_writable_folder(output, "--output")
+        check_prediction_classes(cfg)
         metadata = metadata_of(cfg)
         known_ids = dataset_image_ids(cfg.DATASETS.TEST[0]) if len(cfg.DATASETS.TEST) else {}
         predictor = BatchPredictor(cfg, build_trained_model(cfg))

@@ -34,13 +34,17 @@ from detectron2.utils.file_io import PathManager
 __all__ = ["load_checked_dataset_dicts", "load_training_dicts", "load_checked_test_dicts",
            "load_dataset", "check_dataset_dicts", "check_unique_ids", "check_usable_annotations",
            "check_num_classes", "check_images", "check_image_file", "check_image_mode",
-           "check_run_datasets", "IMAGE_CHECKS", "READABLE_IMAGE_MODES", "MISSING_DATASET_HINT"]
+           "check_run_datasets", "check_prediction_classes", "IMAGE_CHECKS",
+           "READABLE_IMAGE_MODES", "MISSING_DATASET_HINT", "RUN_CONFIG_FIX"]
 
 MISSING_DATASET_HINT = (
     "detectron2 reads its builtin datasets (coco_2017_train, ...) from $DETECTRON2_DATASETS, "
     "now {root!r}: set DETECTRON2_DATASETS to the folder that holds coco/ (with coco/annotations "
     "and coco/train2017), or register your own dataset")
 
+# The fix of a config that does not match the run that trained the weights.
+RUN_CONFIG_FIX = ("pass the run's own config, its OUTPUT_DIR/config.yaml, as --config (it holds "
+                  "the run's classes and datasets)")
 # DATALOADER.CHECK_IMAGES: what the pre-flight reads of every image.
 IMAGE_CHECKS = ("header", "full", "none")
 # Bytes read from a file's end to find its end marker: encoders may pad after it.
@@ -273,9 +277,10 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
                                  f"({BoxMode(mode).name}): fix or remove the annotation")
 
 
-def check_num_classes(cfg, names: Sequence[str]) -> None:
+def check_num_classes(cfg, names: Sequence[str], fix: Optional[str] = None) -> None:
     """The model's class count equals each dataset's number of categories (known once the
-    dataset is loaded: detectron2's COCO loader sets ``thing_classes``)."""
+    dataset is loaded: detectron2's COCO loader sets ``thing_classes``); ``fix`` replaces the
+    error's advice (to set the class count)."""
     key = _NUM_CLASSES_KEYS.get(cfg.MODEL.META_ARCHITECTURE)
     if key is None:
         return
@@ -286,8 +291,24 @@ def check_num_classes(cfg, names: Sequence[str]) -> None:
         classes = MetadataCatalog.get(name).get("thing_classes")
         if classes is not None and len(classes) != node:
             raise ValueError(f"{key} is {node}, but {_describe(name)} has {len(classes)} "
-                             f"categories: add '{key} {len(classes)}' to the command line (or "
-                             f"set it in the config)")
+                             f"categories: " + (fix or f"add '{key} {len(classes)}' to the "
+                                                       f"command line (or set it in the config)"))
+
+
+def check_prediction_classes(cfg) -> None:
+    """What tools/predict.py, tools/export_model.py and the demo's picture check of
+    ``DATASETS.TEST[0]``, whose class names and category ids name the predictions: it is
+    registered, and has as many categories as the model has classes (:func:`check_num_classes`;
+    a dataset whose classes only its annotation file tells is loaded, when the file is there).
+    A trained model is predicted with the config of its run, which holds both."""
+    names = list(cfg.DATASETS.TEST[:1])
+    _check_registered(names)
+    for name in names:
+        json_file = MetadataCatalog.get(name).get("json_file")
+        if (MetadataCatalog.get(name).get("thing_classes") is None and json_file
+                and PathManager.isfile(json_file)):
+            load_dataset(name)  # detectron2's COCO loader sets thing_classes
+    check_num_classes(cfg, names, fix=RUN_CONFIG_FIX)
 
 
 def _oriented_size(image: Image.Image) -> Tuple[int, int]:
@@ -372,17 +393,17 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
 
 
 def check_images(dicts: Sequence[dict], mode: str = "header", image_format: str = "BGR",
-                 threads: Optional[int] = None) -> int:
+                 threads: Optional[int] = None, key: str = "DATALOADER.CHECK_IMAGES") -> int:
     """:func:`check_image_file` for every record's image, in a thread pool (reading files
-    waits on storage, which threads overlap). Returns the number of images checked.
+    waits on storage, which threads overlap). Returns the number of images checked. ``key``
+    names ``mode`` in the error of an unknown one (a LazyConfig recipe's own key).
 
     Raises:
         the first bad image's error (FileNotFoundError or ValueError), with how many more
         images failed.
     """
     if mode not in IMAGE_CHECKS:
-        raise ValueError(f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got "
-                         f"{mode!r}")
+        raise ValueError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
     if mode == "none" or not dicts:
         return 0
     files = {}  # an image listed twice (several datasets, repeat factors) is read once

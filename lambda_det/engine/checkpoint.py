@@ -18,7 +18,7 @@ import os
 import pickle
 import re
 import zipfile
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -273,6 +273,15 @@ class AtomicCheckpointer(DetectionCheckpointer):
         mismatched = [f"{key} {tuple(saved)} vs {tuple(wanted)}"
                       for key, saved, wanted in incompatible.incorrect_shapes
                       if key.startswith(prefix)]
+        classes = _class_counts(self.model, [shapes for shapes in incompatible.incorrect_shapes
+                                             if shapes[0].startswith(prefix)])
+        if classes is not None:
+            trained, built, shapes = classes
+            raise WeightsMismatchError(
+                f"checkpoint {self._path!r} was trained for {trained} classes, but the model "
+                f"built from the config has {built} ({shapes}): pass the config the run was "
+                f"trained with, the config.yaml it saved in its output folder (it holds the "
+                f"run's classes and datasets)")
         if missing or mismatched:
             what = f"the backbone ({prefix[:-1]})" if prefix else "the model"
             raise WeightsMismatchError(
@@ -281,6 +290,29 @@ class AtomicCheckpointer(DetectionCheckpointer):
                 f"weights {missing[:5]}, {len(mismatched)} of another shape (checkpoint vs "
                 f"model) {mismatched[:5]}")
         return incompatible
+
+
+def _class_counts(model, incorrect_shapes) -> Optional[Tuple[int, int, str]]:
+    """(classes of the checkpoint, classes of the model, the class head's shapes) when the
+    checkpoint's class head (a ``cls_score`` weight) has another shape than the model's, else
+    None. An R-CNN head scores K + 1 classes (background last), RetinaNet's A x K (A anchors)."""
+    model = getattr(model, "module", model)  # DDP
+    built = getattr(model, "num_classes", None)  # RetinaNet
+    if built is None:
+        built = getattr(getattr(model, "roi_heads", None), "num_classes", None)
+    if not isinstance(built, int) or built < 1:
+        return None
+    for key, saved, wanted in incorrect_shapes:
+        if not key.endswith("cls_score.weight"):
+            continue
+        if wanted[0] == built + 1:
+            trained = saved[0] - 1
+        elif wanted[0] % built == 0 and saved[0] % (wanted[0] // built) == 0:
+            trained = saved[0] // (wanted[0] // built)
+        else:
+            continue
+        return trained, built, f"{key} {tuple(saved)} vs {tuple(wanted)}"
+    return None
 
 
 def _backbone_prefix(model) -> str:

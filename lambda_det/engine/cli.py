@@ -39,9 +39,10 @@ from lambda_det.engine.trainer import Trainer, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
 
 __all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
-           "load_run_config", "launch_checked", "reporting_user_errors", "check_model",
-           "check_config_before_launch", "check_weights_fit", "check_device", "plan_evaluation",
-           "Evaluation", "prepare_training_output_dir", "USER_ERRORS", "USAGE_ERROR_STATUS"]
+           "load_run_config", "launch_checked", "parse_command_line", "reporting_user_errors",
+           "check_model", "check_config_before_launch", "check_weights_fit", "check_device",
+           "plan_evaluation", "Evaluation", "prepare_training_output_dir", "USER_ERRORS",
+           "USAGE_ERROR_STATUS"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
@@ -90,24 +91,60 @@ def add_debug_and_overrides(parser: argparse.ArgumentParser) -> argparse.Argumen
     return parser
 
 
-def argument_parser() -> argparse.ArgumentParser:
+def parse_command_line(parser: argparse.ArgumentParser,
+                       argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, where options may also follow the trailing overrides:
+    argparse gives every word after the first override to ``opts``, so ``X 5 --coco-dataset a
+    b c`` would merge ``--coco-dataset`` as a config key. Each of the parser's options found in
+    ``opts`` is moved before them; the overrides keep their order."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = []
+    required = [action for action in parser._actions if action.required]
+    for action in required:  # a required option may be among the trailing words
+        action.required = False
+    try:
+        while True:
+            opts = parser.parse_args(argv).opts
+            option = next((index for index, word in enumerate(opts)
+                           if word.split("=", 1)[0] in parser._option_string_actions), None)
+            if option is None:
+                break
+            overrides += opts[:option]
+            argv = argv[:len(argv) - len(opts)] + opts[option:]
+    finally:
+        for action in required:
+            action.required = True
+    args = parser.parse_args(argv)
+    args.opts = overrides + args.opts
+    return args
+
+
+# How the help of tools/train_net.py names its config's keys; tools/lazyconfig_train_net.py
+# passes its own (lambda_det.engine.lazy).
+YAML_OUTPUT_DIR = "OUTPUT_DIR"
+YAML_DATASETS = "DATASETS.TRAIN / TEST (the run's config keeps it in DATASETS.COCO_INSTANCES)"
+
+
+def argument_parser(output_dir: str = YAML_OUTPUT_DIR,
+                    datasets: str = YAML_DATASETS) -> argparse.ArgumentParser:
     """detectron2's ``default_argument_parser`` plus ``--config NAME`` (an alias of
     --config-file that also takes a shipped config's name), ``--restart``, ``--debug`` and
-    ``--coco-dataset NAME JSON IMAGE_DIR`` (see :mod:`lambda_det.data.coco`)."""
+    ``--coco-dataset NAME JSON IMAGE_DIR`` (see :mod:`lambda_det.data.coco`); the help names
+    the output folder and the dataset keys as ``output_dir`` and ``datasets``."""
     parser = default_argument_parser()
     parser.add_argument("--config", dest="config_file", metavar="NAME",
                         help="config file, or the name of a shipped config (e.g. "
                              "lambda_r152_mask_rcnn)")
     parser.add_argument("--restart", action="store_true",
-                        help="train from iteration 0 in an OUTPUT_DIR that holds a run; the "
-                             f"previous run is first moved to OUTPUT_DIR/{PREVIOUS_RUN_PREFIX}"
+                        help=f"train from iteration 0 in an {output_dir} that holds a run; the "
+                             f"previous run is first moved to {output_dir}/{PREVIOUS_RUN_PREFIX}"
                              "<date-time>/")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of errors in the input instead of one line")
     parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
                         metavar=("NAME", "JSON", "IMAGE_DIR"),
-                        help="register a COCO-format dataset under NAME (repeatable; added to "
-                             "DATASETS.COCO_INSTANCES); use NAME in DATASETS.TRAIN / TEST")
+                        help=f"register a COCO-format dataset under NAME (repeatable); use NAME "
+                             f"in {datasets}")
     return parser
 
 
@@ -202,10 +239,12 @@ def scale_to_world_size(cfg, world_size: int):
     return Trainer.auto_scale_workers(cfg, world_size)
 
 
-def prepare_training_output_dir(args: argparse.Namespace, output_dir: str) -> None:
-    """:func:`prepare_output_dir` for this run, saying where the previous run's files went."""
+def prepare_training_output_dir(args: argparse.Namespace, output_dir: str,
+                                key: str = YAML_OUTPUT_DIR) -> None:
+    """:func:`prepare_output_dir` for this run, saying where the previous run's files went
+    (``key``: the folder's name in the config, for errors)."""
     previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
-                                  machine_rank=args.machine_rank)
+                                  machine_rank=args.machine_rank, key=key)
     if previous:
         print(f"--restart: moved the previous run's files in {output_dir} to {previous}: this "
               f"run starts at iteration 0 with files of its own", flush=True)
@@ -245,7 +284,7 @@ def load_run_config(args: argparse.Namespace):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """tools/train_net.py: returns the exit status."""
-    args = argument_parser().parse_args(argv)
+    args = parse_command_line(argument_parser(), argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
         check_launch_arguments(args)
@@ -257,16 +296,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
-                   check: Callable[[], None], cpu: bool, output_option: str = "OUTPUT_DIR") -> int:
+                   check: Callable[[], None], cpu: bool,
+                   output_dir_key: str = YAML_OUTPUT_DIR) -> int:
     """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
-    that the folder can be written, ``output_option`` naming it), run ``check``, then
-    ``run_function(args)`` in every process (on the CPU, ``--num-gpus N`` starts N gloo
-    processes: detectron2's launch needs CUDA). Returns the exit status: 2 when a check or a
-    worker reported a user error."""
+    that the folder can be written), run ``check``, then ``run_function(args)`` in every
+    process (on the CPU, ``--num-gpus N`` starts N gloo processes: detectron2's launch needs
+    CUDA). Returns the exit status: 2 when a check or a
+    worker reported a user error. ``output_dir_key`` names the folder in errors."""
     lock = None
     with reporting_user_errors(args.debug):
         if args.machine_rank == 0:
-            lock = OutputDirLock(output_dir, output_option).acquire()
+            lock = OutputDirLock(output_dir, key=output_dir_key).acquire()
     try:
         with reporting_user_errors(args.debug):
             check()

@@ -2,7 +2,7 @@
 detectron2's tools/lazyconfig_train_net.py, with what tools/train_net.py adds for yaml configs:
 one run per ``train.output_dir`` (--resume / --restart), checkpoints read safely and written
 atomically, the inputs checked before any process starts (one ``error: ...`` line, exit 2),
-gloo processes on the CPU, and OUTPUT_DIR/eval_results.json.
+gloo processes on the CPU, and train.output_dir/eval_results.json.
 """
 import argparse
 import logging
@@ -26,7 +26,7 @@ from lambda_det.engine.atomic import DISK_ERRNOS, OutputWriteError, reporting_wr
 from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.cli import (
-    argument_parser, check_weights_fit, launch_checked, plan_evaluation,
+    argument_parser, check_weights_fit, launch_checked, parse_command_line, plan_evaluation,
     prepare_training_output_dir, reporting_user_errors)
 from lambda_det.engine.output_dir import checkpoint_to_resume
 from lambda_det.engine.preflight import (
@@ -43,6 +43,10 @@ __all__ = ["main", "run", "train", "evaluate", "evaluation_weights", "build_meta
            "check_datasets", "check_training_recipe", "check_config_before_launch"]
 
 logger = logging.getLogger(__name__)
+
+# What the messages and help call the output folder and the datasets: a recipe's own keys.
+OUTPUT_DIR_KEY = "train.output_dir"
+DATASET_KEYS = "dataloader.train.dataset.names / dataloader.test.dataset.names"
 
 
 def _on_cpu(cfg: DictConfig) -> bool:
@@ -114,13 +118,13 @@ def check_datasets(cfg: DictConfig, training: bool = True) -> None:
         names = _dataset_names(cfg.dataloader.train.dataset)
         check_unique_ids(names)
         _check_num_classes(cfg, names)
-        check_images(dicts, mode, image_format)
+        check_images(dicts, mode, image_format, key="dataloader.check_images")
     # detectron2's StandardROIHeads predicts masks when it has mask_in_features.
     masks = OmegaConf.select(cfg, "model.roi_heads.mask_in_features", default=None) is not None
     for name in _dataset_names(cfg.dataloader.test.dataset):
         dicts = load_checked_test_dicts(name, require_masks=masks)
         _check_num_classes(cfg, [name])
-        check_images(dicts, mode, image_format)
+        check_images(dicts, mode, image_format, key="dataloader.check_images")
 
 
 def check_training_recipe(cfg: DictConfig) -> None:
@@ -185,7 +189,7 @@ def _check_before_launch(args: argparse.Namespace, cfg: DictConfig,
         _check_file(cfg.train.init_checkpoint)
         check_weights_fit(model, cfg.train.init_checkpoint, require="backbone")
     check_datasets(cfg)
-    prepare_training_output_dir(args, output_dir)
+    prepare_training_output_dir(args, output_dir, key=OUTPUT_DIR_KEY)
 
 
 def evaluate(cfg: DictConfig, model: torch.nn.Module):
@@ -306,9 +310,9 @@ def run(args: argparse.Namespace):
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """tools/lazyconfig_train_net.py: returns the exit status."""
-    parser = argument_parser()
+    parser = argument_parser(output_dir=OUTPUT_DIR_KEY, datasets=DATASET_KEYS)
     parser.description = "Train or evaluate a LazyConfig recipe (configs/LazyConfigs/)."
-    args = parser.parse_args(argv)
+    args = parse_command_line(parser, argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
         check_launch_arguments(args)
@@ -323,4 +327,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         model = check_config_before_launch(args, cfg)
     return launch_checked(run, args, cfg.train.output_dir,
                           lambda: _check_before_launch(args, cfg, model), cpu=_on_cpu(cfg),
-                          output_option="train.output_dir")
+                          output_dir_key=OUTPUT_DIR_KEY)

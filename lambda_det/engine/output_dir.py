@@ -32,12 +32,13 @@ class OutputDirLock:
 
     The kernel drops the lock when the process ends, however it ends, so a killed run leaves no
     stale lock behind. The file keeps the holder's pid, host and start time for the error that
-    a second run gets. Use as a context manager, or ``acquire()`` / ``release()``.
+    a second run gets. Use as a context manager, or ``acquire()`` / ``release()``. ``key``
+    names the folder in errors as the config does (``train.output_dir`` in a LazyConfig recipe).
     """
 
-    def __init__(self, output_dir: str, option: str = "OUTPUT_DIR"):
+    def __init__(self, output_dir: str, key: str = "OUTPUT_DIR"):
         self.output_dir = output_dir
-        self.option = option  # where the user sets the folder, for errors
+        self.key = key
         self.path = os.path.join(output_dir, LOCK_FILE)
         self._fd: Optional[int] = None
         self._created_folder = False
@@ -46,7 +47,7 @@ class OutputDirLock:
         """Raises :class:`OutputDirBusyError` naming the holder when another process has it, and
         :class:`~lambda_det.engine.atomic.OutputWriteError` when the folder cannot be written
         (read-only, full): the lock file is the run's first write."""
-        with reporting_write_errors(self.output_dir, self.option):
+        with reporting_write_errors(self.output_dir, self.key):
             try:
                 return self._acquire()
             except OSError:
@@ -65,8 +66,8 @@ class OutputDirLock:
             holder = os.read(fd, 1024).decode(errors="replace").strip() or "unknown process"
             os.close(fd)
             raise OutputDirBusyError(
-                f"OUTPUT_DIR {self.output_dir!r} is in use by another run ({holder}): wait for "
-                f"it to end, or pass another OUTPUT_DIR") from None
+                f"{self.key} {self.output_dir!r} is in use by another run ({holder}): wait for "
+                f"it to end, or pass another {self.key}") from None
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         self._fd = fd
         os.ftruncate(fd, 0)
@@ -130,7 +131,8 @@ def checkpoint_to_resume(output_dir: str) -> Optional[str]:
 
 
 def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,
-                       run_files: Sequence[str] = RUN_FILES) -> Optional[str]:
+                       run_files: Sequence[str] = RUN_FILES,
+                       key: str = "OUTPUT_DIR") -> Optional[str]:
     """Refuse to train over the run that ``output_dir`` holds, unless told how.
 
     A folder holds a run when it has any of a run's files (``run_files``, by default
@@ -140,7 +142,7 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
     nothing to continue, which is an error rather than a silent start at iteration 0.
     ``restart`` first moves the run's files into ``output_dir/previous_<date-time>/``: nothing
     is deleted and nothing mixes. Only machine 0 moves files (detectron2 writes them from the
-    main process only).
+    main process only). ``key`` names the folder in errors as the config does.
 
     Returns:
         the folder the previous run's files were moved to, or None.
@@ -157,15 +159,15 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
         moved = f"the previous run's files are moved to {PREVIOUS_RUN_PREFIX}<date-time>/"
         if latest is not None:
             raise FileExistsError(
-                f"OUTPUT_DIR {output_dir!r} already holds a run (last checkpoint {latest}): pass "
-                f"--resume to continue it, another OUTPUT_DIR to keep it, or --restart to start "
-                f"over in it ({moved})")
+                f"{key} {output_dir!r} already holds a run (last checkpoint {latest}): pass "
+                f"--resume to continue it, another {key} to keep it, or --restart to start over "
+                f"in it ({moved})")
         held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         nothing = "it has no checkpoint to resume from, " if resume else ""
         raise FileExistsError(
-            f"OUTPUT_DIR {output_dir!r} holds a run that stopped before its first checkpoint "
+            f"{key} {output_dir!r} holds a run that stopped before its first checkpoint "
             f"({held}): {nothing}pass --restart to start over in it ({moved}), or another "
-            f"OUTPUT_DIR")
+            f"{key}")
     if machine_rank != 0:
         return None
     previous = _new_dated_folder(output_dir, PREVIOUS_RUN_PREFIX)

@@ -1,0 +1,103 @@
+"""The tools' command lines: options after the KEY VALUE overrides, "did you mean" for a
+misspelt config key (yaml configs and LazyConfig recipes alike), and the LazyConfig tool naming
+its own keys."""
+import cv2
+import numpy as np
+import pytest
+
+from conftest import load_tool
+from lambda_det.config import did_you_mean, load_config
+from lambda_det.engine import OutputDirLock, prepare_output_dir
+from lambda_det.engine import cli, lazy
+
+SHAPES = "configs/Demo/lambda_r26_shapes.yaml"
+
+
+def test_options_after_the_overrides_are_parsed_as_options():
+    argv = ["--config", "X", "SOLVER.MAX_ITER", "5", "--coco-dataset", "a", "b", "c", "SEED",
+            "3", "--debug"]
+    assert "--coco-dataset" in cli.argument_parser().parse_args(argv).opts  # argparse alone
+    args = cli.parse_command_line(cli.argument_parser(), argv)
+    assert args.coco_dataset == [["a", "b", "c"]] and args.debug
+    assert args.opts == ["SOLVER.MAX_ITER", "5", "SEED", "3"]
+    plain = cli.parse_command_line(cli.argument_parser(), ["--config", "X", "SEED", "3"])
+    assert plain.opts == ["SEED", "3"] and plain.coco_dataset == [] and not plain.debug
+
+
+def test_train_net_takes_debug_after_a_misspelt_override(tmp_path):
+    """--debug after the overrides is --debug (the traceback), not a config key; the key gets
+    its closest spelling."""
+    with pytest.raises(ValueError, match=r"config key SOLVER.MAX_ITR \(in the command-line "
+                                         r"overrides\) does not exist: did you mean "
+                                         r"SOLVER.MAX_ITER\?"):
+        cli.main(["--config", "lambda_r26_shapes", "OUTPUT_DIR", str(tmp_path),
+                  "SOLVER.MAX_ITR", "5", "--debug"])
+
+
+def test_the_lazy_tool_takes_debug_after_a_misspelt_override():
+    with pytest.raises(ValueError, match=r"did you mean train.max_iter\?"):
+        lazy.main(["--config", "lambda_r26_shapes", "train.max_itr=5", "--debug"])
+
+
+def test_predict_takes_its_required_options_after_the_overrides(tmp_path):
+    image = tmp_path / "photo.png"
+    cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"did you mean MODEL.WEIGHTS\?"):
+        load_tool("predict").main(["--config", SHAPES, "MODEL.WEIGTHS", "x.pth", "--input",
+                                   str(image), "--output", str(tmp_path / "out"), "--debug"])
+
+
+def test_a_missing_required_option_is_still_refused(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.parse_command_line(load_tool("predict").argument_parser(),
+                               ["--config", SHAPES, "--input", "a.png", "SEED", "3"])
+    assert exit_info.value.code == 2 and "--output" in capsys.readouterr().err
+
+
+def test_a_misspelt_key_in_a_config_file_gets_the_closest_key(tmp_path):
+    config = tmp_path / "mine.yaml"
+    config.write_text("MODEL:\n  LAMBDA_RESNET:\n    WIDTH_MULTIPLER: 0.5\n")
+    with pytest.raises(ValueError, match=rf"config key MODEL.LAMBDA_RESNET.WIDTH_MULTIPLER \(in "
+                                         rf"config file {config}\) does not exist: did you mean "
+                                         rf"MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER\? check"):
+        load_config(str(config))
+
+
+def test_a_key_unlike_any_gets_no_guess():
+    with pytest.raises(ValueError) as error:
+        load_config(SHAPES, ["NOTHING.LIKE_IT", "1"])
+    assert "does not exist: check its spelling" in str(error.value)
+    assert did_you_mean("NOTHING.LIKE_IT", ["SOLVER.MAX_ITER"]) == ""
+
+
+def test_the_lazy_tools_help_names_its_own_keys(capsys):
+    with pytest.raises(SystemExit):
+        lazy.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "train.output_dir" in help_text and "dataloader.train.dataset.names" in help_text
+    assert "OUTPUT_DIR" not in help_text and "DATASETS." not in help_text
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "OUTPUT_DIR" in help_text and "DATASETS.TRAIN" in help_text
+
+
+def test_output_folder_errors_name_the_configs_key(tmp_path):
+    (tmp_path / "model_0000001.pth").write_bytes(b"")
+    (tmp_path / "last_checkpoint").write_text("model_0000001.pth")
+    with pytest.raises(FileExistsError, match="^train.output_dir .* another train.output_dir"):
+        prepare_output_dir(str(tmp_path), resume=False, restart=False, key="train.output_dir")
+    with pytest.raises(FileExistsError, match="^OUTPUT_DIR "):
+        prepare_output_dir(str(tmp_path), resume=False, restart=False)
+    with OutputDirLock(str(tmp_path), key="train.output_dir"):
+        with pytest.raises(Exception, match="^train.output_dir .* in use by another run"):
+            OutputDirLock(str(tmp_path), key="train.output_dir").acquire()
+
+
+def test_the_lazy_tool_names_its_output_folder_key(tmp_path, capsys):
+    (tmp_path / "model_0000001.pth").write_bytes(b"")
+    (tmp_path / "last_checkpoint").write_text("model_0000001.pth")
+    with OutputDirLock(str(tmp_path)), pytest.raises(SystemExit) as exit_info:
+        lazy.main(["--config", "lambda_r26_shapes", f"train.output_dir={tmp_path}"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: train.output_dir '{tmp_path}' is in use")
