@@ -41,10 +41,12 @@ SHAPES_CLASSES = [{"index": 0, "id": 1, "name": "circle"}, {"index": 1, "id": 2,
                   {"index": 2, "id": 3, "name": "triangle"}]
 DETECTIONS = 20
 # Largest absolute differences accepted from eager mode: boxes in pixels, the rest in [0, 1].
-# TorchScript runs the same kernels (measured: identical); onnxruntime has its own RoIAlign and
-# convolutions (measured: boxes 3.5e-4 px, scores 1e-5, mask probabilities 1.7e-4).
+# TorchScript traces the lambda layers' "conv" form where eager "auto" runs "einsum" at these
+# sizes: the same sums in another order (measured: boxes 4.4e-4 px); onnxruntime has its own
+# RoIAlign and convolutions too (measured: boxes 3.5e-4 px, scores 1e-5, mask probabilities
+# 1.7e-4).
 TOLERANCES = {
-    "torchscript": {"pred_boxes": 1e-5, "scores": 1e-5, "pred_masks": 1e-5},
+    "torchscript": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
     "onnx": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
 }
 
@@ -228,11 +230,11 @@ def test_exported_model_refuses_other_dtypes_and_ranks(torchscript_file):
 
 
 @pytest.mark.slow
-def test_tiled_lambda_layers_export_for_one_size(cfg, tmp_path, capsys):
+def test_tiled_lambda_layers_export_for_one_size(weights, tmp_path):
     """impl "tiled" lays its tiles out for the sample's size: the export is fixed to it, says so,
     and refuses other sizes with one clear error."""
-    tiled_cfg = cfg.clone()
-    tiled_cfg.MODEL.LAMBDA_RESNET.IMPL = "tiled"
+    tiled_cfg = load_config(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights,
+                                                 "MODEL.LAMBDA_RESNET.IMPL", "tiled"])
     model = build_trained_model(tiled_cfg)
     path = tmp_path / "model.ts"
     image = sample_image(tiled_cfg, size=SIZE)
