@@ -10,21 +10,27 @@ its ``[{"image": ...}] -> [{"instances": Instances}]`` interface into tensors in
   ``image_size`` (2,) = (H, W). N varies with the image. :func:`outputs_to_instances` pastes the
   masks and rescales to the original image, as ``model([{"image", "height", "width"}])`` does.
 
-A trace is specialised to the sample image's size: the lambda layers' relative position tables,
-the anchors and the FPN padding are recorded for that size. Export with a sample of the size you
-will run; pad or resize other images to it. :class:`ExportedModel` refuses other sizes with an
-error. (A raw TorchScript module fails on most other sizes with a reshape error, but runs those
-that pad to the same multiple of the backbone's size divisibility; only the sample's own size is
-tested.)
+Image sizes are dynamic: the trace records the image's height and width as graph values
+(detectron2 traces its padding, anchors and RoI heads so; the lambda layers do too, where "auto"
+is the "conv" form under a trace), so the exported model takes any H x W, and ONNX files declare
+the input as (3, "height", "width"). The exception is a model whose lambda layers use
+``impl="tiled"`` (``MODEL.LAMBDA_RESNET.IMPL``): its tiles are laid out for the sample's size,
+so such an export is fixed to that size and :class:`ExportedModel` refuses others with an error.
 
-ONNX goes through torch's TorchScript-based exporter (``dynamo=False``). The ``torch.export``-based
-default (``dynamo=True``, which also needs onnxscript) stops at detectron2's Python branches on
-data-dependent sizes: after NMS the box count is unknown, and ``detectron2.layers.Conv2d`` asks
-``if x.numel() == 0`` (torch 2.14: ``GuardOnDataDependentSymNode``). Opset 16 or newer is
-needed for ``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum",
-"conv", "tiled", so "auto" too) exports to both formats; under a trace the tiled form gathers its
-halos with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced
-sizes.
+Next to the exported file, ``<output>.json`` (:func:`metadata_path`) says how to feed it and read
+it: the input's channel order and the config's test-time resize, whether sizes are dynamic, the
+output names, and ``classes``: for each ``pred_classes`` index the dataset's category ``id`` (the
+COCO ``category_id``) and ``name`` (:func:`class_table`). :class:`ExportedModel` reads it.
+
+ONNX goes through torch's TorchScript-based exporter (``dynamo=False``). ``torch.export``, and the
+ONNX exporter built on it (``dynamo=True``), cannot take the whole detector with a dynamic size
+(torch 2.14): detectron2's ``ImageList`` turns the padded size into Python numbers
+(``.item()``), and ``detectron2.layers.Conv2d`` then asks ``if x.numel() == 0`` of that
+data-dependent size (``GuardOnDataDependentSymNode``); after NMS the box count is unknown too.
+The LambdaResNet backbone alone exports with a dynamic H and W. Opset 16 or newer is needed for
+``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum", "conv",
+"tiled", so "auto" too) exports to both formats; under a trace the tiled form gathers its halos
+with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced sizes.
 """
 import importlib.util
 import json
@@ -32,14 +38,14 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from detectron2.config import CfgNode
-from detectron2.data import detection_utils
+from detectron2.data import DatasetCatalog, detection_utils
 from detectron2.data import transforms as T
 from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
@@ -47,10 +53,13 @@ from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
 from lambda_det.engine.atomic import atomic_path
+from lambda_det.inference import metadata_of
+from lambda_det.layers import LambdaLayer
 import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
-           "sample_image", "eager_outputs", "check_export_output",
+           "sample_image", "eager_outputs", "check_export_output", "metadata_path",
+           "class_table", "export_metadata", "fixed_size_reason",
            "trace_model", "export_model", "outputs_to_instances", "max_differences"]
 
 EXPORT_FORMATS = ("torchscript", "onnx")
@@ -58,6 +67,8 @@ FILE_SUFFIXES = {"torchscript": ".ts", "onnx": ".onnx"}
 ONNX_OPSET = 17
 # Stored in the TorchScript archive (ONNX files carry the same facts in their graph).
 METADATA_NAME = "lambda_det_export.json"
+# The names of the input's dynamic axes (ONNX) and of its sizes in the metadata.
+SIZE_NAMES = ("height", "width")
 
 PathLike = Union[str, os.PathLike]
 
@@ -131,17 +142,39 @@ class TracedModel:
     """A traced model and what it was traced with."""
 
     module: torch.jit.ScriptModule  # image -> flattened outputs (a tuple of tensors)
-    sample: torch.Tensor  # the (3, H, W) example: every input must have this shape and dtype
+    sample: torch.Tensor  # the (3, H, W) example: every input must have its dtype
     output_names: Tuple[str, ...]
+    fixed_size_reason: Optional[str] = None  # why only the sample's size runs; None: any size
+
+    @property
+    def dynamic_size(self) -> bool:
+        return self.fixed_size_reason is None
+
+    @property
+    def input_shape(self) -> Tuple[Optional[int], ...]:
+        """(3, H, W), with None for the dynamic sizes."""
+        channels, height, width = self.sample.shape
+        return (channels, None, None) if self.dynamic_size else (channels, height, width)
 
     def metadata(self) -> dict:
-        return {"input_name": "image", "input_shape": list(self.sample.shape),
+        return {"input_name": "image", "input_shape": list(self.input_shape),
                 "input_dtype": str(self.sample.dtype).replace("torch.", ""),
-                "output_names": list(self.output_names)}
+                "dynamic_size": self.dynamic_size, "output_names": list(self.output_names)}
+
+
+def fixed_size_reason(model: nn.Module) -> Optional[str]:
+    """Why a trace of ``model`` holds for the sample's size only, or None when it runs at any."""
+    tiled = [name for name, module in model.named_modules()
+             if isinstance(module, LambdaLayer) and module.impl == "tiled"]
+    if tiled:
+        return (f"its lambda layers use impl 'tiled' ({tiled[0]}, ...), laid out for one input "
+                f"size; MODEL.LAMBDA_RESNET.IMPL auto, conv or einsum export for any size")
+    return None
 
 
 def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
-    """Trace ``model`` (eval mode) on one (3, H, W) image; the trace is specialised to H x W."""
+    """Trace ``model`` (eval mode) on one (3, H, W) image; the trace runs at any H x W unless
+    :func:`fixed_size_reason` says otherwise."""
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != 3:
         shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
         raise ValueError(f"the sample must be a (3, H, W) image tensor, got {shape}")
@@ -157,7 +190,7 @@ def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
                                 category=FutureWarning)
         # Equality is checked on outputs (tools/export_model.py, tests), not on re-traced graphs.
         module = torch.jit.trace(adapter, adapter.flattened_inputs, check_trace=False)
-    return TracedModel(module, image, _output_names(adapter))
+    return TracedModel(module, image, _output_names(adapter), fixed_size_reason(model))
 
 
 def _save_onnx(traced: TracedModel, path: Path, opset: int) -> None:
@@ -174,44 +207,105 @@ def _save_onnx(traced: TracedModel, path: Path, opset: int) -> None:
         # Strided slices stay in the graph instead of being folded into constants: slower to
         # load, same results.
         warnings.filterwarnings("ignore", message=r"Constant folding - Only steps=1")
+        dynamic_axes = {"image": {1: SIZE_NAMES[0], 2: SIZE_NAMES[1]}} if traced.dynamic_size \
+            else None
         torch.onnx.export(traced.module, (traced.sample,), str(path), dynamo=False,
                           opset_version=opset, input_names=["image"],
-                          output_names=list(traced.output_names))
+                          output_names=list(traced.output_names), dynamic_axes=dynamic_axes)
+
+
+def metadata_path(output: PathLike) -> Path:
+    """The metadata file written next to an exported ``output``: ``<output>.json``."""
+    return Path(f"{os.fspath(output)}.json")
 
 
 def check_export_output(output: PathLike, weights: str, overwrite: bool) -> None:
     """Refuse an export path that would lose a file: never the checkpoint being exported
     (``weights``, compared as files: ``os.path.samefile`` sees through links and spellings), and
-    another existing file only with ``overwrite``.
+    another existing file only with ``overwrite``. The same for its :func:`metadata_path`.
 
     Raises:
-        IsADirectoryError: ``output`` is a folder.
-        FileExistsError: ``output`` exists; the message names the fix.
+        IsADirectoryError: ``output`` (or its metadata path) is a folder.
+        FileExistsError: ``output`` (or its metadata path) exists; the message names the fix.
     """
-    if os.path.isdir(output):
-        raise IsADirectoryError(f"--output {str(output)!r} is a folder: pass a file path, e.g. "
-                                f"{os.path.join(output, 'model.ts')!r}")
-    if not os.path.exists(output):
-        return
-    if os.path.isfile(weights) and os.path.samefile(output, weights):
-        raise FileExistsError(f"--output {str(output)!r} is MODEL.WEIGHTS, the checkpoint being "
-                              f"exported: pass another --output")
-    if not overwrite:
-        raise FileExistsError(f"--output {str(output)!r} exists: pass another --output, or "
-                              f"--overwrite to replace it")
+    for path, what in ((output, f"--output {str(output)!r}"),
+                       (metadata_path(output), f"the metadata file {str(metadata_path(output))!r} "
+                                               f"of --output")):
+        if os.path.isdir(path):
+            raise IsADirectoryError(f"{what} is a folder: pass another file path, e.g. "
+                                    f"{os.path.join(output, 'model.ts')!r}")
+        if not os.path.exists(path):
+            continue
+        if os.path.isfile(weights) and os.path.samefile(path, weights):
+            raise FileExistsError(f"{what} is MODEL.WEIGHTS, the checkpoint being exported: pass "
+                                  f"another --output")
+        if not overwrite:
+            raise FileExistsError(f"{what} exists: pass another --output, or --overwrite to "
+                                  f"replace it")
+
+
+def class_table(metadata, num_classes: int) -> List[dict]:
+    """For each class index of ``pred_classes``: the dataset's category ``id`` and ``name``.
+
+    ``metadata``: the dataset's detectron2 metadata. Without ``thing_dataset_id_to_contiguous_id``
+    the id is the index, and without ``thing_classes`` the name is None (as
+    :func:`lambda_det.inference.coco_results` does).
+    """
+    to_dataset = {index: dataset_id for dataset_id, index in
+                  metadata.get("thing_dataset_id_to_contiguous_id", {}).items()}
+    names = metadata.get("thing_classes", None) or []
+    return [{"index": index, "id": to_dataset.get(index, index),
+             "name": names[index] if index < len(names) else None}
+            for index in range(num_classes)]
+
+
+def _num_classes(cfg: CfgNode) -> int:
+    if cfg.MODEL.META_ARCHITECTURE == "RetinaNet":
+        return cfg.MODEL.RETINANET.NUM_CLASSES
+    return cfg.MODEL.ROI_HEADS.NUM_CLASSES
+
+
+def export_metadata(cfg: CfgNode, traced: TracedModel, format: str) -> dict:
+    """What :func:`export_model` writes to :func:`metadata_path`: how to feed the exported
+    model (input, test-time resize, dynamic sizes) and read it (outputs, classes of the test
+    dataset ``DATASETS.TEST[0]``)."""
+    dataset = cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else None
+    metadata = metadata_of(cfg)
+    if (dataset in DatasetCatalog.list()
+            and "thing_dataset_id_to_contiguous_id" not in metadata.as_dict()):
+        DatasetCatalog.get(dataset)  # detectron2's COCO loader sets the category ids
+    size_note = ("any (3, H, W) image: sizes are dynamic" if traced.dynamic_size else
+                 f"only (3, {traced.sample.shape[1]}, {traced.sample.shape[2]}) images: "
+                 f"{traced.fixed_size_reason}")
+    return {
+        "format": format,
+        **traced.metadata(),
+        "input_format": cfg.INPUT.FORMAT,
+        "input_note": (f"{size_note}; resize each image as the test loader does "
+                       f"(test_resize; lambda_det.export.sample_image) and give it in "
+                       f"input_format channel order"),
+        "test_resize": {"min_size": cfg.INPUT.MIN_SIZE_TEST, "max_size": cfg.INPUT.MAX_SIZE_TEST,
+                        "transform": repr(build_mapper(cfg, is_train=False).augmentations)},
+        "dataset": dataset,
+        "classes": class_table(metadata, _num_classes(cfg)),
+    }
 
 
 def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format: str,
-                 opset: int = ONNX_OPSET) -> TracedModel:
-    """Trace ``model`` on ``image`` and save it to ``output`` as ``format``.
+                 opset: int = ONNX_OPSET, cfg: Optional[CfgNode] = None) -> TracedModel:
+    """Trace ``model`` on ``image`` and save it to ``output`` as ``format``, and its metadata to
+    :func:`metadata_path` (``<output>.json``).
 
     Args:
         model: a detectron2 model in eval mode that returns ``[{"instances": Instances}]``:
             GeneralizedRCNN (Faster / Mask R-CNN) or RetinaNet. The trace runs on its device; a
             TorchScript model traced on a GPU runs only there.
-        image: the (3, H, W) sample (:func:`sample_image`); the export only accepts this size.
+        image: the (3, H, W) sample (:func:`sample_image`); the export takes images of any size
+            unless :func:`fixed_size_reason` names a reason, then only this one.
         format: one of :data:`EXPORT_FORMATS`.
         opset: ONNX opset (>= 16).
+        cfg: the model's config: the metadata then also has the classes, input format and
+            test-time resize (:func:`export_metadata`).
 
     Returns:
         the :class:`TracedModel` that was saved.
@@ -224,6 +318,8 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
         if importlib.util.find_spec("onnx") is None:
             raise ImportError("ONNX export needs the onnx package (pip install onnx)")
     traced = trace_model(model, image)
+    metadata = export_metadata(cfg, traced, format) if cfg is not None else \
+        {"format": format, **traced.metadata()}
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(output) as temporary:  # never a half-written model
@@ -237,6 +333,8 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
                     torch.jit.save(traced.module, f, _extra_files=extra_files)
         else:
             _save_onnx(traced, Path(temporary), opset)
+    with atomic_path(metadata_path(output)) as temporary:
+        Path(temporary).write_text(json.dumps(metadata, indent=2) + "\n")
     return traced
 
 
@@ -247,8 +345,15 @@ class ExportedModel:
     """An exported file loaded for inference: TorchScript on the device it was traced on (the
     trace holds that device as a constant), ONNX on the CPU through onnxruntime.
 
-    Calling it with a (3, H, W) image of the exported size and dtype returns the outputs by name,
-    on the CPU.
+    Calling it with a (3, H, W) image of its dtype (and of the exported size, for an export
+    fixed to one) returns the outputs by name, on the CPU.
+
+    Attributes:
+        input_shape: (3, H, W), None for a dynamic size.
+        metadata: the contents of :func:`metadata_path`, or None where that file is missing.
+        classes: ``metadata["classes"]`` (or None): ``classes[i]["id"]`` and
+            ``classes[i]["name"]`` are the dataset's category id and name of
+            ``pred_classes == i``.
     """
 
     def __init__(self, path: PathLike):
@@ -265,7 +370,8 @@ class ExportedModel:
                 path, providers=["CPUExecutionProvider"])
             (model_input,) = self._session.get_inputs()
             self._input_name = model_input.name
-            self.input_shape = tuple(model_input.shape)
+            self.input_shape = tuple(size if isinstance(size, int) else None
+                                     for size in model_input.shape)  # "height", "width": any
             self.input_dtype = _ONNX_TYPES.get(model_input.type)
             self.output_names = tuple(output.name for output in self._session.get_outputs())
             self._module = None
@@ -283,9 +389,14 @@ class ExportedModel:
             self.input_dtype = getattr(torch, metadata["input_dtype"])
             self.output_names = tuple(metadata["output_names"])
         self.path = path
+        sidecar = metadata_path(path)
+        self.metadata = json.loads(sidecar.read_text()) if sidecar.is_file() else None
+        self.classes = self.metadata.get("classes") if self.metadata else None
 
     def __call__(self, image: torch.Tensor) -> Dict[str, torch.Tensor]:
-        if tuple(image.shape) != self.input_shape:
+        if image.dim() != len(self.input_shape) or any(
+                expected not in (None, size) for expected, size in zip(self.input_shape,
+                                                                       image.shape)):
             raise ValueError(
                 f"{self.path!r} was traced for images of shape {self.input_shape}, got "
                 f"{tuple(image.shape)}: resize or pad the image, or export again with a sample "

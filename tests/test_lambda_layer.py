@@ -325,6 +325,21 @@ def test_jit_trace_matches_eager(impl):
     torch.testing.assert_close(traced(x), layer(x))
 
 
+@pytest.mark.parametrize("impl", ["auto", "einsum", "conv"])
+@pytest.mark.parametrize("scope", [7, None])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_jit_trace_runs_at_other_sizes(impl, scope, stride):
+    """Export traces once: the trace must hold at sizes it was not traced at, including axes
+    shorter than the scope's radius in the example but not in the input, and the other way."""
+    layer = LambdaLayer(8, heads=2, dim_k=4, scope=scope, stride=stride, impl=impl,
+                        max_size=16).eval()
+    traced = torch.jit.trace(layer, torch.randn(1, 8, 3, 6), check_trace=False)
+    for shape in [(2, 8, 9, 7), (1, 8, 16, 4), (1, 8, 2, 2)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(traced(x), layer(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_torch_compile_matches_eager():
     layer = make_layer("conv", dtype=torch.float32, in_channels=8, heads=2, dim_k=4, scope=3).eval()

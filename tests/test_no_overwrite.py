@@ -211,6 +211,27 @@ def test_export_refuses_an_existing_file_without_overwrite(weights, tmp_path, ca
     assert hashes(tmp_path) == before
 
 
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_export_guards_its_metadata_file_too(overwrite, weights, tmp_path, capsys):
+    """<output>.json, written beside the model, is refused as the model file is."""
+    user_file = tmp_path / "model.ts.json"
+    user_file.write_text("{}")
+    trained = tmp_path / "model.pth.json"
+    trained.write_bytes(weights.read_bytes())
+    before = hashes(tmp_path)
+    if not overwrite:
+        with pytest.raises(SystemExit) as exit_info:
+            export("--output", tmp_path / "model.ts", weights=weights, model=False)
+        assert exit_info.value.code == 2
+        assert_one_line_error(capsys, f"the metadata file '{user_file}' of --output exists",
+                              "--overwrite")
+    with pytest.raises(SystemExit) as exit_info:  # never the checkpoint, even with --overwrite
+        export("--output", tmp_path / "model.pth", *overwrite, weights=trained, model=False)
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys, f"the metadata file '{trained}' of --output is MODEL.WEIGHTS")
+    assert hashes(tmp_path) == before
+
+
 @pytest.mark.slow
 def test_export_with_overwrite_replaces_the_file(weights, tmp_path):
     output = tmp_path / "model.ts"

@@ -10,11 +10,17 @@
 
 The model is traced (detectron2's TracingAdapter) on one sample image: ``--sample-image``, or a
 synthetic image (``--sample-size``, default the config's test size), resized by the config's
-test-time transform. The exported model is specialised to that size: it takes one (3, H, W)
-uint8 image of exactly the sample's size in ``INPUT.FORMAT`` channel order and returns
-``pred_boxes``, ``pred_classes``, ``pred_masks`` (M x M probabilities in each box), ``scores``
-and ``image_size``. ``lambda_det.export.ExportedModel`` runs an exported file and
+test-time transform. The exported model takes one (3, H, W) uint8 image of any size (ONNX: input
+axes "height" and "width"), resized as the test loader resizes, in ``INPUT.FORMAT`` channel
+order, and returns ``pred_boxes``, ``pred_classes``, ``pred_masks`` (M x M probabilities in each
+box), ``scores`` and ``image_size``. (A model whose lambda layers use ``impl`` "tiled",
+``MODEL.LAMBDA_RESNET.IMPL tiled``, exports for the sample's size only; the tool says so.)
+``<output>.json`` beside the file holds the input format, the test-time resize and the classes:
+``pred_classes`` index -> the test dataset's category id and name. ``lambda_det.export
+.ExportedModel`` runs an exported file and reads that metadata (``.classes``), and
 ``lambda_det.export.outputs_to_instances`` turns its outputs into final detectron2 predictions.
+There is no ``torch.export`` format: it cannot take the whole detector at a dynamic size
+(lambda_det/export.py says why).
 
 Mask R-CNN, Faster R-CNN and RetinaNet configs export (the last two without ``pred_masks``).
 ONNX uses torch's TorchScript-based exporter (``dynamo=False``; lambda_det/export.py says why)
@@ -22,9 +28,11 @@ and opset 17 (``--opset``, 16 at least); it needs the onnx package, and onnxrunt
 Trailing ``KEY VALUE`` pairs override the config, as in train_net.py; MODEL.WEIGHTS must name the
 trained checkpoint, and every weight of the model must be in it. The trace runs on MODEL.DEVICE:
 add ``MODEL.DEVICE cpu`` for a TorchScript file that runs on the CPU. After saving, the exported
-model is run on the sample and compared with the eager model (skipped for ONNX without
+model is run on the sample and, when its size is dynamic, on a synthetic image of another shape
+(3/4 of the sample's height), and compared with the eager model (skipped for ONNX without
 onnxruntime); a difference above ``--tolerance`` exits with status 1. An existing ``--output``
-is replaced only with ``--overwrite``, and never when it is MODEL.WEIGHTS itself.
+or ``<output>.json`` is replaced only with ``--overwrite``, and never when it is MODEL.WEIGHTS
+itself.
 """
 import argparse
 import sys
@@ -37,13 +45,13 @@ import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
 from lambda_det.config import load_config  # noqa: E402
 from lambda_det.data.checks import check_prediction_classes  # noqa: E402
 from lambda_det.engine import build_trained_model  # noqa: E402
-from lambda_det.engine.atomic import OutputWriteError, check_writable_folder  # noqa: E402
+from lambda_det.engine.atomic import check_writable_folder  # noqa: E402
 from lambda_det.engine.cli import (  # noqa: E402
     add_debug_and_overrides, check_device, parse_command_line, reporting_user_errors,
     tool_argument_parser)
 from lambda_det.export import (  # noqa: E402
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
-    export_model, max_differences, sample_image)
+    export_model, max_differences, metadata_path, sample_image)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -52,7 +60,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", default=None,
                         help="the file to write (default: OUTPUT_DIR/model.ts or model.onnx)")
     parser.add_argument("--sample-image", default=None, metavar="FILE",
-                        help="the image to trace with (default: a synthetic image)")
+                        help="the image to trace and verify with (default: a synthetic image); the "
+                             "export runs at any size unless it is fixed to this one")
     parser.add_argument("--sample-size", type=int, nargs=2, default=None,
                         metavar=("HEIGHT", "WIDTH"),
                         help="size of the synthetic sample before the test-time resize")
@@ -79,26 +88,34 @@ def main(argv=None) -> int:
         image = sample_image(cfg, args.sample_image, args.sample_size)
         model = build_trained_model(cfg)
 
-    try:
-        with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
-            traced = export_model(model, image, output, args.format, opset=args.opset)
-    except (ImportError, ValueError) as error:  # onnx missing, opset too old
-        parser.error(" ".join(str(error).split()))
-    print(f"wrote {output} ({args.format}): input 'image', uint8 {tuple(image.shape)} in "
-          f"{cfg.INPUT.FORMAT} order (only this size); outputs {', '.join(traced.output_names)}")
+    with reporting_user_errors(args.debug):  # opset too old, unreadable dataset, full disk
+        try:
+            traced = export_model(model, image, output, args.format, opset=args.opset, cfg=cfg)
+        except ImportError as error:  # onnx missing
+            parser.error(" ".join(str(error).split()))
+    size = ("any size" if traced.dynamic_size else
+            f"only {tuple(image.shape)}: {traced.fixed_size_reason}")
+    print(f"wrote {output} ({args.format}) and {metadata_path(output)}: input 'image', uint8 "
+          f"(3, H, W) in {cfg.INPUT.FORMAT} order, {size}; outputs "
+          f"{', '.join(traced.output_names)}")
 
     try:
         exported = ExportedModel(output)
     except ImportError as error:
         print(f"not verified: {error}")
         return 0
-    differences = max_differences(eager_outputs(model, image), exported(image))
-    print("largest difference from the eager model on the sample: " +
-          ", ".join(f"{name} {value:.3g}" for name, value in differences.items()))
-    if not all(value <= args.tolerance for value in differences.values()):  # nan fails too
-        print(f"error: the exported model differs from the eager model by more than "
-              f"--tolerance {args.tolerance}", file=sys.stderr)
-        return 1
+    checks = {"the sample": image}
+    if traced.dynamic_size:
+        other = sample_image(cfg, size=(image.shape[1] * 3 // 4, image.shape[2]), seed=1)
+        checks[f"a {other.shape[1]} x {other.shape[2]} image"] = other
+    for name, check_image in checks.items():
+        differences = max_differences(eager_outputs(model, check_image), exported(check_image))
+        print(f"largest difference from the eager model on {name}: " +
+              ", ".join(f"{field} {value:.3g}" for field, value in differences.items()))
+        if not all(value <= args.tolerance for value in differences.values()):  # nan fails too
+            print(f"error: the exported model differs from the eager model on {name} by more "
+                  f"than --tolerance {args.tolerance}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -35,6 +35,8 @@ SHAPES_SPLITS: Dict[str, Tuple[int, int]] = {"train": (256, 1), "val": (48, 2)}
 # Side lengths per COCO size bucket; the polygon area lands inside the bucket for every class.
 # (circle areas are pi/4 * side^2: 113..452, 1520..5027, 9503..15394)
 SIDES = {"small": (12, 24), "medium": (44, 80), "large": (110, 140)}
+# COCO category id -> contiguous class index (what load_coco_json derives from the files).
+CATEGORY_IDS = {index + 1: index for index in range(len(SHAPES_CLASSES))}
 
 
 def shapes_root() -> Path:
@@ -165,6 +167,7 @@ def register_shapes_datasets() -> None:
             DatasetCatalog.remove(name)
             MetadataCatalog.remove(name)
         DatasetCatalog.register(name, lambda split=split, name=name: _load(split, name, root))
-        MetadataCatalog.get(name).set(
-            thing_classes=list(SHAPES_CLASSES), evaluator_type="coco",
+        MetadataCatalog.get(name).set(  # the category ids too, as detectron2's builtin COCO
+            thing_classes=list(SHAPES_CLASSES), thing_dataset_id_to_contiguous_id=CATEGORY_IDS,
+            evaluator_type="coco",
             json_file=str(root / f"{split}.json"), image_root=str(root / split))

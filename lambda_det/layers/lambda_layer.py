@@ -48,7 +48,9 @@ Implementations (``impl``), with identical parameters and state_dict keys:
   CPU. On a GPU every form is bound by kernel launches at these sizes, where cuDNN's single conv
   has the fewest: "conv" for sequences and up to ``CONV_MAX_POSITIONS_CUDA`` = 400 positions,
   the rule above beyond. (cuDNN convolutions run in TF32 unless
-  ``torch.backends.cudnn.allow_tf32`` is off.)
+  ``torch.backends.cudnn.allow_tf32`` is off.) Under ``torch.jit.trace`` (export), "conv":
+  its trace, like an "einsum" one, runs at any input size; a "tiled" trace holds for the
+  example's size only.
 
 Numerics: the projections follow the surrounding autocast policy, but the key softmax, the lambdas
 and the outputs are computed in float32 (large sums over m and r^2 overflow fp16 and lose bf16
@@ -207,6 +209,8 @@ class LambdaLayer(nn.Module):
         """
         if self.impl != "auto":
             return self.impl
+        if torch.jit.is_tracing():
+            return "conv"  # shape-generic (see forward): a trace runs at any input size
         spatial = tuple(spatial)
         if device_type == "cuda" and (self.spatial_dims == 1 or
                                       math.prod(spatial) <= CONV_MAX_POSITIONS_CUDA):
@@ -228,6 +232,11 @@ class LambdaLayer(nn.Module):
             (B, out_channels, H, W) (halved, rounding up, when stride=2), in x's dtype.
         """
         spatial = self._check_input(x)
+        impl = self.resolve_impl(spatial, x.device.type)
+        if torch.jit.is_tracing() and impl != "tiled":
+            # Sizes as graph values (0-d tensors) rather than constants: with the full-radius
+            # windows of _context_radii, an "einsum" or "conv" trace holds for any input size.
+            spatial = tuple(x.shape[2:])
         batch, num_positions = x.shape[0], math.prod(spatial)
         queries, keys, values = self._project(x)
         with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
@@ -235,7 +244,6 @@ class LambdaLayer(nn.Module):
             queries = queries.to(dtype).reshape(batch, self.heads, self.dim_k, num_positions)  # b h k n
             keys = keys.to(dtype).reshape(batch, self.dim_k, self.dim_u, num_positions)  # b k u m
             values = values.to(dtype).reshape(batch, self.dim_v, self.dim_u, num_positions)  # b v u m
-            impl = self.resolve_impl(spatial, x.device.type)
             if context_mask is not None:
                 output = self._masked_output(queries, keys, values, spatial, context_mask)
             elif impl == "tiled" and self.stride == 2:
@@ -276,6 +284,10 @@ class LambdaLayer(nn.Module):
     def _context_radii(self, spatial: Tuple[int, ...]) -> Tuple[int, ...]:
         """Per axis, the largest offset that has an embedding and can occur in this input."""
         limit = self.position_embedding.radius if self.scope is None else self.scope // 2
+        if any(isinstance(size, torch.Tensor) for size in spatial):  # traced sizes (forward)
+            # The same outputs (offsets beyond an axis's size only meet zero padding or no
+            # position at all), without freezing the example's sizes into the trace.
+            return (limit,) * len(spatial)
         return tuple(min(limit, size - 1) for size in spatial)
 
     def relative_embeddings(self, spatial: Tuple[int, ...], device: torch.device) -> torch.Tensor:
