@@ -376,9 +376,11 @@ def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_one
     called = [json.loads(line) for line in calls.read_text().splitlines()]
     assert [c[c.index("OUTPUT_DIR") + 1] for c in called] == [
         str(r.folder) for r in comparison.runs[1:]]
-    for args in called:
+    for args, start in zip(called, ["--resume", "--restart", "--restart"]):
+        # --resume continues the interrupted run; new ones start with --restart, which also
+        # moves aside what a run killed before its first checkpoint left.
         assert args[:2] == ["--config-file", str(REPO_ROOT / "configs/Demo/lambda_r26_shapes.yaml")]
-        assert args[2:5] == ["--num-gpus", "2", "--resume"]
+        assert args[2:5] == ["--num-gpus", "2", start]
     assert "MODEL.LAMBDA_RESNET.PLACEMENT" in called[0] and "MODEL.LAMBDA_RESNET.MIXER" in called[1]
     for run in comparison.runs:
         assert (run.folder / RECIPE_FILE).read_text() == run.recipe
