@@ -339,8 +339,9 @@ def test_both_tools_refuse_a_run_without_checkpoint(tool, flags, killed_run, lau
         _run_tool(tool, flags, killed_run)
     assert stopped.value.code == 2 and not launches
     (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith(f"error: OUTPUT_DIR {str(killed_run)!r} holds a run that stopped "
-                           f"before its first checkpoint")
+    key = "OUTPUT_DIR" if tool == "train_net" else "train.output_dir"  # as each config names it
+    assert line.startswith(f"error: {key} {str(killed_run)!r} holds a run that stopped before "
+                           f"its first checkpoint")
     assert ("no checkpoint to resume from" in line) == bool(flags)
     after = snapshot(killed_run)
     after.pop("run.lock")  # the lock is taken before the folder is read

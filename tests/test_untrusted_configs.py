@@ -78,7 +78,7 @@ TOOLS = list(tool_commands(Path("config.yaml"), Path("folder")))
 @pytest.fixture
 def no_shapes_dataset(monkeypatch, tmp_path):
     """The demo's dataset step, skipped (these tests end before anything reads it)."""
-    monkeypatch.setattr(lambda_det.data, "ensure_shapes_dataset", lambda: tmp_path)
+    monkeypatch.setattr(lambda_det.data, "ensure_shapes_dataset", lambda root=None: tmp_path)
 
 
 # ---- python tags run nothing ----
