@@ -25,8 +25,12 @@ def linked_docs() -> list:
 
 
 def bash_commands(path) -> list:
+    return bash_commands_of(path.read_text())
+
+
+def bash_commands_of(text: str) -> list:
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()  # a trailing comment
             if line.startswith(VENV_PYTHON):
@@ -177,3 +181,24 @@ def test_the_dataset_command_runs(tmp_path):
                             text=True, env=env, cwd=REPO_ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "lambda_det_shapes_v1/val.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_quick_start_smoke_run_trains_predicts_and_prints_its_table(tmp_path, datasets_root):
+    """The README's CPU smoke run, as written (20 iterations), then its predict and AP table."""
+    section = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    commands = [command for command in bash_commands_of(section)
+                if command.startswith("python tools/") and "demo_lambda_r26_shapes" not in command]
+    assert [shlex.split(c)[1] for c in commands] == ["tools/train_net.py", "tools/predict.py",
+                                                     "tools/ap_table.py"]
+    (tmp_path / "datasets").symlink_to(datasets_root)  # the commands' files, generated once
+    env = subprocess_env()
+    env.pop("DETECTRON2_DATASETS", None)  # the commands use the default, ./datasets
+    for command in commands:
+        words = shlex.split(command)
+        result = subprocess.run([sys.executable, str(REPO_ROOT / words[1]), *words[2:]],
+                                capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+    assert (tmp_path / "output/smoke/model_final.pth").is_file()
+    assert (tmp_path / "output/smoke_predictions/predictions.json").is_file()
+    assert "| smoke |" in result.stdout
