@@ -13,8 +13,13 @@ TORCH_PACKAGES ?= $(or $(shell cat $(TORCH_CHOICE) 2>/dev/null),torch==2.14.1 to
 .PHONY: help venv test demo clean-venv always
 
 help:
-	@echo "make test   run the test suite (sets up $(VENV)/ on first use)"
-	@echo "make demo   train, evaluate and draw the bundled demo (sets up $(VENV)/ on first use)"
+	@echo "make venv        set up $(VENV)/ (torch, detectron2, lambda_det); then run the tools"
+	@echo "                 as $(PY) tools/... or after: source $(VENV)/bin/activate"
+	@echo "make test        run the test suite (sets up $(VENV)/ on first use)"
+	@echo "make demo        train, evaluate and draw the bundled demo (sets up $(VENV)/ on first use;"
+	@echo "                 make demo FORCE=1 trains again)"
+	@echo "make clean-venv  remove $(VENV)/"
+	@echo "make help        this list"
 
 venv: $(INSTALLED)
 

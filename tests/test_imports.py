@@ -67,7 +67,7 @@ import lambda_det
 try:
     lambda_det.get_cfg
 except ImportError as error:
-    assert "tools/build_detectron2.py" in str(error), error
+    assert ".venv/bin/python tools/" in str(error) and "bin/activate" in str(error), error
 else:
     raise AssertionError("lambda_det.get_cfg without detectron2")
 """
@@ -93,3 +93,16 @@ print(type(build_model(cfg).backbone).__name__)
                             env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["LambdaResNet"]
+
+
+def test_the_missing_detectron2_message_names_the_checkouts_venv(tmp_path):
+    from lambda_det.compat import missing_detectron2_message
+
+    without = missing_detectron2_message(tmp_path)  # negative control: no .venv/ yet
+    assert "make venv" in without and "tools/build_detectron2.py" in without
+    (tmp_path / ".venv/bin").mkdir(parents=True)
+    (tmp_path / ".venv/bin/python").touch()
+    with_venv = missing_detectron2_message(tmp_path)
+    assert f"{tmp_path}/.venv/bin/python tools/..." in with_venv
+    assert f"source {tmp_path}/.venv/bin/activate" in with_venv
+    assert sys.executable in with_venv

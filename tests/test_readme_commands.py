@@ -14,24 +14,47 @@ from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.config import load_config
 
 README = REPO_ROOT / "README.md"
+VENV_PYTHON = ".venv/bin/python "  # the README's other way to run a tool: as "python " here
+ACTIVATE = "source .venv/bin/activate"
 
 
-def readme_commands():
+def linked_docs() -> list:
+    """The docs/ pages the README links, in order of first link."""
+    names = re.findall(r"\]\((docs/[\w-]+\.md)[)#]", README.read_text())
+    return [REPO_ROOT / name for name in dict.fromkeys(names)]
+
+
+def bash_commands(path) -> list:
+    return bash_commands_of(path.read_text())
+
+
+def bash_commands_of(text: str) -> list:
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()  # a trailing comment
+            if line.startswith(VENV_PYTHON):
+                line = "python " + line[len(VENV_PYTHON):]
             if line and not line.startswith("#"):
                 commands.append(line)
     return commands
+
+
+def readme_commands():
+    """The commands of the README's bash blocks and of the docs/ pages it links."""
+    return [command for path in [README, *linked_docs()] for command in bash_commands(path)]
 
 
 COMMANDS = readme_commands()
 TOOL_COMMANDS = [command for command in COMMANDS if command.startswith("python tools/")]
 
 
-# A run's saved config that a README command reads, and the shipped config whose run writes it.
-RUN_CONFIGS = {"output/demo_lambda_r26_shapes/config.yaml": "lambda_r26_shapes"}
+# A run's saved config that a README command reads: the shipped config and the overrides of the
+# README command whose run writes it.
+RUN_CONFIGS = {
+    "output/demo_lambda_r26_shapes/config.yaml": ("lambda_r26_shapes", []),
+    "output/smoke/config.yaml": ("lambda_r26_shapes", ["OUTPUT_DIR", "output/smoke"]),
+}
 
 
 def run_config(config: str, folder) -> str:
@@ -39,7 +62,7 @@ def run_config(config: str, folder) -> str:
     ``folder``): the run's OUTPUT_DIR is where the command looks for it."""
     if config not in RUN_CONFIGS:
         return config
-    cfg = load_config(RUN_CONFIGS[config])
+    cfg = load_config(*RUN_CONFIGS[config])
     assert os.path.normpath(cfg.OUTPUT_DIR) == os.path.dirname(config)
     path = folder / "config.yaml"
     path.write_text(cfg.dump())  # as detectron2's default_setup saves it
@@ -60,15 +83,25 @@ def parse_only(monkeypatch):
     monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
 
 
+def test_the_commands_of_the_linked_docs_pages_are_read():
+    pages = {path.name for path in linked_docs()}
+    assert {"training.md", "safety.md", "timm.md", "lazyconfig.md", "export.md",
+            "comparing.md", "detectron2.md"} <= pages
+    assert all((REPO_ROOT / "docs" / name).is_file() for name in pages)
+    readme_only = bash_commands(README)
+    assert len(COMMANDS) > len(readme_only)
+    assert any("tools/export_model.py" in command for command in COMMANDS[len(readme_only):])
+
+
 def test_the_readme_has_its_commands():
-    assert {"make test", "make demo"} <= set(COMMANDS)
+    assert {"make test", "make demo", ACTIVATE} <= set(COMMANDS)
     tools = {shlex.split(command)[1] for command in TOOL_COMMANDS}
     assert {"tools/train_net.py", "tools/predict.py", "tools/export_model.py",
             "tools/convert_timm_checkpoint.py", "tools/lazyconfig_train_net.py",
             "tools/compare_backbones.py", "tools/ap_table.py"} <= tools
     for command in COMMANDS:
         assert command.startswith(("make ", "python tools/", "python -c ",
-                                   "python -m lambda_det.d2tool ")), command
+                                   "python -m lambda_det.d2tool ", ACTIVATE)), command
 
 
 @pytest.mark.parametrize("command", TOOL_COMMANDS)
@@ -148,3 +181,24 @@ def test_the_dataset_command_runs(tmp_path):
                             text=True, env=env, cwd=REPO_ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "lambda_det_shapes_v1/val.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_quick_start_smoke_run_trains_predicts_and_prints_its_table(tmp_path, datasets_root):
+    """The README's CPU smoke run, as written (20 iterations), then its predict and AP table."""
+    section = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    commands = [command for command in bash_commands_of(section)
+                if command.startswith("python tools/") and "demo_lambda_r26_shapes" not in command]
+    assert [shlex.split(c)[1] for c in commands] == ["tools/train_net.py", "tools/predict.py",
+                                                     "tools/ap_table.py"]
+    (tmp_path / "datasets").symlink_to(datasets_root)  # the commands' files, generated once
+    env = subprocess_env()
+    env.pop("DETECTRON2_DATASETS", None)  # the commands use the default, ./datasets
+    for command in commands:
+        words = shlex.split(command)
+        result = subprocess.run([sys.executable, str(REPO_ROOT / words[1]), *words[2:]],
+                                capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        assert result.returncode == 0, (command, result.stderr[-3000:])
+    assert (tmp_path / "output/smoke/model_final.pth").is_file()
+    assert (tmp_path / "output/smoke_predictions/predictions.json").is_file()
+    assert "| smoke |" in result.stdout

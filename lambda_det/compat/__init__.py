@@ -8,19 +8,34 @@ without the deprecation warning that torch >= 2.10 prints when fvcore and detect
 ``torch.jit.script`` at import time (they must stay scriptable, so the call itself is kept).
 """
 import importlib
+import sys
 import warnings
+from pathlib import Path
 
 __all__ = ["import_detectron2", "ddp_without_buffer_sync", "quiet_detectron2_warnings"]
 
 _DETECTRON2_MODULES = ("detectron2.modeling", "detectron2.data", "detectron2.evaluation",
                        "detectron2.engine", "detectron2.checkpoint")
 
-_MISSING_DETECTRON2 = (
-    "lambda_det needs detectron2, and none is importable in this environment. `make test` in the "
-    "lambda_det checkout builds one into .venv/; in another environment that has torch, run "
-    "`python tools/build_detectron2.py` from the lambda_det checkout (pure-Python detectron2 0.6 "
-    "from PyPI's pb1-detectron2 source package), or install your own detectron2 build."
-)
+# The lambda_det checkout this package runs from (an editable install's source tree).
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def missing_detectron2_message(checkout: Path = CHECKOUT) -> str:
+    """What to run when detectron2 is missing: the checkout's .venv/ when one is set up (the usual
+    cause is a Python other than .venv/'s), else how to build one."""
+    venv_python = checkout / ".venv" / "bin" / "python"
+    message = f"lambda_det needs detectron2, and this Python ({sys.executable}) has none. "
+    if venv_python.is_file():
+        return message + (
+            f"The lambda_det checkout's .venv/ has it: run the tools as `{venv_python} tools/...`, "
+            f"or `source {checkout / '.venv' / 'bin' / 'activate'}` first and then `python tools/...`.")
+    return message + (
+        "`make venv` in the lambda_det checkout builds one into .venv/ (then run "
+        "`.venv/bin/python tools/...`, or `source .venv/bin/activate` first); in another "
+        "environment that has torch, run `python tools/build_detectron2.py` from the lambda_det "
+        "checkout (pure-Python detectron2 0.6 from PyPI's pb1-detectron2 source package), or "
+        "install your own detectron2 build.")
 
 
 def import_detectron2() -> None:
@@ -33,7 +48,7 @@ def import_detectron2() -> None:
                 importlib.import_module(name)
         except ModuleNotFoundError as error:
             if error.name is not None and error.name.split(".")[0] == "detectron2":
-                raise ImportError(_MISSING_DETECTRON2) from error
+                raise ImportError(missing_detectron2_message()) from error
             raise
 
 
