@@ -227,6 +227,17 @@ class LambdaLayer(nn.Module):
         Returns:
             (B, out_channels, H, W) (halved, rounding up, when stride=2), in x's dtype.
         """
+        if torch.jit.is_scripting():
+            return self._forward(x, context_mask)
+        if isinstance(x, torch.fx.Proxy) and x.tracer.root is self:
+            raise TypeError("torch.fx traces a LambdaLayer as one call within a model: trace a "
+                            "module that holds it, e.g. torch.nn.Sequential(layer)")
+        return _lambda_layer_call(self, x, context_mask)
+
+    @torch.jit.ignore
+    def _forward(self, x: torch.Tensor, context_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """:meth:`forward`. TorchScript leaves it a Python call: the "tiled" form is an autograd
+        Function and its tiles are cut in Python, which TorchScript cannot compile."""
         spatial = self._check_input(x)
         batch, num_positions = x.shape[0], math.prod(spatial)
         queries, keys, values = self._project(x)
@@ -340,7 +351,7 @@ class LambdaLayer(nn.Module):
         The tiles pool as they go (see :func:`tiled_position_output`); the content term is
         linear in the queries, so pooling the queries is the same pool. (b, h, v, n_pooled).
         """
-        batch, pooled = queries.shape[0], math.prod(pooled_size(size) for size in spatial)
+        batch, pooled = queries.shape[0], math.prod([pooled_size(size) for size in spatial])
         pooled_queries = self.pool(queries.reshape(batch, self.heads * self.dim_k, *spatial))
         return self._add_content_output(
             self._position_output_tiled(queries, values, spatial, stride=2),
@@ -362,3 +373,15 @@ class LambdaLayer(nn.Module):
         embeddings = self.relative_embeddings(spatial, values.device).to(values.dtype) * mask
         position_lambdas = torch.einsum("kunm,bvum->bnkv", embeddings, values)
         return torch.einsum("bhkn,bnkv->bhvn", queries, content_lambdas + position_lambdas)
+
+
+def _lambda_layer_call(layer: LambdaLayer, x: torch.Tensor,
+                       context_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``layer(x, context_mask)``, which torch.fx records as one call (``torch.fx.wrap`` below)
+    rather than tracing into it: the layer's windows, tiles and implementation follow from the
+    input's sizes, which a symbolic trace does not know. The traced model runs the layer as is.
+    """
+    return layer._forward(x, context_mask)
+
+
+torch.fx.wrap("_lambda_layer_call")
