@@ -63,6 +63,7 @@ from torch import nn
 
 from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
 from lambda_det.layers._common import BATCH_NORM, CONV, compute_dtype, strided_pool
+from lambda_det.layers._tracing import fx_leaf_call
 from lambda_det.layers.lambda_conv import (TiledTuning, pooled_size, tiled_halo_entries,
                                            tiled_position_output)
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
@@ -229,10 +230,11 @@ class LambdaLayer(nn.Module):
         """
         if torch.jit.is_scripting():
             return self._forward_scripted(x, context_mask)
-        if isinstance(x, torch.fx.Proxy) and x.tracer.root is self:
-            raise TypeError("torch.fx traces a LambdaLayer as one call within a model: trace a "
-                            "module that holds it, e.g. torch.nn.Sequential(layer)")
-        return _lambda_layer_call(self, x, context_mask)
+        if isinstance(x, torch.fx.Proxy):
+            # Its windows, tiles and implementation follow from the input's sizes, which a
+            # symbolic trace does not know.
+            return fx_leaf_call(self, x, context_mask)
+        return self._forward(x, context_mask)
 
     def _forward(self, x: torch.Tensor, context_mask: Optional[torch.Tensor]) -> torch.Tensor:
         spatial = self._check_input(x)
@@ -410,14 +412,3 @@ class LambdaLayer(nn.Module):
         position_lambdas = torch.einsum("kunm,bvum->bnkv", embeddings, values)
         return torch.einsum("bhkn,bnkv->bhvn", queries, content_lambdas + position_lambdas)
 
-
-def _lambda_layer_call(layer: LambdaLayer, x: torch.Tensor,
-                       context_mask: Optional[torch.Tensor]) -> torch.Tensor:
-    """``layer(x, context_mask)``, which torch.fx records as one call (``torch.fx.wrap`` below)
-    rather than tracing into it: the layer's windows, tiles and implementation follow from the
-    input's sizes, which a symbolic trace does not know. The traced model runs the layer as is.
-    """
-    return layer._forward(x, context_mask)
-
-
-torch.fx.wrap("_lambda_layer_call")
