@@ -24,7 +24,8 @@ def test_every_variant_is_registered_and_builds():
     assert len(names) == 4 * 8 and {"lambda_resnet152_det", "resnetrs101_se_det"} <= set(names)
     model = timm.create_model("lambda_resnet26_det", num_classes=3, **SMALL)
     assert model(torch.randn(2, 3, 64, 64)).shape == (2, 3)
-    assert model.get_classifier() is model.linear and model.pretrained_cfg["num_classes"] == 3
+    assert model.get_classifier() is model.linear and model.num_classes == 3
+    assert model.pretrained_cfg["num_classes"] == 1000  # the cfg describes the ImageNet setup
     model.reset_classifier(5)
     assert model.eval()(torch.randn(1, 3, 32, 32)).shape == (1, 5)
     # The same backbone as the detector's, weight for weight.

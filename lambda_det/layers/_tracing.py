@@ -1,4 +1,4 @@
-"""What the layers share about torch.jit.trace."""
+"""What the layers share about tracing: torch.jit.trace and torch.fx."""
 import warnings
 from typing import Tuple
 
@@ -18,3 +18,17 @@ def static_sizes(tensor: torch.Tensor) -> Tuple[int, ...]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         return tuple(int(size) for size in tensor.shape)
+
+
+def fx_leaf_call(module: torch.nn.Module, *args) -> torch.fx.Proxy:
+    """``module(*args)`` recorded as one call by the torch.fx tracer of the Proxy among ``args``,
+    as torch.nn's own modules are, rather than traced into.
+
+    For a module whose computation depends on its input's sizes, which a symbolic trace does
+    not know: the traced model calls the module itself (and a scripted one, its scripted form).
+    """
+    tracer = next(arg for arg in args if isinstance(arg, torch.fx.Proxy)).tracer
+    if tracer.root is module:
+        raise TypeError(f"torch.fx traces a {type(module).__name__} as one call within a model: "
+                        f"trace a module that holds it, e.g. torch.nn.Sequential(module)")
+    return tracer.create_proxy("call_module", tracer.path_of_module(module), args, {})

@@ -122,7 +122,7 @@ def tiled_halo_entries(spatial: Sequence[int], radii: Sequence[int], dim_u: int,
     """C: the halo entries per tile that the tiled form works with on such an input at stride 1
     (``tile``: the query tile, () for :data:`DEFAULT_TILE`)."""
     tile = tile_shape(spatial, tile or DEFAULT_TILE[len(spatial)])
-    return dim_u * math.prod(t + 2 * radius for t, radius in zip(tile, radii))
+    return dim_u * math.prod([t + 2 * radius for t, radius in zip(tile, radii)])
 
 
 def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int, stride: int,

@@ -57,14 +57,16 @@ and the outputs are computed in float32 (large sums over m and r^2 overflow fp16
 precision); the result is returned in the input's dtype.
 """
 import math
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
-from lambda_det.layers._common import (BATCH_NORM, CONV, CONV_FUNCTION, autocast_device_type,
-                                       compute_dtype, strided_pool)
+from lambda_det.layers._common import (
+    BATCH_NORM, CONV, autocast_device_type, compute_dtype, strided_pool)
+from lambda_det.layers._tracing import fx_leaf_call
 from lambda_det.layers.lambda_conv import (TiledTuning, pooled_size, tiled_halo_entries,
                                            tiled_position_output)
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
@@ -231,6 +233,15 @@ class LambdaLayer(nn.Module):
         Returns:
             (B, out_channels, H, W) (halved, rounding up, when stride=2), in x's dtype.
         """
+        if torch.jit.is_scripting():
+            return self._forward_scripted(x, context_mask)
+        if isinstance(x, torch.fx.Proxy):
+            # Its windows, tiles and implementation follow from the input's sizes, which a
+            # symbolic trace does not know.
+            return fx_leaf_call(self, x, context_mask)
+        return self._forward(x, context_mask)
+
+    def _forward(self, x: torch.Tensor, context_mask: Optional[torch.Tensor]) -> torch.Tensor:
         spatial = self._check_input(x)
         impl = self.resolve_impl(spatial, x.device.type)
         if torch.jit.is_tracing() and impl != "tiled":
@@ -259,6 +270,38 @@ class LambdaLayer(nn.Module):
         output = output.reshape(batch, self.out_channels, *spatial).to(x.dtype)  # b (h v) ...
         return self.pool(output)
 
+    def _forward_scripted(self, x: torch.Tensor,
+                          context_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """:meth:`forward` as TorchScript compiles it: every ``impl`` runs the "conv" form, and
+        there is no ``context_mask``.
+
+        Decision: TorchScript cannot compile the "tiled" form (an autograd Function whose tiles
+        are cut in Python); "conv" computes the same function (up to rounding) in the least
+        memory of the other two.
+        """
+        if context_mask is not None:
+            raise ValueError("LambdaLayer takes a context_mask in eager mode only, not in "
+                             "TorchScript")
+        if x.dim() != 2 + self.spatial_dims or x.shape[1] != self.in_channels:
+            raise ValueError(f"LambdaLayer expects (B, {self.in_channels}, ...) with "
+                             f"{self.spatial_dims} spatial axes, got shape {x.shape}")
+        spatial = x.shape[2:]
+        if self.scope is None and max(spatial) - 1 > self.position_embedding.radius:
+            raise ValueError(f"global LambdaLayer: input size {spatial} exceeds the "
+                             f"{self.position_embedding.radius + 1} positions per axis its "
+                             f"relative embeddings cover")
+        batch, num_positions = x.shape[0], 1
+        for size in spatial:
+            num_positions *= size
+        queries, keys, values = self._project(x)
+        dtype = compute_dtype(x.dtype)
+        queries = queries.to(dtype).reshape(batch, self.heads, self.dim_k, num_positions)
+        keys = keys.to(dtype).reshape(batch, self.dim_k, self.dim_u, num_positions)
+        values = values.to(dtype).reshape(batch, self.dim_v, self.dim_u, num_positions)
+        output = self._add_content_output(self._position_output_conv(queries, values, spatial),
+                                          queries, keys, values)
+        return self.pool(output.reshape([batch, self.out_channels] + spatial).to(x.dtype))
+
     def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """BN(X W_Q), X W_K, BN(X W_V) as one 1x1 convolution.
 
@@ -266,7 +309,7 @@ class LambdaLayer(nn.Module):
         three modules, so state_dict keys and init are per projection.
         """
         weight = torch.cat([self.to_queries.weight, self.to_keys.weight, self.to_values.weight])
-        projected = CONV_FUNCTION[self.spatial_dims](x, weight)
+        projected = self._conv(x, weight, [0] * self.spatial_dims)
         sizes = [self.to_queries.out_channels, self.to_keys.out_channels,
                  self.to_values.out_channels]
         queries, keys, values = projected.split(sizes, dim=1)
@@ -281,14 +324,21 @@ class LambdaLayer(nn.Module):
                 f"embeddings cover; build it with a larger max_size, or use a local scope")
         return spatial
 
-    def _context_radii(self, spatial: Tuple[int, ...]) -> Tuple[int, ...]:
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, padding: List[int]) -> torch.Tensor:
+        """conv1d or conv2d by spatial_dims, without bias."""
+        if self.spatial_dims == 1:
+            return F.conv1d(x, weight, padding=padding)
+        return F.conv2d(x, weight, padding=padding)
+
+    def _context_radii(self, spatial: List[int]) -> List[int]:
         """Per axis, the largest offset that has an embedding and can occur in this input."""
         limit = self.position_embedding.radius if self.scope is None else self.scope // 2
-        if any(isinstance(size, torch.Tensor) for size in spatial):  # traced sizes (forward)
-            # The same outputs (offsets beyond an axis's size only meet zero padding or no
-            # position at all), without freezing the example's sizes into the trace.
-            return (limit,) * len(spatial)
-        return tuple(min(limit, size - 1) for size in spatial)
+        if not torch.jit.is_scripting() and any(isinstance(size, torch.Tensor) for size in spatial):
+            # Sizes traced as graph values (forward, under torch.jit.trace): the same outputs
+            # (offsets beyond an axis's size only meet zero padding or no position at all),
+            # without freezing the example's sizes into the trace.
+            return [limit] * len(spatial)
+        return [min(limit, size - 1) for size in spatial]
 
     def relative_embeddings(self, spatial: Tuple[int, ...], device: torch.device) -> torch.Tensor:
         """E as a dense (k, u, n, m) tensor: R[pos(m) - pos(n)], zero beyond the context radii."""
@@ -306,7 +356,8 @@ class LambdaLayer(nn.Module):
         return embeddings * in_context.to(embeddings.dtype)
 
     @staticmethod
-    def _add_content_output(position_output, queries, keys, values):
+    def _add_content_output(position_output: torch.Tensor, queries: torch.Tensor,
+                            keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """position_output + lambda_c^T q for every query (keys softmax-normalised over all m).
 
         Added in place into the position output, a fresh tensor, by one batched GEMM: at the
@@ -329,14 +380,14 @@ class LambdaLayer(nn.Module):
         position_lambdas = torch.einsum("kunm,bvum->bnkv", embeddings, values)
         return torch.einsum("bhkn,bnkv->bhvn", queries, position_lambdas)
 
-    def _position_output_conv(self, queries, values, spatial):
+    def _position_output_conv(self, queries: torch.Tensor, values: torch.Tensor,
+                              spatial: List[int]) -> torch.Tensor:
         batch, num_positions = values.shape[0], values.shape[-1]
         radii = self._context_radii(spatial)
         kernel = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
         # Every (b, v) slice of V is an image with u channels; R maps it to k channels.
-        values_as_images = values.reshape(batch * self.dim_v, self.dim_u, *spatial)
-        position_lambdas = CONV_FUNCTION[self.spatial_dims](
-            values_as_images, kernel, padding=radii)  # (b v) k ...
+        values_as_images = values.reshape([batch * self.dim_v, self.dim_u] + list(spatial))
+        position_lambdas = self._conv(values_as_images, kernel, radii)  # (b v) k ...
         position_lambdas = position_lambdas.reshape(batch, self.dim_v, self.dim_k, num_positions)
         return torch.einsum("bhkn,bvkn->bhvn", queries, position_lambdas)
 
@@ -352,7 +403,7 @@ class LambdaLayer(nn.Module):
         The tiles pool as they go (see :func:`tiled_position_output`); the content term is
         linear in the queries, so pooling the queries is the same pool. (b, h, v, n_pooled).
         """
-        batch, pooled = queries.shape[0], math.prod(pooled_size(size) for size in spatial)
+        batch, pooled = queries.shape[0], math.prod([pooled_size(size) for size in spatial])
         pooled_queries = self.pool(queries.reshape(batch, self.heads * self.dim_k, *spatial))
         return self._add_content_output(
             self._position_output_tiled(queries, values, spatial, stride=2),
@@ -374,3 +425,4 @@ class LambdaLayer(nn.Module):
         embeddings = self.relative_embeddings(spatial, values.device).to(values.dtype) * mask
         position_lambdas = torch.einsum("kunm,bvum->bnkv", embeddings, values)
         return torch.einsum("bhkn,bnkv->bhvn", queries, content_lambdas + position_lambdas)
+

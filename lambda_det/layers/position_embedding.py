@@ -1,5 +1,5 @@
 """Relative position embeddings for lambda layers (LambdaNetworks, Bello 2021, Sec. 3.2 and 4)."""
-from typing import Sequence, Tuple
+from typing import List
 
 import torch
 from torch import nn
@@ -45,15 +45,16 @@ class RelativePositionEmbedding(nn.Module):
         # Paper F.2: position embeddings ~ N(0, 1).
         nn.init.normal_(self.weight, mean=0.0, std=1.0)
 
-    def window(self, radii: Sequence[int]) -> torch.Tensor:
+    def window(self, radii: List[int]) -> torch.Tensor:
         """The central part of the table covering offsets up to ``radii`` (one per axis).
 
         Returns:
             Tensor of shape (k, u, 2 * radii[0] + 1, ...), a view of ``weight``.
         """
-        slices: Tuple[slice, ...] = tuple(
-            slice(self.radius - r, self.radius + r + 1) for r in radii)
-        return self.weight[(slice(None), slice(None)) + slices]
+        window = self.weight
+        for axis, radius in enumerate(radii):
+            window = window.narrow(2 + axis, self.radius - radius, 2 * radius + 1)
+        return window
 
     def extra_repr(self) -> str:
         return (f"dim_k={self.dim_k}, dim_u={self.dim_u}, radius={self.radius}, "

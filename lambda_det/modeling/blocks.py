@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectron2.layers import CNNBlockBase, Conv2d, get_norm
+from detectron2.layers import CNNBlockBase, get_norm
 from torchvision.ops import StochasticDepth
 
-__all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "make_norm", "MixerFactory"]
+__all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "ConvNorm", "make_norm", "MixerFactory"]
 
 # (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
 MixerFactory = Callable[[int, int, int], nn.Module]
@@ -30,6 +30,23 @@ def make_norm(norm: str, channels: int) -> Optional[nn.Module]:
     if norm == "GN":
         return nn.GroupNorm(math.gcd(32, channels), channels)
     return get_norm(norm, channels)
+
+
+class ConvNorm(nn.Conv2d):
+    """A convolution followed by its norm (None: none): detectron2's ``Conv2d`` with a ``norm``,
+    with the same parameter names and math.
+
+    Decision: detectron2's ``Conv2d.forward`` branches in Python on ``x.numel()``, which
+    torch.fx cannot trace; this one has no branch on the input.
+    """
+
+    def __init__(self, *args, norm: Optional[nn.Module] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._conv_forward(x, self.weight, self.bias)
+        return x if self.norm is None else self.norm(x)
 
 
 class SqueezeExcite(nn.Module):
@@ -60,7 +77,7 @@ class ResNetRSStem(CNNBlockBase):
         widths = [(in_channels, half, 2), (half, half, 1), (half, out_channels, 1),
                   (out_channels, out_channels, 2)]
         self.convs = nn.ModuleList(
-            Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False, norm=make_norm(norm, cout))
+            ConvNorm(cin, cout, 3, stride=stride, padding=1, bias=False, norm=make_norm(norm, cout))
             for cin, cout, stride in widths)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -93,14 +110,14 @@ class Bottleneck(CNNBlockBase):
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.
             pool = (nn.AvgPool2d(2, stride=2, ceil_mode=True, count_include_pad=False)
                     if stride != 1 else nn.Identity())
-            self.shortcut = nn.Sequential(pool, Conv2d(in_channels, out_channels, 1, bias=False,
+            self.shortcut = nn.Sequential(pool, ConvNorm(in_channels, out_channels, 1, bias=False,
                                                        norm=make_norm(norm, out_channels)))
         else:
             self.shortcut = None
-        self.conv1 = Conv2d(in_channels, width, 1, bias=False, norm=make_norm(norm, width))
+        self.conv1 = ConvNorm(in_channels, width, 1, bias=False, norm=make_norm(norm, width))
         self.mixer = mixer(width, width, stride)
         self.mixer_norm = make_norm(norm, width) or nn.Identity()
-        self.conv3 = Conv2d(width, out_channels, 1, bias=False, norm=make_norm(norm, out_channels))
+        self.conv3 = ConvNorm(width, out_channels, 1, bias=False, norm=make_norm(norm, out_channels))
         self.se = SqueezeExcite(out_channels) if se else None
         if not 0.0 <= drop_path < 1.0:
             raise ValueError(f"drop_path must be in [0, 1), got {drop_path!r}")

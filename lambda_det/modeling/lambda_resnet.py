@@ -257,8 +257,7 @@ class LambdaResNet(Backbone):
         return self
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
-        if x.dim() != 4:
-            raise ValueError(f"LambdaResNet takes (N, C, H, W) images, got shape {tuple(x.shape)}")
+        x = checked_images(x)
         outputs = {}
         x = self.stem(x)
         if "stem" in self._out_features:
@@ -275,6 +274,17 @@ class LambdaResNet(Backbone):
         return {name: ShapeSpec(channels=self._out_feature_channels[name],
                                 stride=self._out_feature_strides[name])
                 for name in self._out_features if name != "linear"}
+
+
+def checked_images(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a ValueError unless it is a (N, C, H, W) batch. torch.fx records the call (see
+    ``torch.fx.wrap`` below) rather than the Python check, so a traced model checks too."""
+    if x.dim() != 4:
+        raise ValueError(f"LambdaResNet takes (N, C, H, W) images, got shape {tuple(x.shape)}")
+    return x
+
+
+torch.fx.wrap("checked_images")
 
 
 def lambda_resnet(depth: int, **kwargs) -> LambdaResNet:

@@ -13,16 +13,20 @@ arguments go to :class:`~lambda_det.modeling.LambdaResNet` (e.g. ``scope=23``,
 so :func:`convert_classifier_checkpoint` only drops the classifier and adds the detector's
 prefix. Needs timm (``pip install timm``).
 """
-from typing import Dict, Optional
+import inspect
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from timm.models import register_model
+from timm.layers import SelectAdaptivePool2d
+from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
 from lambda_det.modeling.lambda_resnet import BLOCKS_PER_STAGE, STAGES, LambdaResNet
+from lambda_det.modeling.mixers import mixer_options
 
-__all__ = ["TimmLambdaResNet", "convert_classifier_checkpoint", "TIMM_VARIANTS"]
+__all__ = ["TimmLambdaResNet", "convert_classifier_checkpoint", "TIMM_VARIANTS", "PRETRAINED_CFG"]
 
 # name pattern: LambdaResNet keyword arguments
 TIMM_VARIANTS = {
@@ -31,66 +35,178 @@ TIMM_VARIANTS = {
     "resnetrs{}_det": {"placement": "none"},
     "resnetrs{}_se_det": {"placement": "none", "se": True},
 }
-# timm's preprocessing defaults for these models: ImageNet statistics, the paper's 224 x 224
-# (Table 18 trains deeper models at larger sizes: pass --img-size to timm's train.py).
-PRETRAINED_CFG = {"input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
-                  "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
-                  "std": (0.229, 0.224, 0.225), "first_conv": "stem.convs.0", "classifier": "linear"}
+# The preprocessing the models are meant to be trained and evaluated with (there are no
+# weights): ImageNet statistics, the paper's 224 x 224 (Table 18 trains deeper models at larger
+# sizes: pass --img-size to timm's train.py). Registered with timm for every variant.
+PRETRAINED_CFG = {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7),
+                  "crop_pct": 0.875, "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
+                  "std": (0.229, 0.224, 0.225), "first_conv": "stem.convs.0",
+                  "classifier": "linear"}
+# Global pools that keep num_features channels (timm's names); "" keeps the (B, C, H, W) map.
+GLOBAL_POOLS = ("avg", "max", "avgmax", "")
+# timm.create_model options that timm's builder takes before the model is built.
+CREATE_MODEL_OPTIONS = ("features_only", "out_indices", "feature_cls", "feature_cfg",
+                        "pretrained_cfg", "pretrained_cfg_overlay", "scriptable", "exportable")
+TIMM_ARGUMENTS = ("num_classes", "in_chans", "drop_rate", "drop_path_rate", "global_pool")
+# LambdaResNet arguments that the timm model sets itself (from TIMM_ARGUMENTS).
+_SET_FROM_TIMM = ("num_classes", "in_channels", "drop_path_rate", "out_features")
+
+
+def check_model_arguments(kwargs: Dict) -> None:
+    """A TypeError naming each keyword that neither LambdaResNet nor its mixer takes, and where
+    it would be valid."""
+    backbone = [name for name in inspect.signature(LambdaResNet).parameters
+                if name not in ("depth", "options") + _SET_FROM_TIMM]
+    mixer = kwargs.get("mixer", "lambda")
+    options = [name for name in mixer_options(mixer) if name not in backbone]
+    unknown = sorted(set(kwargs) - set(backbone) - set(options))
+    if not unknown:
+        return
+    places = []
+    for name in unknown:
+        if name in _SET_FROM_TIMM:
+            places.append(f"{name!r} is set from timm's arguments (in_chans, num_classes, "
+                          f"drop_path_rate)")
+        elif name in CREATE_MODEL_OPTIONS:
+            places.append(f"{name!r} is an option of timm.create_model, not of the model class")
+        else:
+            places.append(f"{name!r} is not an option of these models")
+    raise TypeError(
+        f"unknown keyword argument(s) {unknown} for a lambda_det timm model: "
+        f"{'; '.join(places)}. They take timm's {TIMM_ARGUMENTS}, LambdaResNet's {tuple(backbone)}"
+        f" and the {mixer!r} mixer's options {tuple(options)}")
 
 
 class TimmLambdaResNet(LambdaResNet):
-    """A LambdaResNet classifier with timm's model interface: ``forward`` returns logits, and
-    ``forward_features``, ``forward_head``, ``get_classifier``, ``reset_classifier``,
-    ``num_features`` and ``pretrained_cfg`` are there for timm's training and validation scripts.
+    """A LambdaResNet classifier with timm's model interface, for timm's training, validation
+    and feature extraction: ``forward`` returns logits (pooled features with
+    ``num_classes=0``, the unpooled map with ``global_pool=""`` too), and ``forward_features``,
+    ``forward_head``, ``forward_intermediates``, ``prune_intermediate_layers``,
+    ``get_classifier``, ``reset_classifier``, ``set_grad_checkpointing``, ``feature_info``,
+    ``num_features`` and ``head_hidden_size`` follow timm's ResNet.
 
     Args:
         num_classes, in_chans, drop_rate (dropout before the classifier), drop_path_rate
-            (stochastic depth, see :class:`LambdaResNet`), global_pool ("avg"): timm's names.
-        **kwargs: :class:`LambdaResNet` arguments.
+            (stochastic depth, see :class:`LambdaResNet`), global_pool (one of GLOBAL_POOLS):
+            timm's names.
+        **kwargs: :class:`LambdaResNet` arguments and its mixer's options.
     """
 
     def __init__(self, depth: int, *, num_classes: int = 1000, in_chans: int = 3,
                  drop_rate: float = 0.0, global_pool: str = "avg",
                  drop_path_rate: Optional[float] = None, **kwargs):
-        if global_pool != "avg":
-            raise ValueError(f"global_pool must be 'avg', got {global_pool!r}")
-        super().__init__(depth, num_classes=num_classes, in_channels=in_chans,
+        check_model_arguments(kwargs)
+        _check_head(num_classes, global_pool)
+        # num_classes=0: no classifier (LambdaResNet makes one for any count that is not None).
+        super().__init__(depth, num_classes=num_classes or None, in_channels=in_chans,
                          drop_path_rate=drop_path_rate or 0.0, **kwargs)
+        self.num_classes = num_classes
+        self.in_chans = in_chans
         self.drop_rate = drop_rate
-        self.num_features = self.linear.in_features
-        self.pretrained_cfg = dict(PRETRAINED_CFG, num_classes=num_classes)
-        self.default_cfg = self.pretrained_cfg
+        self.num_features = self.head_hidden_size = self._out_feature_channels["res5"]
+        self.feature_info = [dict(num_chs=self._out_feature_channels[name],
+                                  reduction=self._out_feature_strides[name], module=name)
+                             for name in ("stem",) + STAGES]
+        self.grad_checkpointing = False
+        self.global_pool = global_pool
+        self.avgpool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
+        if not num_classes:
+            self.linear = nn.Identity()
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
-        for name in STAGES:
-            x = getattr(self, name)(x)
-        return x
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint_seq([self.res2, self.res3, self.res4, self.res5], x, flatten=True)
+        return self.res5(self.res4(self.res3(self.res2(x))))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = torch.flatten(self.avgpool(x), 1)
+        x = self.avgpool(x)
         if self.drop_rate:
-            x = F.dropout(x, p=self.drop_rate, training=self.training)
+            x = F.dropout(x, p=float(self.drop_rate), training=self.training)
         return x if pre_logits else self.linear(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
 
+    def forward_intermediates(
+            self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """The outputs of the stem and of each stage (feature_info order), as timm's ResNet.
+
+        Args:
+            indices: of feature_info: the last n if an int, all if None, or these (negative
+                from the end).
+            norm: no effect (no final norm).
+            stop_early: stop after the last stage asked for (the returned features are then
+                that stage's output).
+            output_fmt: "NCHW" only.
+            intermediates_only: return the intermediates alone.
+        """
+        if output_fmt != "NCHW":
+            raise ValueError(f"output_fmt must be 'NCHW', got {output_fmt!r}")
+        take, last = feature_take_indices(len(self.feature_info), indices)
+        intermediates = []
+        x = self.stem(x)
+        if 0 in take:
+            intermediates.append(x)
+        for index, name in enumerate(STAGES[:last] if stop_early else STAGES, start=1):
+            stage = getattr(self, name)
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint_seq(stage, x)
+            else:
+                x = stage(x)
+            if index in take:
+                intermediates.append(x)
+        return intermediates if intermediates_only else (x, intermediates)
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1,
+                                  prune_norm: bool = False, prune_head: bool = True) -> List[int]:
+        """Drop the stages after the last of ``indices`` (and the head): for features only."""
+        take, last = feature_take_indices(len(self.feature_info), indices)
+        for name in STAGES[last:]:
+            setattr(self, name, nn.Identity())
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in backward instead of keeping them."""
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
         return self.linear
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        """A new classifier for ``num_classes`` (0: none, ``forward`` returns the pooled
+        features), and the pool ``global_pool`` if given ("": none, with num_classes=0)."""
+        global_pool = self.global_pool if global_pool is None else global_pool
+        _check_head(num_classes, global_pool)
         self.num_classes = num_classes
-        self.linear = nn.Linear(self.num_features, num_classes)
+        self.global_pool = global_pool
+        self.avgpool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
+        self.linear = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
+
+
+def _check_head(num_classes: int, global_pool: str) -> None:
+    if global_pool not in GLOBAL_POOLS:
+        raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
+        raise ValueError(f"num_classes must be an integer >= 0, got {num_classes!r}")
+    if num_classes and not global_pool:
+        raise ValueError(f"global_pool='' (no pooling) needs num_classes=0: a classifier takes "
+                         f"pooled features, got num_classes={num_classes}")
 
 
 def _entrypoint(name: str, depth: int, variant: dict):
     def create(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
         if pretrained:
             raise ValueError(f"no pretrained weights exist for {name}: train it (pretrained=False)")
-        for timm_only in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):
-            kwargs.pop(timm_only, None)
-        return TimmLambdaResNet(depth, **{**variant, **kwargs})
+        return build_model_with_cfg(TimmLambdaResNet, name, pretrained, depth=depth,
+                                    **{**variant, **kwargs})
 
     create.__name__ = create.__qualname__ = name
     create.__module__ = __name__
@@ -98,10 +214,12 @@ def _entrypoint(name: str, depth: int, variant: dict):
     return create
 
 
-for _pattern, _variant in TIMM_VARIANTS.items():
-    for _depth in BLOCKS_PER_STAGE:
-        _name = _pattern.format(_depth)
-        globals()[_name] = register_model(_entrypoint(_name, _depth, _variant))
+_NAMES = {pattern.format(depth): (depth, variant)
+          for pattern, variant in TIMM_VARIANTS.items() for depth in BLOCKS_PER_STAGE}
+# timm's register_model picks up the pretrained cfg of each name from here.
+default_cfgs = generate_default_cfgs({name: dict(PRETRAINED_CFG) for name in _NAMES})
+for _name, (_depth, _variant) in _NAMES.items():
+    globals()[_name] = register_model(_entrypoint(_name, _depth, _variant))
 
 
 def convert_classifier_checkpoint(checkpoint: Dict, model: nn.Module, use_ema: bool = False

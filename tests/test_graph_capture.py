@@ -1,0 +1,119 @@
+"""LambdaResNets (impl "auto") as one torch.compile graph, one torch.fx trace, and TorchScript."""
+import io
+
+import pytest
+import torch
+import torch._dynamo
+
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+from lambda_det.config import load_config
+from lambda_det.engine import Trainer
+from lambda_det.layers import LambdaLayer
+from lambda_det.modeling import lambda_resnet
+
+DETECTOR = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
+            "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.LAMBDA_RESNET.NORM", "BN",
+            "MODEL.FPN.NORM", "BN"]
+
+
+def tiny_lambda_resnet(scope):
+    return lambda_resnet(26, width_multiplier=0.25, scope=scope, max_size=16)
+
+
+def images():
+    return torch.randn(2, 3, 64, 64)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Compiled-code caches are per process: keep other tests' compilations out of this one's."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("scope, forms", [
+    (3, {(2, "tiled"), (1, "tiled"), (1, "einsum")}),
+    (None, {(2, "einsum"), (1, "einsum")}),
+])
+def test_tiny_model_runs_every_form_on_64_pixels(scope, forms):
+    """What the graph tests below cover: (stride, implementation) of the lambda layers."""
+    model, seen = tiny_lambda_resnet(scope), set()
+    for layer in model.modules():
+        if isinstance(layer, LambdaLayer):
+            layer.register_forward_pre_hook(lambda layer, args: seen.add(
+                (layer.stride, layer.resolve_impl(args[0].shape[2:]))))
+    model(images())
+    assert seen == forms
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scope, training, bfloat16", [
+    (3, True, False), (3, False, True), (None, True, True)])
+def test_lambda_resnet_is_one_graph(fresh_dynamo, scope, training, bfloat16):
+    """No graph break: what torch.compile(fullgraph=True) needs (backward included: dynamo
+    traces the tiled form's autograd Function whole)."""
+    model = tiny_lambda_resnet(scope).train(training)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bfloat16):
+        explanation = torch._dynamo.explain(model)(images())
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.slow
+def test_detector_backbone_under_compile_is_one_graph(fresh_dynamo):
+    cfg = load_config("lambda_r26_shapes", DETECTOR + ["MODEL.LAMBDA_RESNET.COMPILE", "True"])
+    backbone = Trainer.build_model(cfg).backbone  # LambdaResNet + FPN
+    assert backbone._compiled_call_impl is not None  # what MODEL.LAMBDA_RESNET.COMPILE does
+    explanation = torch._dynamo.explain(backbone.forward)(images())
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_fx_symbolic_trace_equals_eager(training):
+    model = tiny_lambda_resnet(3).train(training)
+    traced = torch.fx.symbolic_trace(model)
+    lambda_calls = [node.target for node in traced.graph.nodes if node.op == "call_module"
+                    and isinstance(traced.get_submodule(node.target), LambdaLayer)]
+    assert lambda_calls == ["res4.1.mixer", "res5.0.mixer", "res5.1.mixer"]  # one call each
+    x = images()
+    expected, actual = model(x), traced(x)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), name
+    with pytest.raises(ValueError, match=r"takes \(N, C, H, W\) images, got shape \(3, 64, 64\)"):
+        traced(x[0])  # the backbone's input check is in the trace too
+
+
+def test_fx_names_the_way_to_trace_a_lone_layer():
+    with pytest.raises(TypeError, match=r"trace a module that holds it, e.g. torch.nn.Sequential"):
+        torch.fx.symbolic_trace(LambdaLayer(8, heads=2, dim_k=4, scope=3))
+    model = torch.nn.Sequential(LambdaLayer(8, heads=2, dim_k=4, scope=3))
+    x = torch.randn(2, 8, 9, 9)
+    assert torch.equal(torch.fx.symbolic_trace(model)(x), model(x))
+
+
+@pytest.mark.parametrize("options", [
+    dict(scope=5, stride=1, impl="auto"), dict(scope=5, stride=2, impl="tiled"),
+    dict(scope=None, stride=2, impl="einsum", max_size=12), dict(scope=3, spatial_dims=1)])
+def test_torchscript_runs_the_conv_form(options):
+    layer = LambdaLayer(8, heads=2, dim_k=4, dim_u=2, **options).eval()
+    scripted = torch.jit.script(layer)
+    buffer = io.BytesIO()
+    torch.jit.save(scripted, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x = torch.randn(2, 8, *([11] * layer.spatial_dims))
+    layer.impl = "conv"
+    torch.testing.assert_close(loaded(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_torchscript_checks_its_input():
+    scripted = torch.jit.script(LambdaLayer(8, heads=2, dim_k=4, scope=None, max_size=8))
+    with pytest.raises(Exception, match="exceeds the 8 positions per axis"):
+        scripted(torch.randn(1, 8, 9, 9))
+    with pytest.raises(Exception, match=r"expects \(B, 8, ...\) with 2 spatial axes"):
+        scripted(torch.randn(1, 4, 9, 9))
+    with pytest.raises(Exception, match="context_mask in eager mode only"):
+        scripted(torch.randn(1, 8, 3, 3), torch.ones(9, 9, dtype=torch.bool))
