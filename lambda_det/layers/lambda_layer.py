@@ -52,6 +52,10 @@ Implementations (``impl``), with identical parameters and state_dict keys:
   its trace, like an "einsum" one, runs at any input size; a "tiled" trace holds for the
   example's size only.
 
+Under ``torch.compile`` the choice is made in Python from the traced sizes (one graph, fixed for
+those sizes); ``torch.fx`` records the layer as one call; TorchScript runs every impl as "conv"
+(it cannot compile "tiled"), without ``context_mask``.
+
 Numerics: the projections follow the surrounding autocast policy, but the key softmax, the lambdas
 and the outputs are computed in float32 (large sums over m and r^2 overflow fp16 and lose bf16
 precision); the result is returned in the input's dtype.

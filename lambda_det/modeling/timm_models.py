@@ -9,7 +9,8 @@ Importing this module registers, for every depth d in 26, 50, 101, 152, 200, 270
 
 ``timm.create_model("lambda_resnet101_det", num_classes=1000)`` builds one; other keyword
 arguments go to :class:`~lambda_det.modeling.LambdaResNet` (e.g. ``scope=23``,
-``norm="SyncBN"``). The state dict has the backbone's own keys plus ``linear.*`` (the classifier),
+``norm="SyncBN"``). Each name has a pretrained cfg in timm's registry (preprocessing, no weights),
+and the models keep timm's model contract (docs/ecosystem.md). The state dict has the backbone's own keys plus ``linear.*`` (the classifier),
 so :func:`convert_classifier_checkpoint` only drops the classifier and adds the detector's
 prefix. Needs timm (``pip install timm``).
 """
