@@ -70,6 +70,16 @@ def test_detector_backbone_under_compile_is_one_graph(fresh_dynamo):
     assert explanation.graph_count == 1
 
 
+def test_compile_key_compiles_the_backbone_for_static_shapes(monkeypatch):
+    """One graph per input size: automatic dynamic shapes stalled at a second size."""
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda module, **options: calls.append((type(module).__name__, options)))
+    cfg = load_config("lambda_r26_shapes", DETECTOR + ["MODEL.LAMBDA_RESNET.COMPILE", "True"])
+    Trainer.build_model(cfg)
+    assert calls == [("FPN", {"dynamic": False})]
+
+
 @pytest.mark.parametrize("training", [False, True])
 def test_fx_symbolic_trace_equals_eager(training):
     model = tiny_lambda_resnet(3).train(training)

@@ -214,10 +214,15 @@ class Trainer(DefaultTrainer):
     @classmethod
     def build_model(cls, cfg):
         """Detectron2's model; with ``MODEL.LAMBDA_RESNET.COMPILE`` its backbone compiled by
-        ``torch.compile`` (in place: parameter names and checkpoints stay the same)."""
+        ``torch.compile`` (in place: parameter names and checkpoints stay the same).
+
+        Decision: ``dynamic=False``, one graph per input size. Training's LSJ crops have one
+        size; at a second size (evaluation) torch's automatic dynamic shapes did not finish
+        compiling the lambda layers in 15 minutes on 2 CPU cores, while a static recompile
+        took about 3 minutes."""
         model = super().build_model(cfg)
         if cfg.MODEL.LAMBDA_RESNET.get("COMPILE", False):
-            model.backbone.compile()
+            model.backbone.compile(dynamic=False)
         return model
 
     @classmethod
