@@ -32,8 +32,11 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev,bench]'
 	@touch $@
 
+# Two pytest-xdist workers, one torch thread each (tests/conftest.py): on 2 cores the suite's
+# single-threaded parts (imports, subprocess tools, data loading) then overlap. loadgroup keeps a
+# module's expensive shared fixtures (xdist_group marks) on one worker.
 test: $(INSTALLED)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n 2 --dist loadgroup
 
 demo: $(INSTALLED)
 	$(PY) tools/demo.py $(if $(FORCE),--force,)
