@@ -33,10 +33,10 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 	@touch $@
 
 # Two pytest-xdist workers, one torch thread each (tests/conftest.py): on 2 cores the suite's
-# single-threaded parts (imports, subprocess tools, data loading) then overlap. loadgroup keeps a
-# module's expensive shared fixtures (xdist_group marks) on one worker.
+# single-threaded parts (imports, subprocess tools, data loading) then overlap. loadfile runs each
+# test file on one worker, so a module's fixtures (a trained model, exports) are built once.
 test: $(INSTALLED)
-	$(PY) -m pytest tests -n 2 --dist loadgroup
+	$(PY) -m pytest tests -n 2 --dist loadfile
 
 demo: $(INSTALLED)
 	$(PY) tools/demo.py $(if $(FORCE),--force,)

@@ -26,9 +26,6 @@ from lambda_det.export import (
     outputs_to_instances, sample_image)
 from lambda_det.layers import LambdaLayer
 
-# One pytest-xdist worker runs the whole module: its module fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_export")
-
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 OVERRIDES = [
     "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",

@@ -23,9 +23,6 @@ from lambda_det.engine.output_dir import EVALUATION_PREFIX, evaluation_output_di
 from lambda_det.inference import collect_inputs, drawing_names
 from lambda_det.lazy_config import load_lazy_config
 
-# One pytest-xdist worker runs the whole module: its module fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_no_overwrite")
-
 CONFIG = "lambda_r26_shapes"
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "INPUT.MIN_SIZE_TEST", "64", "INPUT.MAX_SIZE_TEST", "64",

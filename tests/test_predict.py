@@ -14,9 +14,6 @@ from pycocotools.cocoeval import COCOeval
 from conftest import REPO_ROOT, subprocess_env
 from lambda_det.evaluation import load_results
 
-# One pytest-xdist worker runs the whole module: its module fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_predict")
-
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "3",
         "SOLVER.STEPS", "(2,)", "SOLVER.WARMUP_ITERS", "1", "DATALOADER.NUM_WORKERS", "0",

@@ -16,9 +16,6 @@ from lambda_det.data.checks import check_prediction_classes
 from lambda_det.engine import AtomicCheckpointer, load_weights
 from lambda_det.engine.checkpoint import _class_counts
 
-# One pytest-xdist worker runs the whole module: its module fixtures are built once.
-pytestmark = pytest.mark.xdist_group("test_prediction_checks")
-
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"  # 3 classes, DATASETS.TEST lambda_det_shapes_val
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.RPN.PRE_NMS_TOPK_TEST", "50",
