@@ -37,8 +37,12 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev,bench]'
 	@touch $@
 
+# Two pytest-xdist workers, one torch thread each (tests/conftest.py): on 2 cores the suite's
+# single-threaded parts (imports, subprocess tools, data loading) then overlap. Tests, not files,
+# are shared out: test_untrusted_inputs.py alone is a fifth of the suite's CPU time, and with
+# --dist loadfile one worker would run it alone at the end (from a -n 2 run's per-test times).
 test: $(INSTALLED)
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n 2
 
 demo: $(INSTALLED)
 	$(PY) tools/demo.py $(if $(FORCE),--force,)

@@ -62,8 +62,8 @@ setup(
         "shapely",  # detectron2 clips polygons with it when LSJ crops
     ],
     extras_require={
-        "dev": ["pytest>=7", "pytest-timeout", "hypothesis>=6", "onnx>=1.14", "onnxruntime>=1.16",
-                "psutil"],
+        "dev": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "onnx>=1.14",
+                "onnxruntime>=1.16", "psutil"],
         # What detectron2's tools/benchmark.py imports (python -m lambda_det.d2tool benchmark.py).
         "d2tools": ["psutil"],
         # Only to benchmark against the public implementations side by side.

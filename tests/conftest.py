@@ -1,4 +1,5 @@
 """Shared test helpers. Everything runs on the CPU with small shapes."""
+import fcntl
 import importlib.util
 import logging
 import os
@@ -6,7 +7,15 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
+
+# Under pytest-xdist (`make test` runs `-n 2`) every worker, and every tool it starts in a
+# subprocess, uses one torch thread: a thread per core in each worker oversubscribes the cores.
+# Set before torch is imported, which reads it once.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "configs"
@@ -79,9 +88,15 @@ def subprocess_env() -> dict:
 
 @pytest.fixture(scope="session")
 def datasets_root(tmp_path_factory) -> Path:
-    """A DETECTRON2_DATASETS folder with the bundled shapes dataset, generated once per session."""
+    """A DETECTRON2_DATASETS folder with the bundled shapes dataset, generated once per run (tests
+    only read it). pytest-xdist's workers share it: it lies in the folder that holds their own
+    temporary folders, and the first worker generates it while the other waits on the lock."""
     from lambda_det.data.shapes import VERSION, ensure_shapes_dataset
 
-    root = tmp_path_factory.mktemp("datasets")
-    ensure_shapes_dataset(root / f"lambda_det_shapes_{VERSION}")
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if XDIST_WORKER else base) / "datasets"
+    root.mkdir(exist_ok=True)
+    with open(root.with_name("datasets.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_shapes_dataset(root / f"lambda_det_shapes_{VERSION}")
     return root

@@ -103,10 +103,11 @@ def test_c4_mask_rcnn_trains_in_two_gloo_processes(tmp_path, datasets_root):
                 "DATALOADER.NUM_WORKERS": 0, "OUTPUT_DIR": tmp_path / "c4"}
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
+    # --dist-url auto: a free port, so that a test running beside it (pytest-xdist) cannot collide.
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--num-gpus", "2",
-         *overrides(settings)], capture_output=True, text=True, env=env, cwd=REPO_ROOT,
-        timeout=900)
+         "--dist-url", "auto", *overrides(settings)], capture_output=True, text=True, env=env,
+        cwd=REPO_ROOT, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [json.loads(line) for line in
                (tmp_path / "c4" / "metrics.json").read_text().splitlines()]

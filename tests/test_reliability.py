@@ -392,8 +392,10 @@ def test_two_cpu_processes_follow_the_one_process_trajectory(tmp_path, datasets_
     runs = {}
     for processes in (1, 2):
         output = tmp_path / f"p{processes}"
+        # "auto": a free port, so that a test running beside it (pytest-xdist) cannot collide.
         result = run_train_net("--config", "lambda_r26_shapes", "--num-gpus", str(processes),
-                               *overrides, "OUTPUT_DIR", str(output), datasets_root=datasets_root)
+                               "--dist-url", "auto", *overrides, "OUTPUT_DIR", str(output),
+                               datasets_root=datasets_root)
         assert result.returncode == 0, result.stderr[-3000:]
         # No deprecation warnings a user can do nothing about (DDP broadcast_buffers, ...).
         assert "FutureWarning" not in result.stderr and "deprecated" not in result.stderr
