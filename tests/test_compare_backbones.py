@@ -412,7 +412,8 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
 
 FAKE_INTERRUPTED_RUN = textwrap.dedent("""
     # Stands in for a train_net.py run that Ctrl-C stops: a warning, a checkpoint, training.
-    import os, sys, time
+    import os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal's foreground
     output = sys.argv[sys.argv.index("OUTPUT_DIR") + 1]
     print("a warning before the interrupt", file=sys.stderr, flush=True)
     with open(os.path.join(output, "last_checkpoint"), "w") as f:
@@ -425,6 +426,16 @@ FAKE_INTERRUPTED_RUN = textwrap.dedent("""
 
 
 def test_ctrl_c_names_the_run_without_the_childs_traceback(tmp_path, capfd):
+    # A shell's background job ignores SIGINT, and pytest would inherit that: Ctrl-C as a
+    # terminal delivers it needs Python's own handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_names_the_run(tmp_path, capfd)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_names_the_run(tmp_path, capfd):
     train_net = tmp_path / "train_net.py"
     train_net.write_text(FAKE_INTERRUPTED_RUN)
     comparison = plan(tmp_path)

@@ -37,6 +37,7 @@ def test_unknown_amp_dtype_is_named(tmp_path, datasets_root):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # inductor compiles the whole backbone, forward and backward, as one graph
 def test_compiled_backbone_matches_eager():
     # In float64: the gradients of the first layers and of the FPN's top-down path sum many
     # cancelling terms (train-mode BN removes each channel's mean), so inductor's float32 order
