@@ -116,8 +116,9 @@ def main(argv=None) -> int:
         print(f"interrupted {error}", file=sys.stderr, flush=True)
         return 130
     except KeyboardInterrupt:  # between runs
-        print("interrupted: the same command continues the comparison (finished runs are kept, "
-              "the interrupted one resumes from its last checkpoint)", file=sys.stderr)
+        print("interrupted: the same command continues the comparison (finished runs are kept; "
+              "an unfinished one resumes from its last checkpoint, or starts over without one)",
+              file=sys.stderr)
         return 130
     with reporting_user_errors(args.debug):
         runs = {variant.name: {run.seed: str(run.folder) for run in comparison.runs
