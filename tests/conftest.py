@@ -100,3 +100,16 @@ def datasets_root(tmp_path_factory) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         ensure_shapes_dataset(root / f"lambda_det_shapes_{VERSION}")
     return root
+
+
+@pytest.fixture
+def shapes(monkeypatch, datasets_root):
+    """The bundled shapes datasets registered from :func:`datasets_root` (for tools that load
+    them by name), and registered again from the default folder afterwards."""
+    import lambda_det.data
+
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
+    lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
+    yield
+    monkeypatch.undo()
+    lambda_det.data.register_shapes_datasets()

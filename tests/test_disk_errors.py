@@ -8,7 +8,6 @@ Tests run as root, which ignores file permissions: a read-only folder is one und
 save that raises ``OSError(ENOSPC)``."""
 import errno
 import json
-import logging
 import pickle
 
 import numpy as np
@@ -51,29 +50,6 @@ def assert_one_line_error(status, stderr, *fragments):
     assert len(errors) == 1, stderr[-3000:]
     for fragment in fragments:
         assert fragment in errors[0], (fragment, errors[0])
-
-
-@pytest.fixture(autouse=True)
-def _logging_handlers_of_the_test():
-    """Detectron2's set-up (in a tool run in this process) adds handlers bound to this test's
-    captured stdout, closed after it: remove them so that later tests do not log to it."""
-    names = ("", "detectron2", "fvcore", "lambda_det")
-    before = {name: list(logging.getLogger(name).handlers) for name in names}
-    yield
-    for name in names:
-        logger = logging.getLogger(name)
-        for handler in [h for h in logger.handlers if h not in before[name]]:
-            logger.removeHandler(handler)
-            handler.close()
-
-
-@pytest.fixture
-def shapes(monkeypatch, datasets_root):
-    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
-    lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
-    yield
-    monkeypatch.undo()
-    lambda_det.data.register_shapes_datasets()
 
 
 # ---- the writable-folder check and atomic writes ----

@@ -71,15 +71,6 @@ def train(cfg, *, resume=False, stop_after=None):
     return trainer, recorder.losses
 
 
-@pytest.fixture
-def shapes(monkeypatch, datasets_root):
-    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
-    lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
-    yield
-    monkeypatch.undo()
-    lambda_det.data.register_shapes_datasets()
-
-
 @pytest.mark.slow
 def test_resume_is_bit_exact(tmp_path, shapes):
     straight, straight_losses = train(tiny_cfg(tmp_path / "straight"))

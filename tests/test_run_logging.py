@@ -36,15 +36,6 @@ def restored_loggers():
         logger.propagate = propagate
 
 
-@pytest.fixture
-def shapes(monkeypatch, datasets_root):
-    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
-    lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
-    yield
-    monkeypatch.undo()
-    lambda_det.data.register_shapes_datasets()
-
-
 def backbone_only_weights(path, cfg):
     """A checkpoint with the image network's weights only; returns (backbone, other) counts of
     the model's weights."""
