@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-import lambda_det.data
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from conftest import load_tool
 from lambda_det.config import load_config
 from lambda_det.engine import amp
