@@ -113,3 +113,13 @@ def shapes(monkeypatch, datasets_root):
     yield
     monkeypatch.undo()
     lambda_det.data.register_shapes_datasets()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """For modules of tiny models (their module fixtures included): a second thread only fights
+    other processes for the cores (measured 3x slower on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

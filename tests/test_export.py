@@ -51,14 +51,7 @@ TOLERANCES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These models are tiny: a second thread only fights other processes for the cores
-    (measured 3x slower on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

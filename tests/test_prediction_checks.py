@@ -24,12 +24,7 @@ TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
 TWO_CLASSES = ["MODEL.ROI_HEADS.NUM_CLASSES", "2"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
