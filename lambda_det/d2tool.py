@@ -132,7 +132,7 @@ def run_script(path: str, args: Sequence[str]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from lambda_det.engine.cli import reporting_user_errors
+    from lambda_det.cli.arguments import reporting_user_errors
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):

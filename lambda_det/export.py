@@ -43,7 +43,7 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 import numpy as np
 import torch
 from torch import nn
-
+import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, detection_utils
 from detectron2.data import transforms as T
@@ -52,10 +52,9 @@ from detectron2.modeling import GeneralizedRCNN
 from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
-from lambda_det.engine.atomic import atomic_path
 from lambda_det.inference import metadata_of
 from lambda_det.layers import LambdaLayer
-import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
+from lambda_det.utils.atomic import atomic_path
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "sample_image", "eager_outputs", "check_export_output", "metadata_path",

@@ -19,18 +19,19 @@ import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
-
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog, detection_utils
 from detectron2.data import transforms as T
 from detectron2.evaluation.coco_evaluation import instances_to_coco_json
+from detectron2.modeling import build_model
 from detectron2.utils.visualizer import ColorMode, Visualizer
+from lambda_det.checkpoint import load_weights
 from lambda_det.data.mapper import build_mapper
-from lambda_det.engine.atomic import OutputWriteError
+from lambda_det.utils.atomic import OutputWriteError
 
 __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "drawing_names",
-           "check_output_folder", "read_frames", "BatchPredictor", "draw", "coco_results",
-           "dataset_image_ids", "metadata_of", "predict_files", "write_image"]
+           "check_output_folder", "read_frames", "build_trained_model", "Predictor", "draw",
+           "coco_results", "dataset_image_ids", "metadata_of", "predict_files", "write_image"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
@@ -192,16 +193,38 @@ def read_frames(path: str, image_format: str) -> Iterator[Frame]:
         raise ValueError(f"input {path!r} is not a readable video (no frame decoded)")
 
 
-class BatchPredictor:
-    """A trained model run on batches of images with the config's test-time resize, as
-    detectron2's evaluation runs it; returns detectron2's outputs per image (on the CPU)."""
+def build_trained_model(cfg: CfgNode, weights: Optional[str] = None) -> nn.Module:
+    """The model of ``cfg`` in eval mode with every weight loaded from ``weights`` (default
+    ``cfg.MODEL.WEIGHTS``) by :func:`lambda_det.checkpoint.load_weights`: safely, whatever the
+    file's suffix, and completely (detectron2's ``DefaultPredictor`` loads ``.pkl`` files with
+    ``pickle.load`` and a half-fitting checkpoint with a warning).
 
-    def __init__(self, cfg: CfgNode, model: nn.Module):
-        self.model = model.eval()
+    Raises:
+        ValueError: no weights given, or the checkpoint does not fit the model.
+        FileNotFoundError: the weights file does not exist.
+        UnsafeCheckpointError, CorruptCheckpointError: the file cannot be loaded safely.
+    """
+    model = build_model(cfg)
+    load_weights(model, cfg.MODEL.WEIGHTS if weights is None else weights)
+    return model.eval()
+
+
+class Predictor:
+    """A trained model run as detectron2's evaluation runs it: the config's test-time resize,
+    images of a batch padded to the largest. ``predictor(image)`` takes one H x W x C uint8 image
+    in ``cfg.INPUT.FORMAT`` (BGR by default, as ``cv2.imread`` reads) and returns its outputs,
+    as detectron2's ``DefaultPredictor`` does; :meth:`predict_batch` takes several. Outputs are
+    on the CPU. ``model`` defaults to :func:`build_trained_model` of ``cfg``."""
+
+    def __init__(self, cfg: CfgNode, model: Optional[nn.Module] = None):
+        self.model = (build_trained_model(cfg) if model is None else model).eval()
         self.augmentations = build_mapper(cfg, is_train=False).augmentations
 
+    def __call__(self, image: np.ndarray) -> Dict:
+        return self.predict_batch([image])[0]
+
     @torch.no_grad()
-    def __call__(self, images: Sequence[np.ndarray]) -> List[Dict]:
+    def predict_batch(self, images: Sequence[np.ndarray]) -> List[Dict]:
         inputs = []
         for image in images:
             augmented = T.AugInput(image)
@@ -212,10 +235,12 @@ class BatchPredictor:
                 for output in self.model(inputs)]
 
 
-def draw(frame: Frame, output: Dict, metadata, image_format: str) -> np.ndarray:
-    """The frame with its predicted boxes, masks, class names and scores, as a BGR image."""
-    rgb = frame.image if image_format == "RGB" else frame.image[:, :, ::-1]
-    visualizer = Visualizer(rgb, metadata, instance_mode=ColorMode.IMAGE)
+def draw(image: np.ndarray, output: Dict, metadata, image_format: str,
+         scale: float = 1.0) -> np.ndarray:
+    """``image`` (in ``image_format``) with its predicted boxes, masks, class names and scores,
+    as a BGR image ``scale`` times its size."""
+    rgb = image if image_format == "RGB" else image[:, :, ::-1]
+    visualizer = Visualizer(rgb, metadata, scale=scale, instance_mode=ColorMode.IMAGE)
     if "instances" in output:
         drawing = visualizer.draw_instance_predictions(output["instances"])
     elif "sem_seg" in output:
@@ -264,7 +289,7 @@ def metadata_of(cfg: CfgNode):
     return MetadataCatalog.get(cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else "__unused")
 
 
-def predict_files(predictor: BatchPredictor, files: Sequence[str], output: Path, metadata,
+def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, metadata,
                   image_format: str, known_ids: Dict[str, int], batch_size: int = 1,
                   overwrite: bool = False) -> Tuple[List[Dict], List[Path]]:
     """Predict on every image and video frame of ``files`` in batches; draw each image and
@@ -291,8 +316,9 @@ def predict_files(predictor: BatchPredictor, files: Sequence[str], output: Path,
 
     def run(batch: List[Frame]) -> None:
         nonlocal next_id
-        for frame, prediction in zip(batch, predictor([frame.image for frame in batch])):
-            picture = draw(frame, prediction, metadata, image_format)
+        predictions = predictor.predict_batch([frame.image for frame in batch])
+        for frame, prediction in zip(batch, predictions):
+            picture = draw(frame.image, prediction, metadata, image_format)
             image_id = None
             if frame.index is None:
                 write_image(drawing[frame.source], picture)

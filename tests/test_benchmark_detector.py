@@ -4,9 +4,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT, subprocess_env
-from lambda_det.engine.benchmark_detector import (
+from lambda_det.benchmark.detector import (
     DetectorSettings, benchmark_detector, format_detector, parse_config_spec)
 
 SMALL = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",

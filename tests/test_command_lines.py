@@ -4,11 +4,11 @@ its own keys."""
 import cv2
 import numpy as np
 import pytest
-
 from conftest import load_tool
+from lambda_det.cli import lazyconfig_train_net as lazy
+from lambda_det.cli import train_net as cli
+from lambda_det.cli.output_dir import OutputDirLock, prepare_output_dir
 from lambda_det.config import did_you_mean, load_config
-from lambda_det.engine import OutputDirLock, prepare_output_dir
-from lambda_det.engine import cli, lazy
 
 SHAPES = "configs/Demo/lambda_r26_shapes.yaml"
 

@@ -13,11 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT, load_tool, subprocess_env
-from lambda_det.evaluation.compare import (
-    PRESETS, RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant,
-    plan_comparison, run_comparison, train_command)
+from lambda_det.cli.compare import (
+    PRESETS, RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant, plan_comparison,
+    run_comparison, train_command)
 from lambda_det.config import load_config
 from lambda_det.evaluation.compare_report import (
     _bars, format_comparison, mean_std, median_iteration_time, read_difference, summarize,

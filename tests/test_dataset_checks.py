@@ -12,19 +12,19 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
 from PIL import Image
-
 import lambda_det
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
-from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
+from lambda_det.cli import lazyconfig_train_net as lazy
 from lambda_det.config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
 from lambda_det.data.checks import (
     check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets,
     load_checked_dataset_dicts, load_dataset)
-from lambda_det.engine import Trainer, lazy
+from lambda_det.engine import Trainer
 
 TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
         "MODEL.LAMBDA_RESNET.SCOPE": 3, "MODEL.LAMBDA_RESNET.NORM": "BN", "MODEL.FPN.NORM": "BN",

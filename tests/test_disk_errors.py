@@ -13,20 +13,18 @@ import pickle
 import numpy as np
 import pytest
 import torch
-
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from conftest import CONFIGS, load_tool
-from detectron2.engine.hooks import EvalHook
-from lambda_det.config import load_config
-from lambda_det.engine import (
-    AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, load_checkpoint_file,
-    load_weights)
-from lambda_det.engine import checkpoint as checkpoint_module
-from lambda_det.engine.atomic import OutputWriteError, atomic_path, check_writable_folder
-from lambda_det.engine.cli import check_device
-from lambda_det.engine.output_dir import checkpoint_to_resume
-from lambda_det.engine.trainer import FinalEvalHook, Trainer
 from test_untrusted_inputs import TINY, tiny_model
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+from detectron2.engine.hooks import EvalHook
+from lambda_det.checkpoint import (
+    AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, checkpoint_to_resume)
+from lambda_det.checkpoint import checkpointer as checkpoint_module
+from lambda_det.checkpoint import load_checkpoint_file, load_weights
+from lambda_det.cli.train_net import check_device
+from lambda_det.config import load_config
+from lambda_det.engine.trainer import FinalEvalHook, Trainer
+from lambda_det.utils.atomic import OutputWriteError, atomic_path, check_writable_folder
 
 CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 LAZY_CONFIG = str(CONFIGS / "LazyConfigs/Demo/lambda_r26_shapes.py")
@@ -276,7 +274,7 @@ def test_a_last_checkpoint_that_names_no_checkpoint_is_named(tmp_path, problem):
 def test_resuming_from_a_broken_last_checkpoint_is_one_line(tmp_path, problem, capsys, shapes):
     """train_net --resume, --eval-only --resume, the lazy tool and the comparison (whose runs
     train_net.py resumes) stop before launch."""
-    from lambda_det.evaluation.compare import RECIPE_FILE, parse_variant, plan_comparison
+    from lambda_det.cli.compare import RECIPE_FILE, parse_variant, plan_comparison
 
     comparison = tmp_path / "comparison"
     run = plan_comparison(CONFIG, [], [parse_variant("conv")], [0], str(comparison)).runs[0]
@@ -444,7 +442,7 @@ LAZY_TRAINING = ["--config-file", LAZY_CONFIG, "train.max_iter=2", "train.checkp
 @pytest.mark.slow
 def test_a_full_disk_stops_lazy_training_without_a_final_evaluation(tmp_path, monkeypatch,
                                                                    capsys, shapes):
-    from lambda_det.engine import lazy
+    from lambda_det.cli import lazyconfig_train_net as lazy
 
     output = tmp_path / "run"
     evaluations = []

@@ -14,16 +14,16 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from conftest import load_tool
-from detectron2.modeling import build_model
-from lambda_det.config import load_config
-from lambda_det.engine import AtomicCheckpointer, build_trained_model
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.data import Metadata
+from detectron2.modeling import build_model
+from lambda_det.checkpoint import AtomicCheckpointer
+from lambda_det.config import load_config
 from lambda_det.export import (
     ExportedModel, class_table, eager_outputs, export_model, max_differences, metadata_path,
     outputs_to_instances, sample_image)
+from lambda_det.inference import build_trained_model
 from lambda_det.layers import LambdaLayer
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"

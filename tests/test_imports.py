@@ -26,7 +26,9 @@ else:
     raise AssertionError("detectron2 is still importable")
 """
 
+# The benchmark of whole detectors (tools/benchmark_detector.py) trains detectron2 models.
 IMPORT_THE_CORE = """
+DETECTRON2_PARTS = ("lambda_det.benchmark.detector",)
 import importlib
 import pkgutil
 
@@ -39,6 +41,8 @@ import lambda_det.benchmark
 names = []
 for package in (lambda_det.layers, lambda_det.benchmark):
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if module.name in DETECTRON2_PARTS:
+            continue
         importlib.import_module(module.name)
         names.append(module.name)
 layer = lambda_det.layers.LambdaLayer(8, heads=2, dim_k=4, scope=3)

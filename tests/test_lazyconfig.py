@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-
-import lambda_det.data  # noqa: F401  (registers the shapes dataset)
 from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from torch import nn
+import lambda_det.data  # noqa: F401  (registers the shapes dataset)
 from detectron2.config import instantiate
 from detectron2.engine import DefaultTrainer
 from detectron2.layers import ShapeSpec
@@ -21,11 +20,11 @@ from detectron2.modeling import build_model
 from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
 from detectron2.solver import build_lr_scheduler, build_optimizer
 from lambda_det import model_zoo
+from lambda_det.cli import lazyconfig_train_net as lazy
 from lambda_det.config import load_config
+from lambda_det.config.lazy import load_lazy_config, scale_to_world_size
 from lambda_det.data import build_mapper
 from lambda_det.data.shapes import register_shapes_datasets
-from lambda_det.engine import lazy
-from lambda_det.lazy_config import load_lazy_config, scale_to_world_size
 
 LAZY_ROOT = CONFIGS / "LazyConfigs"
 RECIPES = sorted(str(path.relative_to(LAZY_ROOT)) for path in LAZY_ROOT.rglob("*.py")

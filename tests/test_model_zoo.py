@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import CONFIGS, REPO_ROOT, subprocess_env
 from lambda_det import model_zoo
+from lambda_det.config import shipped
 
 
 def test_names_paths_and_mistakes():
@@ -27,7 +27,7 @@ def test_ambiguous_names_are_refused(tmp_path, monkeypatch):
     for folder in ("A", "B"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "same.yaml").write_text("SEED: 1\n")
-    monkeypatch.setattr(model_zoo, "config_root", lambda: tmp_path)
+    monkeypatch.setattr(shipped, "config_root", lambda: tmp_path)
     with pytest.raises(FileNotFoundError, match=r"'same' is ambiguous: give one of "
                                                 r"\['A/same.yaml', 'B/same.yaml'\]"):
         model_zoo.get_config_file("same")
@@ -67,7 +67,7 @@ def test_configs_resolve_from_an_installed_wheel_in_another_folder(tmp_path):
 def _schedule(name: str) -> tuple:
     """(max_iter, checkpoint period) of a shipped yaml config or LazyConfig recipe."""
     if name.endswith(".py"):
-        from lambda_det.lazy_config import load_lazy_config
+        from lambda_det.config.lazy import load_lazy_config
 
         cfg = load_lazy_config(model_zoo.get_config_file(name), [])
         return cfg.train.max_iter, cfg.train.checkpointer.period

@@ -11,17 +11,17 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from conftest import load_tool
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.config import instantiate
 from detectron2.modeling import build_model
+from lambda_det.checkpoint import AtomicCheckpointer
+from lambda_det.cli import lazyconfig_train_net as lazy
+from lambda_det.cli.output_dir import EVALUATION_PREFIX, evaluation_output_dir
+from lambda_det.cli.train_net import main as train_net_main
 from lambda_det.config import load_config
-from lambda_det.engine import AtomicCheckpointer, lazy
-from lambda_det.engine.cli import main as train_net_main
-from lambda_det.engine.output_dir import EVALUATION_PREFIX, evaluation_output_dir
+from lambda_det.config.lazy import load_lazy_config
 from lambda_det.inference import collect_inputs, drawing_names
-from lambda_det.lazy_config import load_lazy_config
 
 CONFIG = "lambda_r26_shapes"
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",

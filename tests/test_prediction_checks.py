@@ -8,13 +8,12 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
 from conftest import load_tool
 from detectron2.modeling import build_model
+from lambda_det.checkpoint import AtomicCheckpointer, load_weights
+from lambda_det.checkpoint.checkpointer import _class_counts
 from lambda_det.config import load_config
 from lambda_det.data.checks import check_prediction_classes
-from lambda_det.engine import AtomicCheckpointer, load_weights
-from lambda_det.engine.checkpoint import _class_counts
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"  # 3 classes, DATASETS.TEST lambda_det_shapes_val
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",

@@ -9,18 +9,19 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from conftest import load_tool
+from test_untrusted_inputs import CONFIG, TINY
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
+from lambda_det.cli import lazyconfig_train_net as lazy
+from lambda_det.cli import train_net as cli
+from lambda_det.cli.output_dir import prepare_output_dir
+from lambda_det.cli.train_net import check_model
 from lambda_det.config import load_config
-from lambda_det.engine import cli, lazy, preflight
-from lambda_det.engine.cli import check_model
-from lambda_det.engine.output_dir import prepare_output_dir
+from lambda_det.engine import preflight
 from lambda_det.engine.preflight import (
     GIB, Setting, check_device, training_memory_lower_bound, yaml_training_settings)
 from lambda_det.layers import LambdaLayer
-from test_untrusted_inputs import CONFIG, TINY
 
 train_net = load_tool("train_net")
 LAZY_TINY = ["model.backbone.bottom_up.width_multiplier=0.25", "model.backbone.bottom_up.scope=3",

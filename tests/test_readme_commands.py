@@ -9,7 +9,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.config import load_config
 
@@ -113,7 +112,7 @@ def test_each_tool_command_parses_and_its_config_loads(command, parse_only, tmp_
     argv = words[2:]
     with pytest.raises(Parsed) as parsed:
         if script.stem == "train_net":
-            from lambda_det.engine.cli import main
+            from lambda_det.cli.train_net import main
             main(argv)
         else:
             module.main(argv)
@@ -123,7 +122,7 @@ def test_each_tool_command_parses_and_its_config_loads(command, parse_only, tmp_
         return
     config = run_config(config, tmp_path)
     if script.stem == "lazyconfig_train_net":
-        from lambda_det.lazy_config import load_lazy_config
+        from lambda_det.config.lazy import load_lazy_config
         load_lazy_config(config, args.opts)
     elif script.stem == "compare_backbones":
         load_config(config, module.split_overrides(argv)[1])
@@ -148,7 +147,7 @@ def test_each_timm_recipe_converts_into_its_config():
     timm = pytest.importorskip("timm")
     from timm.utils import ParseKwargs
     import lambda_det.modeling.timm_models  # noqa: F401
-    from lambda_det.engine.cli import check_model
+    from lambda_det.cli.train_net import check_model
     from lambda_det.modeling.timm_models import convert_classifier_checkpoint
 
     timm_parser = argparse.ArgumentParser()  # the options of timm's train.py read here

@@ -8,22 +8,23 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import CONFIGS, REPO_ROOT, subprocess_env
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 import lambda_det
 import lambda_det.data  # noqa: F401
-from conftest import CONFIGS, REPO_ROOT, subprocess_env
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from detectron2.engine import HookBase
 from detectron2.modeling import build_model
 from detectron2.utils.events import EventStorage
+from lambda_det.checkpoint import (
+    AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, WeightsMismatchError)
+from lambda_det.checkpoint import checkpointer as checkpoint_module
+from lambda_det.checkpoint import load_weights
+from lambda_det.cli.output_dir import prepare_output_dir
 from lambda_det.data.checks import check_dataset_dicts, load_checked_dataset_dicts
-from lambda_det.engine import (
-    AtomicCheckpointer, CorruptCheckpointError, Trainer, UnsafeCheckpointError,
-    WeightsMismatchError, evaluation_weights, load_weights, prepare_output_dir)
-from lambda_det.engine import checkpoint as checkpoint_module
+from lambda_det.engine import Trainer, evaluation_weights
 from lambda_det.modeling import lambda_resnet
 
 TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from conftest import CONFIGS, REPO_ROOT, subprocess_env
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
+from lambda_det.checkpoint import (
+    AtomicCheckpointer, UnsafeCheckpointError, load_checkpoint_file, load_weights)
+from lambda_det.cli.output_dir import OutputDirBusyError, OutputDirLock
 from lambda_det.config import load_config
-from lambda_det.engine import (
-    AtomicCheckpointer, OutputDirBusyError, OutputDirLock, Predictor, UnsafeCheckpointError,
-    load_checkpoint_file, load_weights)
+from lambda_det.inference import Predictor
 
 CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
@@ -241,7 +241,7 @@ def test_bad_weights_and_config_files_are_one_line(tmp_path, datasets_root, earl
 @pytest.mark.slow
 def test_output_dir_lock_names_the_holder_and_dies_with_it(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from lambda_det.engine.output_dir import "
+        [sys.executable, "-c", "import sys, time; from lambda_det.cli.output_dir import "
          "OutputDirLock; OutputDirLock(sys.argv[1]).acquire(); print('held', flush=True); "
          "time.sleep(600)", str(tmp_path)], stdout=subprocess.PIPE, text=True,
         env=subprocess_env(), cwd=REPO_ROOT)

@@ -12,11 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-from lambda_det.engine.atomic import (  # noqa: E402
-    OutputWriteError, check_writable_folder, reporting_write_errors)
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.cli.arguments import reporting_user_errors
 from lambda_det.evaluation.ap_table import format_ap_table, load_results, plot_ap_by_size  # noqa
+from lambda_det.utils.atomic import OutputWriteError, check_writable_folder, reporting_write_errors
 
 
 def run_name(spec: str):

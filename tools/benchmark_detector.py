@@ -23,16 +23,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-
-import torch  # noqa: E402
-
-from lambda_det.engine.benchmark_detector import (  # noqa: E402
+import torch
+from lambda_det.benchmark.detector import (
     MODES, PRECISIONS, DetectorSettings, benchmark_detector, format_detector)
-from lambda_det.benchmark.harness import machine_description  # noqa: E402
-from lambda_det.engine.atomic import (  # noqa: E402
-    atomic_path, check_writable_folder, reporting_write_errors)
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
+from lambda_det.benchmark.harness import machine_description
+from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.utils.atomic import atomic_path, check_writable_folder, reporting_write_errors
 
 
 def main(argv=None) -> int:

@@ -24,15 +24,13 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout as a script
 
-from lambda_det.benchmark import report  # noqa: E402
-from lambda_det.engine.atomic import (  # noqa: E402
-    OutputWriteError, check_writable_folder, reporting_write_errors)
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
-from lambda_det.benchmark.candidates import SHAPES  # noqa: E402
-from lambda_det.benchmark.modes import (BackboneSettings, LayerSettings,  # noqa: E402
-                                        benchmark_backbone, benchmark_blocks, benchmark_layers)
+from lambda_det.benchmark import report
+from lambda_det.benchmark.candidates import SHAPES
+from lambda_det.benchmark.modes import (
+    BackboneSettings, LayerSettings, benchmark_backbone, benchmark_blocks, benchmark_layers)
+from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.utils.atomic import OutputWriteError, check_writable_folder, reporting_write_errors
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:

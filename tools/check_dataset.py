@@ -18,14 +18,12 @@ status 2.
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-
-import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
-from lambda_det.data.checks import (  # noqa: E402
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.train_net import load_run_config
+from lambda_det.data.checks import (
     IMAGE_CHECKS, check_images, check_run_datasets, check_unique_ids, load_training_dicts)
-from lambda_det.engine.cli import load_run_config, reporting_user_errors  # noqa: E402
 
 
 def argument_parser() -> argparse.ArgumentParser:

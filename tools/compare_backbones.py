@@ -21,15 +21,12 @@ import sys
 from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TOOLS.parent))  # run from a checkout as a script
 
-from lambda_det.engine.atomic import OutputWriteError, check_writable_folder  # noqa: E402
-from lambda_det.engine.cli import reporting_user_errors  # noqa: E402
-from lambda_det.evaluation.compare import (  # noqa: E402
-    DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison,
-    run_comparison)
-from lambda_det.evaluation.compare_report import summarize, write_report  # noqa: E402
-
+from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.compare import (
+    DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison, run_comparison)
+from lambda_det.evaluation.compare_report import summarize, write_report
+from lambda_det.utils.atomic import OutputWriteError, check_writable_folder
 
 # The shared overrides are the KEY VALUE pairs whose KEY is a config key (upper case, e.g.
 # MODEL.DEVICE) and not an option's value: they may follow --seeds 0 1 2 or precede --output.

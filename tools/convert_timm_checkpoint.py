@@ -13,20 +13,16 @@ The checkpoint is read without running code from it. The output's folder is crea
 """
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-
-import torch  # noqa: E402
-
-import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
-from lambda_det.config import load_config  # noqa: E402
-from lambda_det.engine import load_checkpoint_file  # noqa: E402
-from lambda_det.engine.atomic import atomic_path, check_writable_folder  # noqa: E402
-from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, check_model, parse_command_line, reporting_user_errors,
-    tool_argument_parser)
-from lambda_det.modeling.timm_models import convert_classifier_checkpoint  # noqa: E402
+import torch
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
+from lambda_det.checkpoint import load_checkpoint_file
+from lambda_det.cli.arguments import (
+    add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
+from lambda_det.cli.train_net import check_model
+from lambda_det.config import load_config
+from lambda_det.modeling.timm_models import convert_classifier_checkpoint
+from lambda_det.utils.atomic import atomic_path, check_writable_folder
 
 
 def main(argv=None) -> int:

@@ -13,14 +13,11 @@ not counted and gradients start from None, as in a training step after ``zero_gr
 import argparse
 import collections
 import sys
-from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-from lambda_det.benchmark.candidates import DIM_K, HEADS, SCOPE  # noqa: E402
-from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, TiledTuning  # noqa: E402
+from lambda_det.benchmark.candidates import DIM_K, HEADS, SCOPE
+from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, TiledTuning
 
 # lambda_det's GPU tuning of the tiled form (its chunks, and halo gradients folded by
 # unfold_backward), run on the CPU.

@@ -18,25 +18,23 @@ import sys
 import time
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
-import lambda_det.data  # noqa: E402
-import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
-from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
-from detectron2.utils.visualizer import ColorMode, Visualizer  # noqa: E402
-from lambda_det.config import config_differences, load_config, resolve_config_file  # noqa: E402
-from lambda_det.data.checks import check_prediction_classes  # noqa: E402
-from lambda_det.engine import OutputDirLock, Predictor, prepare_output_dir  # noqa: E402
-from lambda_det.engine.atomic import check_writable_folder, reporting_write_errors  # noqa: E402
-from lambda_det.engine.cli import (  # noqa: E402
-    check_device, parse_command_line, reporting_user_errors)
-from lambda_det.engine.output_dir import RUN_FILES, last_checkpoint  # noqa: E402
-from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size  # noqa: E402
-from lambda_det.inference import write_image  # noqa: E402
+import lambda_det.data
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.detection_utils import read_image
+from lambda_det.checkpoint import last_checkpoint
+from lambda_det.cli.arguments import parse_command_line, reporting_user_errors
+from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
+from lambda_det.cli.train_net import check_device
+from lambda_det.config import config_differences, load_config, resolve_config_file
+from lambda_det.data.checks import check_prediction_classes
+from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size
+from lambda_det.inference import Predictor, draw, write_image
+from lambda_det.utils.atomic import check_writable_folder, reporting_write_errors
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 # What the demo adds to a training run's files; --force moves them aside with the run.
@@ -55,12 +53,10 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
     metadata = MetadataCatalog.get(dataset)
     tiles = []
     for record in DatasetCatalog.get(dataset)[:count]:
-        image = cv2.imread(record["file_name"])  # BGR, as the predictor expects
-        instances = predictor(image)["instances"].to("cpu")
-        drawing = Visualizer(image[:, :, ::-1], metadata, scale=2.0, instance_mode=ColorMode.IMAGE)
-        tiles.append(drawing.draw_instance_predictions(instances).get_image())
+        image = read_image(record["file_name"], format=cfg.INPUT.FORMAT)
+        tiles.append(draw(image, predictor(image), metadata, cfg.INPUT.FORMAT, scale=2.0))
     rows = [np.concatenate(tiles[i:i + 2], axis=1) for i in range(0, len(tiles), 2)]
-    write_image(path, np.concatenate(rows, axis=0)[:, :, ::-1], option="OUTPUT_DIR")
+    write_image(path, np.concatenate(rows, axis=0), option="OUTPUT_DIR")
     return path
 
 

@@ -39,19 +39,18 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout as a script
 
-import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
-from lambda_det.config import load_config  # noqa: E402
-from lambda_det.data.checks import check_prediction_classes  # noqa: E402
-from lambda_det.engine import build_trained_model  # noqa: E402
-from lambda_det.engine.atomic import check_writable_folder  # noqa: E402
-from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, check_device, parse_command_line, reporting_user_errors,
-    tool_argument_parser)
-from lambda_det.export import (  # noqa: E402
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
+from lambda_det.cli.arguments import (
+    add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
+from lambda_det.cli.train_net import check_device
+from lambda_det.config import load_config
+from lambda_det.data.checks import check_prediction_classes
+from lambda_det.export import (
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
     export_model, max_differences, metadata_path, sample_image)
+from lambda_det.inference import build_trained_model
+from lambda_det.utils.atomic import check_writable_folder
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -16,12 +16,9 @@ with exit status 2 (--debug for its traceback), results in train.output_dir/eval
 (--eval-only into a train.output_dir that holds a run: in a new train.output_dir/eval_<date-time>/).
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-
-import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
-from lambda_det.engine.lazy import main  # noqa: E402
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+from lambda_det.cli.lazyconfig_train_net import main
 
 if __name__ == "__main__":
     sys.exit(main())

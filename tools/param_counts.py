@@ -5,10 +5,8 @@ Tables 12 and 13 (k=16, h=4, u=1, scope 23x23). Prints a markdown table.
     python tools/param_counts.py
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-from lambda_det.modeling import PAPER_PARAMETERS, lambda_resnet  # noqa: E402
+from lambda_det.modeling import PAPER_PARAMETERS, lambda_resnet
 
 
 def label(depth: int, placement: str, se: bool) -> str:

@@ -29,20 +29,17 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-
-import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
-import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
-from lambda_det.config import load_config  # noqa: E402
-from lambda_det.data.checks import check_prediction_classes  # noqa: E402
-from lambda_det.engine import build_trained_model  # noqa: E402
-from lambda_det.engine.atomic import atomic_path, check_writable_folder  # noqa: E402
-from lambda_det.engine.cli import (  # noqa: E402
-    add_debug_and_overrides, check_device, parse_command_line, reporting_user_errors,
-    tool_argument_parser)
-from lambda_det.inference import (  # noqa: E402
-    BatchPredictor, check_output_folder, collect_inputs, dataset_image_ids, drawing_names,
-    metadata_of, predict_files)
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
+from lambda_det.cli.arguments import (
+    add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
+from lambda_det.cli.train_net import check_device
+from lambda_det.config import load_config
+from lambda_det.data.checks import check_prediction_classes
+from lambda_det.inference import (
+    Predictor, build_trained_model, check_output_folder, collect_inputs, dataset_image_ids,
+    drawing_names, metadata_of, predict_files)
+from lambda_det.utils.atomic import atomic_path, check_writable_folder
 
 RESULTS_FILE = "predictions.json"
 
@@ -88,7 +85,7 @@ def main(argv=None) -> int:
         check_prediction_classes(cfg)
         metadata = metadata_of(cfg)
         known_ids = dataset_image_ids(cfg.DATASETS.TEST[0]) if len(cfg.DATASETS.TEST) else {}
-        predictor = BatchPredictor(cfg, build_trained_model(cfg))
+        predictor = Predictor(cfg, build_trained_model(cfg))
     for path, name in zip(files, drawing_names(files)):
         if Path(name).stem != Path(path).stem:
             print(f"{path} is drawn as {output / name} (an earlier input has its name)")

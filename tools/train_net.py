@@ -33,13 +33,10 @@ Unlike detectron2's script:
   during it (the run stops at once, without its final evaluation).
 """
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout as a script
-
-import lambda_det.data  # noqa: E402,F401  (registers the bundled datasets)
-import lambda_det.modeling  # noqa: E402,F401  (registers the backbones)
-from lambda_det.engine.cli import main  # noqa: E402
+import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
+from lambda_det.cli.train_net import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -49,5 +49,6 @@ embeddings and is skipped by the same cap.
 
 Reports (:mod:`~lambda_det.benchmark.report`): markdown tables, and a plot of the layer mode.
 Only the backbone and blocks modes need detectron2; timm and lambda-networks are imported only
-when their candidates are built.
+when their candidates are built. :mod:`~lambda_det.benchmark.detector` (tools/benchmark_detector.py)
+times whole detectors' training steps with lambda_det's trainer.
 """

@@ -8,31 +8,29 @@ from collections import OrderedDict
 from typing import Optional
 
 import torch
-
 from detectron2.config import CfgNode
-from detectron2.data import (
-    build_detection_test_loader, build_detection_train_loader)
+from detectron2.data import build_detection_test_loader, build_detection_train_loader
 from detectron2.engine import (
     DefaultTrainer, SimpleTrainer, TrainerBase, create_ddp_model, default_setup)
+from detectron2.engine import defaults as engine_defaults
+from detectron2.engine.hooks import EvalHook, PeriodicWriter
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
-from detectron2.engine import defaults as engine_defaults
-from detectron2.engine.hooks import EvalHook, PeriodicWriter
+from lambda_det.checkpoint import checkpoint_to_resume
+from lambda_det.checkpoint.checkpointer import AtomicCheckpointer, check_weights
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_training_dicts
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
-from lambda_det.engine.atomic import OutputWriteError, atomic_path
-from lambda_det.engine.checkpoint import AtomicCheckpointer, check_weights
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
-from lambda_det.engine.output_dir import checkpoint_to_resume
 from lambda_det.engine.preflight import (
     check_batch_size, check_training_settings, yaml_training_settings)
 from lambda_det.engine.run_logging import setup_run_logging
 from lambda_det.modeling.build import check_training_recipe
+from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
 __all__ = ["Trainer", "setup_cfg", "plain_default_setup", "evaluation_weights",
            "write_json_atomically", "FinalEvalHook"]
@@ -45,7 +43,7 @@ def setup_cfg(args: argparse.Namespace) -> CfgNode:
     (:func:`lambda_det.config.load_config`), with detectron2's ``default_setup`` (logging, seeds,
     the config dumped to OUTPUT_DIR). An ``--eval-only`` run takes OUTPUT_DIR and MODEL.WEIGHTS
     from ``args.evaluation`` when the launching process set it
-    (:func:`lambda_det.engine.cli.plan_evaluation`)."""
+    (:func:`lambda_det.cli.train_net.plan_evaluation`)."""
     args.config_file = resolve_config_file(args.config_file) if args.config_file else ""
     cfg = load_config(args.config_file, args.opts, freeze=False)
     evaluation = getattr(args, "evaluation", None)
@@ -106,7 +104,7 @@ def evaluation_weights(cfg: CfgNode, resume: bool) -> str:
         ValueError: no weights at all (detectron2 would evaluate a randomly initialised model).
         FileNotFoundError: a local checkpoint file that does not exist.
         ValueError, FileNotFoundError, IsADirectoryError: OUTPUT_DIR's last_checkpoint is
-            empty or names no file (:func:`~lambda_det.engine.output_dir.checkpoint_to_resume`).
+            empty or names no file (:func:`~lambda_det.checkpoint.checkpoint_to_resume`).
     """
     latest = checkpoint_to_resume(cfg.OUTPUT_DIR) if resume else None
     if latest is not None:

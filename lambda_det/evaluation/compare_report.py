@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from lambda_det.engine.atomic import atomic_path
 from lambda_det.evaluation.ap_table import load_results
+from lambda_det.utils.atomic import atomic_path
 
 __all__ = ["METRICS", "summarize", "format_comparison", "plot_comparison", "write_report",
            "mean_std", "median_iteration_time", "read_difference"]

@@ -19,9 +19,8 @@ from detectron2.config import CfgNode
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import (
     BACKBONE_REGISTRY, FPN, META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, GeneralizedRCNN)
-from detectron2.modeling.roi_heads import Res5ROIHeads
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
-from lambda_det.config import MISSING_CONFIG_HINT
+from detectron2.modeling.roi_heads import Res5ROIHeads
 from lambda_det.modeling.lambda_resnet import LambdaResNet
 from lambda_det.modeling.mixers import MIXERS
 
@@ -30,6 +29,12 @@ __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
            "backbone_setting", "check_training_recipe", "check_c4_head_channels",
            "has_c4_heads", "MIXER_OPTIONS_FROM_CONFIG",
            "LAMBDA_DET_BACKBONES"]
+
+# Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
+MISSING_CONFIG_HINT = (
+    "this config uses lambda_det's MODEL.LAMBDA_RESNET node, which detectron2's defaults do not "
+    "have: call lambda_det.config.add_lambda_det_config(cfg) before merging it, or start from "
+    "lambda_det.config.get_cfg()")
 
 logger = logging.getLogger(__name__)
 

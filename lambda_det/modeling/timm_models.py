@@ -19,11 +19,10 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from timm.layers import SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
+from torch import nn
 from lambda_det.modeling.lambda_resnet import BLOCKS_PER_STAGE, STAGES, LambdaResNet
 from lambda_det.modeling.mixers import mixer_options
 
@@ -229,7 +228,7 @@ def convert_classifier_checkpoint(checkpoint: Dict, model: nn.Module, use_ema: b
     built from the config to fine-tune, e.g. on the meta device: only names and shapes are used).
 
     Args:
-        checkpoint: as :func:`lambda_det.engine.load_checkpoint_file` reads a timm file:
+        checkpoint: as :func:`lambda_det.checkpoint.load_checkpoint_file` reads a timm file:
             ``state_dict`` (and ``state_dict_ema``) from timm's train.py, or a bare state dict.
         use_ema: take the exponential moving average of the weights (timm's ``--model-ema``).
 

@@ -13,13 +13,11 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
-
 from detectron2.solver import build_optimizer
 from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 from lambda_det.benchmark.harness import (
-    Candidate, free_memory, is_out_of_memory, median, paired_ratio, run_round_robin,
-    synchronize)
+    Candidate, free_memory, is_out_of_memory, median, paired_ratio, run_round_robin, synchronize)
 from lambda_det.benchmark.memory import peak_bytes
 from lambda_det.benchmark.report import markdown_table
 from lambda_det.config import load_config

@@ -11,33 +11,31 @@ from typing import Optional, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-
 from detectron2.config import instantiate
 from detectron2.data import MetadataCatalog
 from detectron2.engine import SimpleTrainer, create_ddp_model, default_writers, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
+from lambda_det.checkpoint import checkpoint_to_resume
+from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
+from lambda_det.cli.arguments import parse_command_line, reporting_user_errors
+from lambda_det.cli.train_net import (
+    argument_parser, check_weights_fit, launch_checked, plan_evaluation, prepare_training_output_dir)
 from lambda_det.compat import ddp_without_buffer_sync, quiet_detectron2_warnings
+from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
 from lambda_det.data.checks import check_images, check_unique_ids, load_checked_test_dicts
 from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine.amp import MixedPrecisionTrainer
-from lambda_det.engine.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
-from lambda_det.engine.checkpoint import AtomicCheckpointer
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
-from lambda_det.engine.cli import (
-    argument_parser, check_weights_fit, launch_checked, parse_command_line, plan_evaluation,
-    prepare_training_output_dir, reporting_user_errors)
-from lambda_det.engine.output_dir import checkpoint_to_resume
 from lambda_det.engine.preflight import (
     Setting, check_batch_size, check_device, check_launch_arguments, check_training_memory,
     check_training_settings, lazy_training_settings)
 from lambda_det.engine.trainer import (
     FinalEvalHook, _plain, plain_default_setup, write_json_atomically)
-from lambda_det.lazy_config import (
-    load_lazy_config, resolve_lazy_config_file, scale_to_world_size)
 from lambda_det.modeling import LambdaResNet
 from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
+from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 
 __all__ = ["main", "run", "train", "evaluate", "evaluation_weights", "build_meta_model",
            "check_datasets", "check_training_recipe", "check_config_before_launch"]
@@ -68,7 +66,7 @@ def evaluation_weights(cfg: DictConfig, resume: bool) -> str:
         ValueError: no weights at all (that would evaluate a randomly initialised model).
         FileNotFoundError: a local checkpoint file that does not exist.
         ValueError, FileNotFoundError, IsADirectoryError: train.output_dir's last_checkpoint
-            is empty or names no file (:func:`~lambda_det.engine.output_dir.checkpoint_to_resume`).
+            is empty or names no file (:func:`~lambda_det.checkpoint.checkpoint_to_resume`).
     """
     output_dir, weights = cfg.train.output_dir, cfg.train.init_checkpoint
     latest = checkpoint_to_resume(output_dir) if resume else None

@@ -2,16 +2,16 @@
 written over by an evaluation."""
 import datetime
 import fnmatch
-import glob
 import os
 import socket
 import time
 from typing import List, Optional, Sequence
 
-from lambda_det.engine.atomic import reporting_write_errors
+from lambda_det.checkpoint import last_checkpoint
+from lambda_det.utils.atomic import reporting_write_errors
 
-__all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir", "last_checkpoint",
-           "holds_run_files", "evaluation_output_dir", "checkpoint_to_resume", "RUN_FILES",
+__all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir",
+           "holds_run_files", "evaluation_output_dir", "RUN_FILES",
            "PREVIOUS_RUN_PREFIX", "EVALUATION_PREFIX", "LOCK_FILE"]
 
 PREVIOUS_RUN_PREFIX = "previous_"
@@ -45,7 +45,7 @@ class OutputDirLock:
 
     def acquire(self) -> "OutputDirLock":
         """Raises :class:`OutputDirBusyError` naming the holder when another process has it, and
-        :class:`~lambda_det.engine.atomic.OutputWriteError` when the folder cannot be written
+        :class:`~lambda_det.utils.atomic.OutputWriteError` when the folder cannot be written
         (read-only, full): the lock file is the run's first write."""
         with reporting_write_errors(self.output_dir, self.key):
             try:
@@ -90,44 +90,6 @@ class OutputDirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
-
-
-def last_checkpoint(output_dir: str) -> Optional[str]:
-    """The file name ``output_dir/last_checkpoint`` points at, or None without one."""
-    path = os.path.join(output_dir, "last_checkpoint")
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return f.read().strip()
-
-
-def checkpoint_to_resume(output_dir: str) -> Optional[str]:
-    """The checkpoint that ``--resume`` continues from: the path of the file that
-    ``output_dir/last_checkpoint`` names, or None without last_checkpoint.
-
-    Raises:
-        ValueError: last_checkpoint is empty.
-        FileNotFoundError: it names a file that does not exist.
-        IsADirectoryError: it names a folder.
-    """
-    name = last_checkpoint(output_dir)
-    if name is None:
-        return None
-    path = os.path.join(output_dir, name)
-    if name and os.path.isfile(path):
-        return path
-    pointer = os.path.join(output_dir, "last_checkpoint")
-    found = sorted(os.path.basename(file) for file in glob.glob(
-        os.path.join(glob.escape(output_dir), "model_*.pth")))
-    fix = (f"write the name of one of the run's checkpoints ({', '.join(found[-3:])}) into "
-           f"it, or, to train from scratch instead, pass --restart without --resume" if found
-           else "the folder holds no checkpoint (model_*.pth): to train from scratch, pass "
-                "--restart without --resume")
-    if not name:
-        raise ValueError(f"{pointer} is empty: {fix}")
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{pointer} names {name!r}, a folder, not a checkpoint: {fix}")
-    raise FileNotFoundError(f"{pointer} names {name!r}, which does not exist: {fix}")
 
 
 def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,

@@ -13,27 +13,20 @@ import re
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import yaml
-
 from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
+from fvcore.common.config import BASE_KEY  # noqa: E402
 from detectron2.config import CfgNode as CN  # noqa: E402
 from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
-from fvcore.common.config import BASE_KEY  # noqa: E402
 
 __all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
            "resolve_config_file", "prepare_merged_config", "adapt_norms_to_device",
            "config_differences", "check_config_file", "CfgNode", "ConfigFileError",
-           "MISSING_CONFIG_HINT", "config_keys", "did_you_mean"]
+           "config_keys", "did_you_mean"]
 
 logger = logging.getLogger(__name__)
-
-# Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
-MISSING_CONFIG_HINT = (
-    "this config uses lambda_det's MODEL.LAMBDA_RESNET node, which detectron2's defaults do not "
-    "have: call lambda_det.config.add_lambda_det_config(cfg) before merging it, or start from "
-    "lambda_det.config.get_cfg()")
 
 _NORM_KEYS = ("MODEL.LAMBDA_RESNET.NORM", "MODEL.RESNETS.NORM", "MODEL.FPN.NORM",
               "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM", "MODEL.SEM_SEG_HEAD.NORM")
@@ -320,8 +313,8 @@ def _config_error(error: Exception, where: str, cfg: CN) -> ValueError:
 
 def resolve_config_file(name: str) -> str:
     """``name`` itself when it is a file, else the shipped config of that name
-    (:func:`lambda_det.model_zoo.get_config_file`)."""
-    from lambda_det.model_zoo import get_config_file
+    (:func:`lambda_det.config.shipped.get_config_file`)."""
+    from lambda_det.config.shipped import get_config_file
 
     return name if os.path.isfile(name) else get_config_file(name)
 

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
+from lambda_det.checkpoint import checkpoint_to_resume, last_checkpoint
 from lambda_det.config import config_differences, load_config, resolve_config_file
 from lambda_det.data.coco import coco_dataset_overrides
-from lambda_det.engine.atomic import atomic_path, reporting_write_errors
-from lambda_det.engine.output_dir import checkpoint_to_resume, last_checkpoint
+from lambda_det.utils.atomic import atomic_path, reporting_write_errors
 
 __all__ = ["Variant", "PairRun", "Comparison", "PRESETS", "DEFAULT_VARIANTS", "RECIPE_FILE",
            "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison", "run_comparison",
@@ -134,7 +133,7 @@ def parse_variant(spec: str) -> Variant:
 def count_parameters(cfg) -> Dict[str, int]:
     """Parameters of the model and of its image network (the ResNet without FPN), counted on a
     model built on the meta device (no memory, no random numbers)."""
-    from lambda_det.engine.cli import check_model
+    from lambda_det.cli.train_net import check_model
 
     model = check_model(cfg)
     backbone = getattr(model.backbone, "bottom_up", model.backbone)

@@ -11,7 +11,6 @@ from typing import Iterator, List, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-
 from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
@@ -38,7 +37,7 @@ def resolve_lazy_config_file(name: str) -> str:
         FileNotFoundError: no such file or shipped recipe.
         ValueError: ``name`` is a yaml config.
     """
-    from lambda_det.model_zoo import get_config_file
+    from lambda_det.config.shipped import get_config_file
 
     if os.path.isfile(name):
         path = name

@@ -7,120 +7,39 @@ bad value and the fix; ``--debug`` shows the traceback instead. Anything else is
 its traceback.
 """
 import argparse
-import contextlib
 import logging
-import pickle
-import sys
 import warnings
-from typing import Callable, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 from torch import nn
 from torch.multiprocessing import ProcessExitedException
-
 from detectron2.engine import default_argument_parser
 from detectron2.modeling import build_model
+from lambda_det.checkpoint import (
+    AtomicCheckpointer, check_weights, checkpoint_to_resume, load_weights)
+from lambda_det.cli.arguments import USAGE_ERROR_STATUS, parse_command_line, reporting_user_errors
+from lambda_det.cli.output_dir import (
+    PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config import load_config
 from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import coco_dataset_overrides
-from lambda_det.engine.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
-from lambda_det.engine.checkpoint import (
-    AtomicCheckpointer, CorruptCheckpointError, check_weights, load_weights)
-from lambda_det.engine.launch import launch
-from lambda_det.engine.output_dir import (
-    PREVIOUS_RUN_PREFIX, OutputDirBusyError, OutputDirLock, checkpoint_to_resume,
-    evaluation_output_dir, prepare_output_dir)
 from lambda_det.engine import preflight
+from lambda_det.engine.launch import launch
 from lambda_det.engine.preflight import (
     Setting, check_batch_size, check_launch_arguments, check_training_memory,
     check_training_settings, yaml_training_settings)
 from lambda_det.engine.trainer import Trainer, evaluation_weights, setup_cfg
 from lambda_det.modeling.build import check_training_recipe
+from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 
-__all__ = ["argument_parser", "tool_argument_parser", "add_debug_and_overrides", "main", "run",
-           "load_run_config", "launch_checked", "parse_command_line", "reporting_user_errors",
-           "check_model", "check_config_before_launch", "check_weights_fit", "check_device",
-           "plan_evaluation", "Evaluation", "prepare_training_output_dir", "USER_ERRORS",
-           "USAGE_ERROR_STATUS"]
-
-USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
-# Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
-# has started, an exception is a bug and keeps its traceback, but for a disk that cannot be
-# written (OutputWriteError).
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
-               IsADirectoryError, pickle.UnpicklingError, CorruptCheckpointError,
-               OutputDirBusyError, OutputWriteError)
-
-
-def _one_line(error: BaseException) -> str:
-    message = error.args[0] if isinstance(error, KeyError) and error.args else error
-    return " ".join(str(message).split())
-
-
-@contextlib.contextmanager
-def reporting_user_errors(debug: bool = False, errors: Tuple[type, ...] = USER_ERRORS):
-    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`) into ``error: <message>``
-    on stderr and exit status 2 (with ``debug``, let it through with its traceback)."""
-    try:
-        yield
-    except errors as error:
-        if debug:
-            raise
-        print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
-        raise SystemExit(USAGE_ERROR_STATUS) from None
-
-
-def tool_argument_parser(doc: str) -> argparse.ArgumentParser:
-    """The parser of a tool that takes one config: its docstring as help, and
-    ``--config-file``/``--config`` (a path or a shipped config's name). Finish it with
-    :func:`add_debug_and_overrides` after the tool's own arguments."""
-    parser = argparse.ArgumentParser(
-        description=doc.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(doc.split("\n")[1:]))
-    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
-                        help="a config path, or the name of a shipped config")
-    return parser
-
-
-def add_debug_and_overrides(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``--debug`` and the trailing ``KEY VALUE`` config overrides (last: they take the rest)."""
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
-    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
-    return parser
-
-
-def parse_command_line(parser: argparse.ArgumentParser,
-                       argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``, where options may also follow the trailing overrides:
-    argparse gives every word after the first override to ``opts``, so ``X 5 --coco-dataset a
-    b c`` would merge ``--coco-dataset`` as a config key. Each of the parser's options found in
-    ``opts`` is moved before them; the overrides keep their order."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    overrides = []
-    required = [action for action in parser._actions if action.required]
-    for action in required:  # a required option may be among the trailing words
-        action.required = False
-    try:
-        while True:
-            opts = parser.parse_args(argv).opts
-            option = next((index for index, word in enumerate(opts)
-                           if word.split("=", 1)[0] in parser._option_string_actions), None)
-            if option is None:
-                break
-            overrides += opts[:option]
-            argv = argv[:len(argv) - len(opts)] + opts[option:]
-    finally:
-        for action in required:
-            action.required = True
-    args = parser.parse_args(argv)
-    args.opts = overrides + args.opts
-    return args
-
+__all__ = ["argument_parser", "main", "run", "load_run_config", "launch_checked", "check_model",
+           "check_config_before_launch", "check_weights_fit", "check_device", "plan_evaluation",
+           "Evaluation", "prepare_training_output_dir"]
 
 # How the help of tools/train_net.py names its config's keys; tools/lazyconfig_train_net.py
-# passes its own (lambda_det.engine.lazy).
+# passes its own (lambda_det.cli.lazyconfig_train_net).
 YAML_OUTPUT_DIR = "OUTPUT_DIR"
 YAML_DATASETS = "DATASETS.TRAIN / TEST (the run's config keeps it in DATASETS.COCO_INSTANCES)"
 
@@ -185,7 +104,7 @@ def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
     """Read ``weights`` as the run will (safely) and check that it fits ``model`` (a meta-device
     model: nothing is copied), quietly: the run itself logs what it loads."""
     checkpointer = AtomicCheckpointer(model, require=require)
-    checkpointer.logger = logging.getLogger("lambda_det.engine.cli.preflight")
+    checkpointer.logger = logging.getLogger("lambda_det.cli.train_net.preflight")
     checkpointer.logger.disabled = True
     with warnings.catch_warnings():  # "copying ... to a meta parameter ... is a no-op"
         warnings.simplefilter("ignore", UserWarning)

@@ -14,6 +14,7 @@ import argparse
 import codecs
 import collections
 import errno
+import glob
 import os
 import pickle
 import re
@@ -22,15 +23,13 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
-
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
-from lambda_det.engine.atomic import OutputWriteError, atomic_path
-from lambda_det.engine.output_dir import last_checkpoint
+from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
            "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
-           "WeightsMismatchError"]
+           "WeightsMismatchError", "last_checkpoint", "checkpoint_to_resume"]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -204,7 +203,7 @@ class AtomicCheckpointer(DetectionCheckpointer):
     them so that they appear only once complete.
 
     ``save`` writes a temporary file and renames it, then updates ``last_checkpoint`` the same
-    way (:func:`~lambda_det.engine.atomic.atomic_path`), so a run killed mid-write leaves
+    way (:func:`~lambda_det.utils.atomic.atomic_path`), so a run killed mid-write leaves
     ``last_checkpoint`` on the previous, complete file.
 
     Args:
@@ -370,3 +369,41 @@ def load_weights(model, weights: str, require: str = "all") -> None:
     """
     check_weights(weights)
     AtomicCheckpointer(model, require=require).load(weights, checkpointables=[])
+
+
+def last_checkpoint(output_dir: str) -> Optional[str]:
+    """The file name ``output_dir/last_checkpoint`` points at, or None without one."""
+    path = os.path.join(output_dir, "last_checkpoint")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
+def checkpoint_to_resume(output_dir: str) -> Optional[str]:
+    """The checkpoint that ``--resume`` continues from: the path of the file that
+    ``output_dir/last_checkpoint`` names, or None without last_checkpoint.
+
+    Raises:
+        ValueError: last_checkpoint is empty.
+        FileNotFoundError: it names a file that does not exist.
+        IsADirectoryError: it names a folder.
+    """
+    name = last_checkpoint(output_dir)
+    if name is None:
+        return None
+    path = os.path.join(output_dir, name)
+    if name and os.path.isfile(path):
+        return path
+    pointer = os.path.join(output_dir, "last_checkpoint")
+    found = sorted(os.path.basename(file) for file in glob.glob(
+        os.path.join(glob.escape(output_dir), "model_*.pth")))
+    fix = (f"write the name of one of the run's checkpoints ({', '.join(found[-3:])}) into "
+           f"it, or, to train from scratch instead, pass --restart without --resume" if found
+           else "the folder holds no checkpoint (model_*.pth): to train from scratch, pass "
+                "--restart without --resume")
+    if not name:
+        raise ValueError(f"{pointer} is empty: {fix}")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{pointer} names {name!r}, a folder, not a checkpoint: {fix}")
+    raise FileNotFoundError(f"{pointer} names {name!r}, which does not exist: {fix}")

@@ -1,0 +1,89 @@
+"""What every tool's command line shares: ``--config-file``, ``--debug`` and trailing ``KEY VALUE``
+overrides (options may follow them), and user errors reported as one ``error: ...`` line with exit
+status 2 (as argparse's own usage errors), the traceback kept for ``--debug``."""
+import argparse
+import contextlib
+import pickle
+import sys
+from typing import Optional, Sequence, Tuple
+
+from lambda_det.checkpoint import CorruptCheckpointError
+from lambda_det.cli.output_dir import OutputDirBusyError
+from lambda_det.utils.atomic import OutputWriteError
+
+__all__ = ["USAGE_ERROR_STATUS", "USER_ERRORS", "reporting_user_errors", "tool_argument_parser",
+           "add_debug_and_overrides", "parse_command_line"]
+
+USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
+# Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
+# has started, an exception is a bug and keeps its traceback, but for a disk that cannot be
+# written (OutputWriteError).
+USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               IsADirectoryError, pickle.UnpicklingError, CorruptCheckpointError,
+               OutputDirBusyError, OutputWriteError)
+
+
+def _one_line(error: BaseException) -> str:
+    message = error.args[0] if isinstance(error, KeyError) and error.args else error
+    return " ".join(str(message).split())
+
+
+@contextlib.contextmanager
+def reporting_user_errors(debug: bool = False, errors: Tuple[type, ...] = USER_ERRORS):
+    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`) into ``error: <message>``
+    on stderr and exit status 2 (with ``debug``, let it through with its traceback)."""
+    try:
+        yield
+    except errors as error:
+        if debug:
+            raise
+        print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
+        raise SystemExit(USAGE_ERROR_STATUS) from None
+
+
+def tool_argument_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a tool that takes one config: its docstring as help, and
+    ``--config-file``/``--config`` (a path or a shipped config's name). Finish it with
+    :func:`add_debug_and_overrides` after the tool's own arguments."""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(doc.split("\n")[1:]))
+    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
+                        help="a config path, or the name of a shipped config")
+    return parser
+
+
+def add_debug_and_overrides(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--debug`` and the trailing ``KEY VALUE`` config overrides (last: they take the rest)."""
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of errors in the input instead of one line")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    return parser
+
+
+def parse_command_line(parser: argparse.ArgumentParser,
+                       argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, where options may also follow the trailing overrides:
+    argparse gives every word after the first override to ``opts``, so ``X 5 --coco-dataset a
+    b c`` would merge ``--coco-dataset`` as a config key. Each of the parser's options found in
+    ``opts`` is moved before them; the overrides keep their order."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides = []
+    required = [action for action in parser._actions if action.required]
+    for action in required:  # a required option may be among the trailing words
+        action.required = False
+    try:
+        while True:
+            opts = parser.parse_args(argv).opts
+            option = next((index for index, word in enumerate(opts)
+                           if word.split("=", 1)[0] in parser._option_string_actions), None)
+            if option is None:
+                break
+            overrides += opts[:option]
+            argv = argv[:len(argv) - len(opts)] + opts[option:]
+    finally:
+        for action in required:
+            action.required = True
+    args = parser.parse_args(argv)
+    args.opts = overrides + args.opts
+    return args

@@ -1,0 +1,1 @@
+"""Small utilities the other rooms share: files written atomically, write errors in one line."""
