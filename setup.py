@@ -63,7 +63,7 @@ setup(
     ],
     extras_require={
         "dev": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "onnx>=1.14",
-                "onnxruntime>=1.16", "psutil"],
+                "onnxruntime>=1.16", "psutil", "import-linter>=2"],
         # What detectron2's tools/benchmark.py imports (python -m lambda_det.d2tool benchmark.py).
         "d2tools": ["psutil"],
         # Only to benchmark against the public implementations side by side.

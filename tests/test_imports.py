@@ -1,4 +1,5 @@
 """Importing lambda_det's core needs torch alone: no detectron2, so it works in any PyTorch project."""
+import os
 import subprocess
 import sys
 
@@ -110,3 +111,25 @@ def test_the_missing_detectron2_message_names_the_checkouts_venv(tmp_path):
     assert f"{tmp_path}/.venv/bin/python tools/..." in with_venv
     assert f"source {tmp_path}/.venv/bin/activate" in with_venv
     assert sys.executable in with_venv
+
+
+def _lint_imports(config: str) -> subprocess.CompletedProcess:
+    lint_imports = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    return subprocess.run([lint_imports, "--config", config, "--no-cache"], capture_output=True,
+                          text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
+
+
+def test_rooms_import_only_the_rooms_below_them():
+    result = _lint_imports(str(REPO_ROOT / ".importlinter"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 kept, 0 broken" in result.stdout, result.stdout
+
+
+def test_the_import_contract_catches_an_upward_import(tmp_path):
+    # The same rooms in the opposite order: the package's real imports must break it.
+    contract = (REPO_ROOT / ".importlinter").read_text()
+    rooms = contract.split("layers =\n")[1].split("\n\n")[0].splitlines()
+    upside_down = contract.replace("\n".join(rooms), "\n".join(reversed(rooms)))
+    (tmp_path / "contract.ini").write_text(upside_down)
+    result = _lint_imports(str(tmp_path / "contract.ini"))
+    assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout
