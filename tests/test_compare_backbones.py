@@ -19,8 +19,7 @@ from lambda_det.cli.compare import (
     run_comparison, train_command)
 from lambda_det.config import load_config
 from lambda_det.evaluation.compare_report import (
-    _bars, format_comparison, mean_std, median_iteration_time, read_difference, summarize,
-    write_report)
+    format_comparison, mean_std, median_iteration_time, read_difference, summarize, write_report)
 
 METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -218,15 +217,6 @@ def test_mean_std_leaves_out_values_that_are_not_numbers():
     assert math.isnan(empty["mean"]) and (empty["std"], empty["n"]) == (None, 0)
     assert read_difference(math.nan, None) == "no value: no seed has it for both variants"
     assert read_difference(2.0, None) == "one seed: no spread, not a ranking"
-
-
-def test_chart_bars_and_error_bars_stop_at_zero():
-    results = {metric: {"mean": 10.0, "std": 2.0} for metric in METRICS}
-    results["AP50"] = {"mean": 1.0, "std": 3.0}  # +-std would reach -2
-    results["APs"] = {"mean": math.nan, "std": None}  # no value: no bar, not a bar at 0
-    results["APl"] = {"mean": 4.0, "std": None}  # one seed: no error bar
-    assert _bars(results) == [(0, 10.0, 2.0, 2.0), (1, 1.0, 1.0, 3.0), (2, 10.0, 2.0, 2.0),
-                              (4, 10.0, 2.0, 2.0), (5, 4.0, 0.0, 0.0)]
 
 
 def test_median_iteration_time_skips_a_truncated_line_and_missing_times(tmp_path):

@@ -357,3 +357,23 @@ def test_train_net_trains_evaluates_and_reports_ap_by_size(tmp_path, datasets_ro
                           *TINY_TRAINING, "OUTPUT_DIR", str(output), datasets_root=datasets_root)
     assert unweighted.returncode != 0 and "MODEL.WEIGHTS is empty" in unweighted.stderr
     assert load_results(str(output)) == results
+
+
+def test_ap_bars_leave_out_missing_metrics_and_cut_errors_at_zero(tmp_path, monkeypatch):
+    from matplotlib.axes import Axes
+
+    from lambda_det.evaluation.plots import plot_ap_bars
+
+    drawn, draw = [], Axes.bar
+
+    def recording_bar(self, x, height, *args, **kwargs):
+        drawn.append((list(x), list(height), kwargs.get("yerr")))
+        return draw(self, x, height, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "bar", recording_bar)
+    panels = {"boxes": {"a": [(10.0, 2.0), (float("nan"), None), (1.0, 3.0), (4.0, None)]}}
+    png = plot_ap_bars(panels, ("AP", "APs", "APm", "APl"), str(tmp_path / "bars.png"))
+    # No bar for the NaN metric (not a bar at 0); the std below 1.0 stops at 0 (AP is never
+    # below); a value without a std (one seed) has no error bar; the file is whole.
+    assert drawn == [([0.0, 2.0, 3.0], [10.0, 1.0, 4.0], [(2.0, 1.0, 0.0), (2.0, 3.0, 0.0)])]
+    assert Path(png).read_bytes()[:4] == b"\x89PNG" and list(tmp_path.iterdir()) == [Path(png)]

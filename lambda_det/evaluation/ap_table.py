@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
+from lambda_det.evaluation.plots import plot_ap_bars
+
 __all__ = ["PAPER_TABLE_14", "SIZE_METRICS", "load_results", "format_ap_table", "plot_ap_by_size"]
 
 Results = Dict[str, Dict[str, float]]  # task ("bbox" / "segm") -> metric -> value
@@ -125,27 +127,11 @@ def format_ap_table(runs: Mapping[str, Results], baseline: Optional[str] = None,
 
 
 def plot_ap_by_size(runs: Mapping[str, Results], path: str, title: str = "COCO AP by object size"):
-    """Grouped bars (AP, APs, APm, APl) per run, one panel for boxes and one for masks."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = [(task, label) for task, label in TASKS if any(task in r for r in runs.values())]
-    figure, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4), squeeze=False)
-    width = 0.8 / max(1, len(runs))
-    for axis, (task, label) in zip(axes[0], tasks):
-        for index, (name, results) in enumerate(runs.items()):
-            values = [results.get(task, {}).get(metric, float("nan")) for metric in SIZE_METRICS]
-            positions = [i + (index - (len(runs) - 1) / 2) * width for i in range(len(SIZE_METRICS))]
-            bars = axis.bar(positions, values, width, label=name)
-            axis.bar_label(bars, labels=[_number(v) for v in values], fontsize=7)
-        axis.set_xticks(range(len(SIZE_METRICS)), SIZE_METRICS)
-        axis.set_ylabel("AP (%)")
-        axis.set_title(f"{title}: {'boxes' if label == 'bb' else 'masks'}")
-        axis.legend(fontsize=8)
-    figure.tight_layout()
+    """Grouped bars (AP, APs, APm, APl) per run, one panel for boxes and one for masks
+    (:func:`~lambda_det.evaluation.plots.plot_ap_bars`); the folder is made if needed."""
+    panels = {f"{title}: {'boxes' if label == 'bb' else 'masks'}": {
+        name: [(results.get(task, {}).get(metric, float("nan")), None) for metric in SIZE_METRICS]
+        for name, results in runs.items()}
+        for task, label in TASKS if any(task in results for results in runs.values())}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return plot_ap_bars(panels, SIZE_METRICS, path)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from lambda_det.evaluation.ap_table import load_results
+from lambda_det.evaluation.plots import plot_ap_bars
 from lambda_det.utils.atomic import atomic_path
 
 __all__ = ["METRICS", "summarize", "format_comparison", "plot_comparison", "write_report",
@@ -295,48 +296,16 @@ def format_comparison(summary: Mapping) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _bars(results: Mapping[str, Mapping]) -> List[tuple]:
-    """(position, mean, lower error, upper error) of each metric's bar: the error is the std,
-    and its lower end stops at 0 (AP is never below); a metric without a value gets no bar
-    (rather than a bar at 0)."""
-    bars = []
-    for position, metric in enumerate(METRICS):
-        mean, std = results[metric]["mean"], results[metric]["std"] or 0.0
-        if not math.isnan(mean):
-            bars.append((position, mean, min(std, max(mean, 0.0)), std))
-    return bars
-
-
 def plot_comparison(summary: Mapping, path: str) -> str:
     """Bars per metric and variant (mean over seeds) with the std as error bars, cut at 0 (the
-    table gives the full ± std); one panel per task. Written atomically as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks, variants = summary["tasks"], summary["variants"]
-    figure, axes = plt.subplots(1, len(tasks), figsize=(6.5 * len(tasks), 4.2), squeeze=False)
-    width = 0.8 / len(variants)
-    for axis, task in zip(axes[0], tasks):
-        for index, (name, entry) in enumerate(variants.items()):
-            offset = (index - (len(variants) - 1) / 2) * width
-            bars = _bars(entry["results"][task])
-            axis.bar([bar[0] + offset for bar in bars], [bar[1] for bar in bars], width,
-                     yerr=[[bar[2] for bar in bars], [bar[3] for bar in bars]], capsize=3,
-                     label=name)
-        axis.set_xticks(range(len(METRICS)), METRICS)
-        axis.set_ylim(bottom=0)
-        axis.set_ylabel("AP (%)")
-        seeds = len(summary["seeds"])
-        axis.set_title(f"{TASK_LABELS[task]} AP, mean ± std over {seeds} seed"
-                       f"{'s' if seeds > 1 else ''}")
-        axis.legend(fontsize=8)
-    figure.tight_layout()
-    with atomic_path(path) as temporary:
-        figure.savefig(temporary, dpi=120, format="png")
-    plt.close(figure)
-    return path
+    table gives the full ± std); one panel per task (:func:`~.plots.plot_ap_bars`)."""
+    seeds = len(summary["seeds"])
+    panels = {f"{TASK_LABELS[task]} AP, mean ± std over {seeds} seed{'s' if seeds > 1 else ''}": {
+        name: [(entry["results"][task][metric]["mean"], entry["results"][task][metric]["std"])
+               for metric in METRICS]
+        for name, entry in summary["variants"].items()}
+        for task in summary["tasks"]}
+    return plot_ap_bars(panels, METRICS, path, panel_width=6.5)
 
 
 def _write_text(path: Path, text: str) -> None:
