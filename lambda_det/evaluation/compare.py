@@ -37,9 +37,8 @@ from lambda_det.engine.output_dir import checkpoint_to_resume, last_checkpoint
 from lambda_det.modeling.mixers import MIXERS
 
 __all__ = ["Variant", "PairRun", "Comparison", "BASELINES", "variant_presets", "DEFAULT_VARIANTS",
-           "RECIPE_FILE",
-           "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison", "run_comparison",
-           "count_parameters"]
+           "RECIPE_FILE", "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison",
+           "run_comparison", "count_parameters"]
 
 KEY_PREFIX = "MODEL.LAMBDA_RESNET."
 RECIPE_FILE = "compare_recipe.yaml"
