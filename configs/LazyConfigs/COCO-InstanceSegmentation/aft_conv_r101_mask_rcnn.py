@@ -8,6 +8,6 @@ from lambda_det.lazy_config import use_mixer
 
 model.backbone.bottom_up.depth = 101
 model.backbone.bottom_up.placement = "paper"
-use_mixer(model.backbone.bottom_up, "aft_conv", heads=8, window_size=7)  # replaces lambda
+use_mixer(model.backbone.bottom_up, "aft_conv")  # its options (defaults) replace the lambda's
 
 train.output_dir = "./output/aft_conv_r101_mask_rcnn"
