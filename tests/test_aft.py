@@ -428,6 +428,9 @@ def test_reset_parameters_undoes_an_init_loop():
                                         r"spatial_dims=2"),
     (lambda: AFTFull(8, causal=True, spatial_dims=1, stride=2),
      "causal=True needs stride=1, got stride=2"),
+    (lambda: AFTConv(8, heads=2, causal=True, spatial_dims=1),
+     r"AFTConv has no causal form \(its window looks both ways\): use AFTLocal, AFTFull or "
+     r"AFTSimple"),
 ])
 def test_bad_arguments_name_the_value(factory, message):
     with pytest.raises(ValueError, match=message):
@@ -471,3 +474,15 @@ def test_jit_trace_matches_eager(cls, kwargs):
     x = torch.randn(1, 8, 6, 5)
     traced = torch.jit.trace(layer, (x,))
     torch.testing.assert_close(traced(x), layer(x))
+
+
+def test_each_variant_shows_its_options():
+    assert [layer.extra_repr() for layer in (
+        AFTFull(8), AFTLocal(8, 4, window_size=3), AFTSimple(8, causal=True, spatial_dims=1),
+        AFTConv(8, heads=2, stride=2))] == [
+        "8, 8, hidden_dim=8, max_size=64, position_dim=128, causal=False, stride=1, "
+        "spatial_dims=2",
+        "8, 4, hidden_dim=4, window_size=3, max_size=64, position_dim=128, causal=False, "
+        "stride=1, spatial_dims=2",
+        "8, 8, hidden_dim=8, causal=True, stride=1, spatial_dims=1",
+        "8, 8, hidden_dim=8, heads=2, window_size=7, stride=2, spatial_dims=2"]

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.cli.compare import (
-    PRESETS, RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant, plan_comparison,
-    run_comparison, train_command)
+    RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant, plan_comparison,
+    run_comparison, train_command, variant_presets)
 from lambda_det.config import load_config
 from lambda_det.evaluation.compare_report import (
     format_comparison, mean_std, median_iteration_time, read_difference, summarize, write_report)
@@ -51,7 +51,8 @@ def fabricated_comparison(tmp_path):
     }
     parameters = {"conv": {"parameters": 2_000_000, "backbone_parameters": 1_500_000},
                   "lambda": {"parameters": 1_800_000, "backbone_parameters": 1_300_000}}
-    overrides = {"conv": PRESETS["conv"], "lambda": PRESETS["lambda"]}
+    presets = variant_presets()
+    overrides = {"conv": presets["conv"], "lambda": presets["lambda"]}
     return summarize(runs, "conv", parameters, overrides,
                      recipe={"config": "lambda_r26_shapes.yaml", "overrides": []})
 
@@ -66,6 +67,24 @@ def test_parse_variant_presets_and_definitions():
         Variant("k8", ("MODEL.LAMBDA_RESNET.DIM_K", "8",
                        "MODEL.LAMBDA_RESNET.OUT_FEATURES", "['res4', 'res5']"))
     assert parse_variant("base:") == Variant("base", ())
+    # A key of a mixer's node is short too.
+    assert parse_variant("h4:MIXER=aft_conv,AFT_CONV.HEADS=4").overrides == (
+        "MODEL.LAMBDA_RESNET.MIXER", "aft_conv", "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "4")
+
+
+def test_every_registered_mixer_is_a_variant_and_the_conv_baselines_come_first():
+    from lambda_det.modeling import register_mixer, unregister_mixer
+    from lambda_det.modeling.mixers import ConvMixer
+
+    assert list(variant_presets()) == ["conv", "se", "lambda", "aft_conv"]
+    register_mixer("conv2")(ConvMixer)
+    try:
+        assert parse_variant("conv2") == Variant("conv2", ("MODEL.LAMBDA_RESNET.MIXER", "conv2"))
+    finally:
+        unregister_mixer("conv2")
+    with pytest.raises(ValueError, match="unknown variant 'conv2': name one of conv, se, lambda, "
+                                         "aft_conv, or define it"):
+        parse_variant("conv2")
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -222,10 +222,9 @@ ARCHITECTURES = {
     "panoptic_fpn": ("Base-Panoptic-FPN.yaml", "build_lambda_resnet_fpn_backbone",
                      lambda cfg: cfg),
     "mask_rcnn_aft_conv": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone",
-                           lambda cfg: cfg.merge_from_list(["MODEL.MASK_ON", "True",
-                                                            "MODEL.LAMBDA_RESNET.MIXER", "aft_conv",
-                                                            "MODEL.LAMBDA_RESNET.AFT_HEADS", "4"])
-                           or cfg),
+                           lambda cfg: cfg.merge_from_list([
+                               "MODEL.MASK_ON", "True", "MODEL.LAMBDA_RESNET.MIXER", "aft_conv",
+                               "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "4"]) or cfg),
 }
 
 

@@ -1,19 +1,25 @@
 """The mixer registry: built-in mixers, a mixer added by registration, their config keys."""
-import inspect
+import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import pytest
 import torch
-from torch import nn
-
-import lambda_det
 from conftest import CONFIGS
+from torch import nn
+import lambda_det
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_backbone
-from lambda_det.layers import AFTConv, LambdaLayer
+from lambda_det import model_zoo
+from lambda_det.cli import train_net as cli
+from lambda_det.config import config_differences, get_cfg
+from lambda_det.config.lazy import use_mixer
+from lambda_det.layers import AFTConv, LambdaLayer, constructor_defaults
 from lambda_det.modeling import (
     MIXERS, build_mixer_factory, lambda_resnet, register_mixer, unregister_mixer)
 from lambda_det.modeling.blocks import Bottleneck
+from lambda_det.modeling.mixers import (
+    NONE_IN_CONFIG, mixer_config_defaults, mixer_option_defaults, mixer_options_from_config)
 
 
 @dataclass(frozen=True)
@@ -75,9 +81,105 @@ def test_a_registered_mixer_is_chosen_by_the_mixer_config_key(pool_mixer):
     placed = [block for stage in (bottom_up.res4, bottom_up.res5) for block in stage
               if isinstance(block.mixer, nn.Sequential)]
     assert len(placed) == 3  # paper placement at depth 26: c4 block 2 and both c5 blocks
-    assert all(block.mixer[0].kernel_size == 3 for block in placed)  # no config keys: defaults
+    assert all(block.mixer[0].kernel_size == 3 for block in placed)
     outputs = backbone(torch.randn(1, 3, 64, 64))
     assert outputs["p6"].shape == (1, 32, 1, 1)
+    cfg = small_config(MIXER=pool_mixer)
+    cfg.merge_from_list(["MODEL.LAMBDA_RESNET.POOL.KERNEL_SIZE", "5"])
+    placed = build_backbone(cfg, ShapeSpec(channels=3)).bottom_up.res5
+    assert [block.mixer[0].kernel_size for block in placed] == [5, 5]
+
+
+def test_registering_a_mixer_adds_its_options_to_the_config_and_lazy_arguments(pool_mixer):
+    assert get_cfg().MODEL.LAMBDA_RESNET.POOL == {"KERNEL_SIZE": 3}  # its options' node
+    unregister_mixer(pool_mixer)
+    assert "POOL" not in get_cfg().MODEL.LAMBDA_RESNET
+    register_mixer(pool_mixer)(PoolMixer)
+    assert get_cfg().MODEL.LAMBDA_RESNET.POOL.KERNEL_SIZE == 3
+    arguments = {"depth": 26, "mixer": "lambda", **mixer_option_defaults("lambda")}
+    use_mixer(arguments, pool_mixer, kernel_size=5)
+    assert arguments == {"depth": 26, "mixer": "pool", "kernel_size": 5}
+    use_mixer(arguments, "aft_conv")
+    assert arguments == {"depth": 26, "mixer": "aft_conv", "heads": 8, "window_size": 7}
+    with pytest.raises(TypeError, match=r"unknown options \['dim_k'\] for mixer 'aft_conv'"):
+        use_mixer(arguments, "aft_conv", dim_k=8)
+
+
+@dataclass(frozen=True)
+class DilatedMixer:
+    """A toy mixer whose keys live in a node of another name, with an option that may be None."""
+
+    CONFIG_NODE: ClassVar[str] = "DILATED_CONV"
+    dilation: Optional[int] = dataclasses.field(default=None, metadata={NONE_IN_CONFIG: 0})
+
+    def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
+        return nn.Conv2d(in_channels, out_channels, 3, stride, padding=self.dilation or 1,
+                         dilation=self.dilation or 1, bias=False)
+
+
+def test_a_mixer_declares_where_its_keys_live_and_what_stands_for_none():
+    register_mixer("dilated")(DilatedMixer)
+    try:
+        assert mixer_config_defaults("dilated") == {"DILATION": 0}
+        node = get_cfg().MODEL.LAMBDA_RESNET
+        assert "DILATED" not in node and node.DILATED_CONV == {"DILATION": 0}
+        assert mixer_options_from_config("dilated", node) == {"dilation": None}
+        node.DILATED_CONV.DILATION = 2
+        assert mixer_options_from_config("dilated", node) == {"dilation": 2}
+    finally:
+        unregister_mixer("dilated")
+
+
+def test_a_mixer_option_needs_a_default_a_config_can_hold():
+    @dataclass(frozen=True)
+    class NoDefault:
+        width: int
+
+    @dataclass(frozen=True)
+    class ObjectDefault:
+        layer: type = nn.Conv2d
+
+    with pytest.raises(ValueError, match="option 'width' of mixer 'bad' has no default"):
+        register_mixer("bad")(NoDefault)
+    with pytest.raises(ValueError, match="option 'layer' of mixer 'bad' defaults to <class "
+                                         ".*Conv2d'>, which a config cannot hold"):
+        register_mixer("bad")(ObjectDefault)
+    assert "bad" not in MIXERS
+
+
+@dataclass(frozen=True)
+class PlacementMixer:
+    """A toy mixer whose option would be a key the backbone has."""
+
+    CONFIG_NODE: ClassVar[str] = ""
+    placement: str = "x"
+
+    def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
+        return nn.Identity()
+
+
+@pytest.mark.parametrize("name, builder, clash", [
+    ("se", PoolMixer, "mixer 'se' puts its options under MODEL.LAMBDA_RESNET.SE, which is taken"),
+    ("placed", PlacementMixer, "mixer 'placed' option 'placement' would be "
+                               "MODEL.LAMBDA_RESNET.PLACEMENT, which is taken")])
+def test_a_mixer_whose_keys_would_take_a_key_of_the_backbone_is_refused(name, builder, clash):
+    register_mixer(name)(builder)
+    try:
+        with pytest.raises(ValueError, match=clash):
+            get_cfg()
+    finally:
+        unregister_mixer(name)
+
+
+def test_a_mixer_registered_after_the_config_was_made_is_named(pool_mixer):
+    unregister_mixer(pool_mixer)
+    cfg = small_config()
+    register_mixer(pool_mixer)(PoolMixer)
+    cfg.MODEL.LAMBDA_RESNET.MIXER = pool_mixer
+    with pytest.raises(ValueError, match=r"the config has no MODEL.LAMBDA_RESNET.POOL.KERNEL_SIZE "
+                                         r"for mixer 'pool': register the mixer before making "
+                                         r"the config"):
+        build_backbone(cfg, ShapeSpec(channels=3))
 
 
 def test_an_unknown_mixer_is_a_one_line_error_naming_the_registered_ones():
@@ -98,14 +200,8 @@ def test_registry_refuses_a_taken_name_and_an_unknown_one():
         unregister_mixer("pool")
 
 
-def keyword_defaults(layer) -> dict:
-    return {name: parameter.default
-            for name, parameter in inspect.signature(layer).parameters.items()
-            if parameter.default is not inspect.Parameter.empty}
-
-
-def test_mixer_and_config_defaults_are_the_layers_defaults():
-    lambda_defaults, aft_defaults = keyword_defaults(LambdaLayer), keyword_defaults(AFTConv)
+def test_mixer_config_and_lazy_defaults_are_the_layers_defaults():
+    lambda_defaults, aft_defaults = constructor_defaults(LambdaLayer), constructor_defaults(AFTConv)
     lambda_mixer = build_mixer_factory("lambda")
     for option in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size"):
         assert getattr(lambda_mixer, option) == lambda_defaults[option]
@@ -115,8 +211,38 @@ def test_mixer_and_config_defaults_are_the_layers_defaults():
     node = lambda_det.get_cfg().MODEL.LAMBDA_RESNET
     assert (node.HEADS, node.DIM_K, node.DIM_U, node.SCOPE, node.IMPL, node.MAX_SIZE) == tuple(
         lambda_defaults[key] for key in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size"))
-    assert (node.AFT_HEADS, node.AFT_WINDOW_SIZE) == (aft_defaults["heads"],
-                                                      aft_defaults["window_size"])
+    assert node.SHARE_POSITION_EMBEDDINGS is False
+    assert node.AFT_CONV == {"HEADS": aft_defaults["heads"],
+                             "WINDOW_SIZE": aft_defaults["window_size"]}
+    bottom_up = model_zoo.get_config("lambda_r101_mask_rcnn.py").model.backbone.bottom_up
+    assert {option: bottom_up[option] for option in mixer_option_defaults("lambda")} == {
+        **{key: lambda_defaults[key] for key in ("heads", "dim_k", "dim_u", "scope", "impl",
+                                                 "max_size")},
+        "share_position_embeddings": False}
+
+
+def test_scope_0_in_a_config_is_global_context():
+    node = get_cfg().MODEL.LAMBDA_RESNET
+    assert mixer_options_from_config("lambda", node)["scope"] == 23
+    node.SCOPE = 0
+    assert mixer_options_from_config("lambda", node)["scope"] is None
+
+
+@pytest.mark.parametrize("old, new", [("AFT_HEADS", "AFT_CONV.HEADS"),
+                                      ("AFT_WINDOW_SIZE", "AFT_CONV.WINDOW_SIZE")])
+def test_an_old_flat_aft_key_is_one_error_line_naming_its_new_key(tmp_path, capsys, old, new):
+    renamed = (f"Key MODEL.LAMBDA_RESNET.{old} was renamed to MODEL.LAMBDA_RESNET.{new}; "
+               f"please update your config.")
+    config = tmp_path / "old.yaml"
+    config.write_text(f"_BASE_: {CONFIGS / 'Demo/lambda_r26_shapes.yaml'}\n"
+                      f"MODEL:\n  LAMBDA_RESNET:\n    MIXER: aft_conv\n    {old}: 3\n")
+    for argv, where in ((["--config", "lambda_r26_shapes", f"MODEL.LAMBDA_RESNET.{old}", "3"],
+                         "in the command-line overrides"),
+                        (["--config", str(config)], f"in config file {config}")):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([*argv, "OUTPUT_DIR", str(tmp_path / "run")])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {where}: {renamed}"]
 
 
 def test_config_keys_reach_the_mixers():
@@ -128,7 +254,9 @@ def test_config_keys_reach_the_mixers():
     assert layers[0].position_embedding is layers[1].position_embedding
     assert layers[0].position_embedding.radius == 7  # global context: offsets up to max_size - 1
     assert isinstance(layers[0].query_norm, nn.GroupNorm)  # the backbone's norm
-    cfg = small_config(PLACEMENT="CCCL", MIXER="aft_conv", AFT_HEADS=2, AFT_WINDOW_SIZE=3)
+    cfg = small_config(PLACEMENT="CCCL", MIXER="aft_conv")
+    cfg.merge_from_list(["MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "2",
+                         "MODEL.LAMBDA_RESNET.AFT_CONV.WINDOW_SIZE", "3"])
     layers = [block.mixer for block in build_backbone(cfg, ShapeSpec(channels=3)).bottom_up.res5]
     assert [(layer.heads, layer.window_size) for layer in layers] == [(2, 3)] * 2
 
@@ -167,3 +295,14 @@ def test_a_block_inits_its_last_norm_and_its_mixer_but_not_a_conv_mixer():
     queries = lambda_block.mixer.to_queries.weight
     assert queries.std().item() == pytest.approx((16 * 8) ** -0.5, rel=0.2)  # paper F.2
     assert torch.all(lambda_block.conv1.weight == 0.5)  # convs are the backbone's to init
+
+
+def test_a_saved_config_with_an_old_flat_aft_key_compares_as_its_new_key():
+    saved = "MODEL:\n  LAMBDA_RESNET:\n    MIXER: aft_conv\n    AFT_HEADS: 4\n"
+    wanted = get_cfg()
+    wanted.merge_from_list(["MODEL.LAMBDA_RESNET.MIXER", "aft_conv",
+                            "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "4"])
+    assert config_differences(saved, wanted.dump()) == []
+    wanted.MODEL.LAMBDA_RESNET.AFT_CONV.HEADS = 8
+    assert config_differences(saved, wanted.dump()) == [
+        "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS: 4 -> 8"]

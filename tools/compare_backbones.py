@@ -9,8 +9,9 @@ and time per iteration (OUTPUT/comparison.md, .json, .png).
 
 Variants (default: conv se lambda; the first is the baseline unless --baseline names another):
 ``conv`` (MODEL.LAMBDA_RESNET.PLACEMENT none, the ResNet-RS twin), ``se`` (PLACEMENT none, SE
-True), ``lambda`` (MIXER lambda, the config's placement), ``aft_conv`` (MIXER aft_conv), or
-``NAME:KEY=VALUE,KEY=VALUE`` with MODEL.LAMBDA_RESNET keys (e.g. ``k8:DIM_K=8``). Trailing
+True), the name of a registered mixer (``lambda``: MIXER lambda in the config's placement;
+``aft_conv``), or ``NAME:KEY=VALUE,KEY=VALUE`` with MODEL.LAMBDA_RESNET keys (e.g.
+``k8:DIM_K=8``, ``h4:MIXER=aft_conv,AFT_CONV.HEADS=4``). Trailing
 ``KEY VALUE`` pairs override the config for every run (e.g. the datasets). Runs go to
 OUTPUT/<variant>/seed<SEED>/; run again, the command reuses finished runs and continues
 interrupted ones.

@@ -4,8 +4,7 @@ Sizes come from the layers' own constructor defaults (:class:`~lambda_det.layers
 :class:`~lambda_det.layers.AFTConv`), so the benchmark times the layers a LambdaResNet builds.
 timm and lambda-networks are imported only when their candidates are built.
 """
-import inspect
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +12,7 @@ from torch import nn
 
 from lambda_det.benchmark.harness import Candidate
 from lambda_det.layers import (IMPLEMENTATIONS, AFTConv, AFTFull, AFTLocal, AFTSimple,
-                               LambdaLayer)
+                               LambdaLayer, constructor_defaults)
 from lambda_det.layers.lambda_conv import TiledTuning
 
 SHAPES = {  # name: (H, W, channels)
@@ -23,13 +22,6 @@ SHAPES = {  # name: (H, W, channels)
     "c5_224": (7, 7, 512),  # stage c5 of a 224 x 224 ImageNet input
 }
 TIMM, LUCIDRAINS = "timm LambdaLayer", "lucidrains LambdaLayer"
-
-
-def constructor_defaults(cls: type) -> Dict[str, object]:
-    """The keyword defaults of ``cls(...)``: the single home of a layer's standard sizes."""
-    return {name: parameter.default
-            for name, parameter in inspect.signature(cls).parameters.items()
-            if parameter.default is not inspect.Parameter.empty}
 
 
 _LAMBDA = constructor_defaults(LambdaLayer)

@@ -30,23 +30,21 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.checkpoint import checkpoint_to_resume, last_checkpoint
-from lambda_det.config import config_differences, load_config, resolve_config_file
+from lambda_det.config import config_differences, get_cfg, load_config, resolve_config_file
 from lambda_det.data.coco import coco_dataset_overrides
+from lambda_det.modeling.mixers import MIXERS
 from lambda_det.utils.atomic import atomic_path, reporting_write_errors
 
-__all__ = ["Variant", "PairRun", "Comparison", "PRESETS", "DEFAULT_VARIANTS", "RECIPE_FILE",
-           "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison", "run_comparison",
-           "count_parameters"]
+__all__ = ["Variant", "PairRun", "Comparison", "BASELINES", "variant_presets", "DEFAULT_VARIANTS",
+           "RECIPE_FILE", "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison",
+           "run_comparison", "count_parameters"]
 
 KEY_PREFIX = "MODEL.LAMBDA_RESNET."
 RECIPE_FILE = "compare_recipe.yaml"
-# The paper's Table 14 rows: the conv twin (ResNet-RS), the +SE twin, the lambda backbone; and
-# the same blocks with AFT-conv as the mixer.
-PRESETS: Dict[str, Tuple[str, ...]] = {
+# The paper's Table 14 baselines: the conv twin (ResNet-RS) and the +SE twin.
+BASELINES: Dict[str, Tuple[str, ...]] = {
     "conv": (KEY_PREFIX + "PLACEMENT", "none"),
     "se": (KEY_PREFIX + "PLACEMENT", "none", KEY_PREFIX + "SE", "True"),
-    "lambda": (KEY_PREFIX + "MIXER", "lambda"),
-    "aft_conv": (KEY_PREFIX + "MIXER", "aft_conv"),
 }
 DEFAULT_VARIANTS = ("conv", "se", "lambda")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*$")
@@ -101,19 +99,29 @@ class Comparison:
     parameters: Dict[str, Dict[str, int]]
 
 
+def variant_presets() -> Dict[str, Tuple[str, ...]]:
+    """The variants known by name: the :data:`BASELINES`, then every registered mixer in the
+    config's placement (``lambda``: MIXER lambda, ``aft_conv``, ...; the "conv" mixer is the conv
+    baseline)."""
+    mixers = {name: (KEY_PREFIX + "MIXER", name) for name in MIXERS if name not in BASELINES}
+    return {**BASELINES, **mixers}
+
+
 def parse_variant(spec: str) -> Variant:
-    """``NAME`` (one of :data:`PRESETS`) or ``NAME:KEY=VALUE,KEY=VALUE`` where KEY is a
-    ``MODEL.LAMBDA_RESNET`` key, with or without that prefix (e.g. ``k8:DIM_K=8,HEADS=8``).
-    ``NAME:`` alone is the base config as it is."""
+    """``NAME`` (one of :func:`variant_presets`) or ``NAME:KEY=VALUE,KEY=VALUE`` where KEY is a
+    ``MODEL.LAMBDA_RESNET`` key, with or without that prefix (e.g. ``k8:DIM_K=8,HEADS=8``,
+    ``h4:AFT_CONV.HEADS=4``). ``NAME:`` alone is the base config as it is."""
     name, colon, body = spec.partition(":")
     if not _NAME.match(name):
         raise ValueError(f"variant name {name!r} (in {spec!r}) names a folder: use letters, "
                          f"digits and _ . + - (e.g. lambda_k8:DIM_K=8)")
     if not colon:
-        if name not in PRESETS:
-            raise ValueError(f"unknown variant {name!r}: name one of {', '.join(PRESETS)}, or "
+        presets = variant_presets()
+        if name not in presets:
+            raise ValueError(f"unknown variant {name!r}: name one of {', '.join(presets)}, or "
                              f"define it as NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)")
-        return Variant(name, PRESETS[name])
+        return Variant(name, presets[name])
+    backbone_keys = get_cfg().MODEL.LAMBDA_RESNET
     overrides: List[str] = []
     # Split at the commas that start a new KEY=, so that list values (a,b) stay whole.
     for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_.]*\s*=)", body) if body.strip() else []:
@@ -121,7 +129,8 @@ def parse_variant(spec: str) -> Variant:
         if not equals or not key or not value:
             raise ValueError(f"variant {spec!r}: {item!r} is not KEY=VALUE (e.g. "
                              f"{name}:PLACEMENT=c4,DIM_K=8)")
-        key = key if "." in key else KEY_PREFIX + key
+        if "." not in key or key.split(".")[0] in backbone_keys:  # short: DIM_K, AFT_CONV.HEADS
+            key = KEY_PREFIX + key
         if not key.startswith(KEY_PREFIX):
             raise ValueError(f"variant {name!r} sets {key}: a variant may change only "
                              f"{KEY_PREFIX}* keys (the backbone); put recipe changes in the "

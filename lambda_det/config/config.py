@@ -24,10 +24,16 @@ from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
 __all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
            "resolve_config_file", "prepare_merged_config", "adapt_norms_to_device",
            "config_differences", "check_config_file", "CfgNode", "ConfigFileError",
-           "config_keys", "did_you_mean"]
+           "RENAMED_KEYS", "config_keys", "did_you_mean"]
 
 logger = logging.getLogger(__name__)
 
+# Keys that moved, and where to: a config that sets one gets an error naming the key to set
+# (yacs' renamed keys); a saved config that has one compares as if it had the new key.
+RENAMED_KEYS = {
+    "MODEL.LAMBDA_RESNET.AFT_HEADS": "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS",
+    "MODEL.LAMBDA_RESNET.AFT_WINDOW_SIZE": "MODEL.LAMBDA_RESNET.AFT_CONV.WINDOW_SIZE",
+}
 _NORM_KEYS = ("MODEL.LAMBDA_RESNET.NORM", "MODEL.RESNETS.NORM", "MODEL.FPN.NORM",
               "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM", "MODEL.SEM_SEG_HEAD.NORM")
 
@@ -62,12 +68,19 @@ def add_lambda_det_config(cfg: CN) -> CN:
     # COCO-format datasets to register, [name, json_file, image_root] each (lambda_det.data.coco).
     if "COCO_INSTANCES" not in cfg.DATASETS:
         cfg.DATASETS.COCO_INSTANCES = []
+    _register_renamed_keys(cfg)
     return cfg
+
+
+def _register_renamed_keys(cfg: CN) -> None:
+    for old, new in RENAMED_KEYS.items():
+        if not cfg.key_is_renamed(old):
+            cfg.register_renamed_key(old, new)
 
 
 def _lambda_resnet_node() -> CN:
     node = CN()
-    # One of 26, 50, 101, 152, 200, 270, 350, 420. DEPTH, NORM and OUT_FEATURES left None take
+    # One of lambda_det.modeling.lambda_resnet.DEPTHS. DEPTH, NORM and OUT_FEATURES left None take
     # MODEL.RESNETS.DEPTH / NORM / OUT_FEATURES, so a stock config keeps its meaning when only
     # MODEL.BACKBONE.NAME changes.
     node.DEPTH = None
@@ -76,19 +89,6 @@ def _lambda_resnet_node() -> CN:
     node.PLACEMENT = "paper"
     # Squeeze-and-excitation (ratio 0.25) in the conv blocks: the "+SE" baselines.
     node.SE = False
-    # Lambda layer: heads h, query depth k, intra-depth u, local scope r (odd; 0 = global context).
-    # The LambdaLayer's defaults (tests/test_mixers.py checks that they agree).
-    node.HEADS = 4
-    node.DIM_K = 16
-    node.DIM_U = 1
-    node.SCOPE = 23
-    # Global context only (SCOPE 0): the largest feature-map side the embeddings cover.
-    node.MAX_SIZE = 64
-    # "auto" (picks by input size and device, measured: docs/benchmarks.md), or one of
-    # lambda_det.layers.IMPLEMENTATIONS: "einsum", "conv", "tiled". Same weights in all.
-    node.IMPL = "auto"
-    # One relative position embedding for all lambda layers (paper Table 4).
-    node.SHARE_POSITION_EMBEDDINGS = False
     node.WIDTH_MULTIPLIER = 1.0
     # Stochastic depth, the largest block's rate (linear in block order, Huang et al. 2016).
     # The paper's detection recipe uses none; its ImageNet recipe does (Table 20).
@@ -97,14 +97,43 @@ def _lambda_resnet_node() -> CN:
     node.NORM = None
     node.OUT_FEATURES = None
     # What PLACEMENT puts in its blocks: "lambda", or "aft_conv" (Attention Free Transformer's
-    # conv form, lambda_det.layers.AFTConv) with its own heads and odd window size, or any mixer
-    # registered with lambda_det.modeling.register_mixer.
+    # conv form, lambda_det.layers.AFTConv), or any mixer registered with
+    # lambda_det.modeling.register_mixer.
     node.MIXER = "lambda"
-    node.AFT_HEADS = 8
-    node.AFT_WINDOW_SIZE = 7
     # Compile the backbone with torch.compile for training (LSJ crops give one input size).
     node.COMPILE = False
+    _add_mixer_options(node)
     return node
+
+
+def _add_mixer_options(node: CN) -> None:
+    """The config keys of every registered mixer's options, with their defaults, as its builder
+    declares them (lambda_det.modeling.mixers): the lambda mixer's in the backbone's node
+    (HEADS, DIM_K, DIM_U, SCOPE, MAX_SIZE, IMPL, SHARE_POSITION_EMBEDDINGS), another's in a node
+    of its name (AFT_CONV.HEADS, AFT_CONV.WINDOW_SIZE).
+
+    Raises:
+        ValueError: a mixer's keys would take a key the node has.
+    """
+    from lambda_det.modeling.mixers import MIXERS, mixer_config_defaults, mixer_config_node
+
+    for name in MIXERS:
+        defaults = mixer_config_defaults(name)
+        if not defaults:
+            continue
+        where = mixer_config_node(name)
+        if where:
+            if where in node:
+                raise ValueError(f"mixer {name!r} puts its options under MODEL.LAMBDA_RESNET."
+                                 f"{where}, which is taken: register it under another name")
+            node[where] = CN()
+        section = node[where] if where else node
+        for key, default in defaults.items():
+            if key in section:
+                raise ValueError(f"mixer {name!r} option {key.lower()!r} would be MODEL."
+                                 f"LAMBDA_RESNET.{key}, which is taken: put its options in a "
+                                 f"node of their own (CONFIG_NODE)")
+            section[key] = default
 
 
 def _lsj_node() -> CN:
@@ -225,7 +254,9 @@ class CfgNode(CN):
 def get_cfg() -> CfgNode:
     """Detectron2's default config plus lambda_det's keys, as a :class:`CfgNode` (safe
     ``merge_from_file``)."""
-    return CfgNode(add_lambda_det_config(get_detectron2_cfg()))
+    cfg = CfgNode(add_lambda_det_config(get_detectron2_cfg()))
+    _register_renamed_keys(cfg)  # the conversion keeps the keys, not yacs' list of renamed ones
+    return cfg
 
 
 def _flatten(node, prefix: str = "") -> dict:
@@ -251,10 +282,12 @@ def config_differences(saved: str, wanted: str, saved_in: str = "the saved confi
     :class:`ConfigFileError` of a dump that is not plain yaml.
 
     A key that a dump lacks counts as its default: a run saved before lambda_det added the key
-    ran with the default's behaviour, so it is the same run under a newer lambda_det.
+    ran with the default's behaviour, so it is the same run under a newer lambda_det. A key of
+    ``saved`` that :data:`RENAMED_KEYS` lists counts as the key it became.
     """
     defaults = _flatten(yaml.safe_load(get_cfg().dump()))
-    old = {**defaults, **_flatten(_read_dump(saved, saved_in))}
+    saved_keys = _flatten(_read_dump(saved, saved_in)).items()
+    old = {**defaults, **{RENAMED_KEYS.get(key, key): value for key, value in saved_keys}}
     new = {**defaults, **_flatten(_read_dump(wanted, "the wanted config"))}
     return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
             for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]

@@ -5,9 +5,10 @@ from lambda_det.config and detectron2's ``DefaultTrainer.auto_scale_workers``.
 A recipe defines ``model``, ``dataloader`` (``train``, ``test``, ``evaluator``), ``optimizer``,
 ``lr_multiplier`` and ``train`` (tools/lazyconfig_train_net.py reads them).
 """
+import inspect
 import logging
 import os
-from typing import Iterator, List, Sequence
+from typing import Iterator, List, MutableMapping, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -19,7 +20,7 @@ from detectron2.config import LazyConfig  # noqa: E402
 from lambda_det.config import config_keys, did_you_mean  # noqa: E402
 
 __all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
-           "adapt_lazy_norms_to_device", "scale_to_world_size", "REQUIRED_KEYS"]
+           "adapt_lazy_norms_to_device", "scale_to_world_size", "use_mixer", "REQUIRED_KEYS"]
 
 logger = logging.getLogger(__name__)
 
@@ -200,3 +201,23 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
     if changed:
         logger.info("train.device is cpu: SyncBN -> naiveSyncBN for %s", ", ".join(changed))
     return cfg
+
+
+def use_mixer(arguments: MutableMapping, name: str, **options) -> None:
+    """Make the LazyConfig arguments of a LambdaResNet (a recipe's ``model.backbone.bottom_up``)
+    use the mixer registered under ``name``, in place: the options of the mixer they name go,
+    the new mixer's come with their defaults
+    (:func:`lambda_det.modeling.mixers.mixer_option_defaults`), updated with ``options``.
+
+    Raises:
+        ValueError: an unknown mixer.
+        TypeError: options the mixer does not take.
+    """
+    from lambda_det.modeling import LambdaResNet
+    from lambda_det.modeling.mixers import check_mixer_options, mixer_option_defaults
+
+    check_mixer_options(name, options)
+    current = arguments.get("mixer", inspect.signature(LambdaResNet).parameters["mixer"].default)
+    for option in mixer_option_defaults(current):
+        arguments.pop(option, None)
+    arguments.update(mixer=name, **{**mixer_option_defaults(name), **options})

@@ -12,6 +12,7 @@ cells then say how many runs they rest on ("n=2 of 3"); the other runs still cou
 """
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -41,9 +42,8 @@ def mean_std(values: Sequence[float]) -> Dict[str, Optional[float]]:
     n = len(values)
     if not n:
         return {"mean": math.nan, "std": None, "n": 0}
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else None
-    return {"mean": mean, "std": std, "n": n}
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if n > 1 else None, "n": n}
 
 
 def read_difference(mean: float, std: Optional[float]) -> str:

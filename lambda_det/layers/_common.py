@@ -1,5 +1,8 @@
 """What the layers build alike: modules per number of spatial axes, the strided pool, the dtype
-they mix in."""
+they mix in; and where their defaults are read."""
+import inspect
+from typing import Dict
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,3 +32,11 @@ def autocast_device_type(device: torch.device) -> str:
     autocast of its own (the pre-launch memory estimate runs the model there), and turning the
     CPU's off there changes nothing."""
     return "cpu" if device.type == "meta" else device.type
+
+
+def constructor_defaults(cls: type) -> Dict[str, object]:
+    """The keyword defaults of ``cls(...)``: a layer's signature is the one home of its standard
+    sizes (the mixers, the configs and the benchmark read them here)."""
+    return {name: parameter.default
+            for name, parameter in inspect.signature(cls).parameters.items()
+            if parameter.default is not inspect.Parameter.empty}

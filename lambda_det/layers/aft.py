@@ -213,12 +213,17 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
 
 
 class _AFTMixer(nn.Module):
-    """What the AFT variants share: projections, input checks, output projection, pooling, and the
-    mixing by :func:`aft_mix` with the variant's :meth:`position_bias` (AFT-conv mixes its own)."""
+    """What the AFT variants share: the constructor's arguments (in_channels, out_channels,
+    hidden_dim, causal, stride, spatial_dims, bias: see :class:`AFTFull`), projections, input
+    checks, output projection, pooling, the mixing by :func:`aft_mix` with the variant's
+    :meth:`position_bias` (AFT-conv mixes its own), and the repr of the attributes that
+    ``_REPR`` names. ``key_channels`` is the variant's (AFT-conv: one per head), not a user's."""
 
-    def __init__(self, in_channels: int, out_channels: Optional[int], *,
-                 hidden_dim: Optional[int], key_channels: Optional[int] = None,
-                 causal: bool = False, stride: int, spatial_dims: int, bias: bool):
+    _REPR: Tuple[str, ...] = ("hidden_dim", "causal", "stride", "spatial_dims")
+
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *,
+                 hidden_dim: Optional[int] = None, causal: bool = False, stride: int = 1,
+                 spatial_dims: int = 2, bias: bool = True, key_channels: Optional[int] = None):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
         hidden_dim = out_channels if hidden_dim is None else hidden_dim
@@ -267,6 +272,10 @@ class _AFTMixer(nn.Module):
         """The dense bias ``w[t, t']``, (T, T), for an input of this size; None for w = 0."""
         return None
 
+    def extra_repr(self) -> str:
+        return ", ".join([f"{self.in_channels}, {self.out_channels}",
+                          *(f"{name}={getattr(self, name)}" for name in self._REPR)])
+
     def _mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
              spatial: Tuple[int, ...]) -> torch.Tensor:
         """Y from the projections (B, d, *spatial), in their dtype; (B, d, T)."""
@@ -301,16 +310,16 @@ class _AFTMixer(nn.Module):
 class _FactorizedBiasMixer(_AFTMixer):
     """AFT-full and AFT-local: ``w[t, t'] = u[t] . v[t']`` (masked to a window for AFT-local)."""
 
-    def __init__(self, in_channels: int, out_channels: Optional[int], *,
-                 hidden_dim: Optional[int], max_size: int, position_dim: int, causal: bool,
-                 stride: int, spatial_dims: int, bias: bool):
+    _REPR = ("hidden_dim", "max_size", "position_dim", "causal", "stride", "spatial_dims")
+
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *,
+                 max_size: int = 64, position_dim: int = 128, **common):
         check_int("max_size", max_size, 1)
         check_int("position_dim", position_dim, 1)
-        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, causal=causal,
-                         stride=stride, spatial_dims=spatial_dims, bias=bias)
+        super().__init__(in_channels, out_channels, **common)
         self.max_size = max_size
         self.position_dim = position_dim
-        num_positions = max_size ** spatial_dims
+        num_positions = max_size ** self.spatial_dims
         self.position_u = nn.Parameter(torch.empty(num_positions, position_dim))
         self.position_v = nn.Parameter(torch.empty(num_positions, position_dim))
         self.reset_parameters()
@@ -381,28 +390,6 @@ class AFTFull(_FactorizedBiasMixer):
     memory.
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: Optional[int] = None,
-        *,
-        hidden_dim: Optional[int] = None,
-        max_size: int = 64,
-        position_dim: int = 128,
-        causal: bool = False,
-        stride: int = 1,
-        spatial_dims: int = 2,
-        bias: bool = True,
-    ):
-        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, max_size=max_size,
-                         position_dim=position_dim, causal=causal, stride=stride,
-                         spatial_dims=spatial_dims, bias=bias)
-
-    def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, hidden_dim={self.hidden_dim}, "
-                f"max_size={self.max_size}, position_dim={self.position_dim}, "
-                f"causal={self.causal}, stride={self.stride}, spatial_dims={self.spatial_dims}")
-
 
 class AFTLocal(_FactorizedBiasMixer):
     """AFT-local: AFT-full's factorised bias inside a local window, 0 (not -inf) outside.
@@ -414,40 +401,24 @@ class AFTLocal(_FactorizedBiasMixer):
     ``window_size >= max(H, W)`` (or L) is AFT-full; ``window_size=0`` is AFT-simple.
 
     Args:
-        in_channels, out_channels, hidden_dim, max_size, position_dim, causal, stride,
-        spatial_dims, bias: as :class:`AFTFull`.
+        in_channels, out_channels: as :class:`AFTFull`.
         window_size: s >= 0, the bias is learned for ``|t - t'| < s`` (paper: 32 for text).
+        **common: hidden_dim, max_size, position_dim, causal, stride, spatial_dims, bias, as
+            :class:`AFTFull`.
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: Optional[int] = None,
-        *,
-        hidden_dim: Optional[int] = None,
-        window_size: int = 32,
-        max_size: int = 64,
-        position_dim: int = 128,
-        causal: bool = False,
-        stride: int = 1,
-        spatial_dims: int = 2,
-        bias: bool = True,
-    ):
+    _REPR = ("hidden_dim", "window_size", "max_size", "position_dim", "causal", "stride",
+             "spatial_dims")
+
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *,
+                 window_size: int = 32, **common):
         check_int("window_size", window_size, 0)
-        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, max_size=max_size,
-                         position_dim=position_dim, causal=causal, stride=stride,
-                         spatial_dims=spatial_dims, bias=bias)
+        super().__init__(in_channels, out_channels, **common)
         self.window_size = window_size
 
     def _in_window(self, positions: torch.Tensor) -> torch.Tensor:
         offsets = positions[None, :, :] - positions[:, None, :]  # t t' D
         return (offsets.abs() < self.window_size).all(dim=-1)  # t t'
-
-    def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, hidden_dim={self.hidden_dim}, "
-                f"window_size={self.window_size}, max_size={self.max_size}, "
-                f"position_dim={self.position_dim}, causal={self.causal}, stride={self.stride}, "
-                f"spatial_dims={self.spatial_dims}")
 
 
 class AFTSimple(_AFTMixer):
@@ -457,28 +428,13 @@ class AFTSimple(_AFTMixer):
     t' <= t), then a 1x1 output projection. O(T d) time and memory.
 
     Args:
-        in_channels, out_channels, hidden_dim, causal, stride, spatial_dims, bias: as
-            :class:`AFTFull`.
+        in_channels, out_channels: as :class:`AFTFull`.
+        **common: hidden_dim, causal, stride, spatial_dims, bias, as :class:`AFTFull`.
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: Optional[int] = None,
-        *,
-        hidden_dim: Optional[int] = None,
-        causal: bool = False,
-        stride: int = 1,
-        spatial_dims: int = 2,
-        bias: bool = True,
-    ):
-        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, causal=causal,
-                         stride=stride, spatial_dims=spatial_dims, bias=bias)
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None, **common):
+        super().__init__(in_channels, out_channels, **common)
         self.reset_parameters()
-
-    def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, hidden_dim={self.hidden_dim}, "
-                f"causal={self.causal}, stride={self.stride}, spatial_dims={self.spatial_dims}")
 
 
 class AFTConv(_AFTMixer):
@@ -498,43 +454,34 @@ class AFTConv(_AFTMixer):
     Replaces the 3x3 conv of a ResNet bottleneck: ``AFTConv(width, width, stride=stride)``.
 
     Args:
-        in_channels: input channels.
-        out_channels: output channels (default: in_channels).
-        hidden_dim: channels of Q and V, divisible by heads (default: out_channels).
+        in_channels, out_channels: as :class:`AFTFull`.
         heads: number of heads h (channels of K, and bias kernels).
         window_size: odd kernel width s (per axis); offsets up to s // 2 get a learned bias.
-        stride: 1, or 2 for the mixer at stride 1 followed by 3x3 average pooling with stride 2
-            and padding 1 (as :class:`~lambda_det.layers.LambdaLayer`).
-        spatial_dims: 2 for (B, C, H, W) maps, 1 for (B, C, L) sequences.
-        bias: whether the query, value and output projections have a bias (K never has one).
+        **common: hidden_dim (channels of Q and V, divisible by heads), stride, spatial_dims,
+            bias, as :class:`AFTFull`; no causal form (the window looks both ways).
 
     Parameters: ``position_weight`` (h, s, s), or (h, s) for sequences, ~ N(0, 1), the raw bias;
     ``position_gain`` (h,) and ``position_shift`` (h,), both 0 at init (so the layer starts as
     AFT-simple).
     """
 
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: Optional[int] = None,
-        *,
-        hidden_dim: Optional[int] = None,
-        heads: int = 8,
-        window_size: int = 7,
-        stride: int = 1,
-        spatial_dims: int = 2,
-        bias: bool = True,
-    ):
+    _REPR = ("hidden_dim", "heads", "window_size", "stride", "spatial_dims")
+
+    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *, heads: int = 8,
+                 window_size: int = 7, **common):
         check_int("heads", heads, 1)
         check_odd("window_size", window_size)
-        super().__init__(in_channels, out_channels, hidden_dim=hidden_dim, key_channels=heads,
-                         stride=stride, spatial_dims=spatial_dims, bias=bias)
+        if common.get("causal"):
+            raise ValueError("AFTConv has no causal form (its window looks both ways): use "
+                             "AFTLocal, AFTFull or AFTSimple")
+        super().__init__(in_channels, out_channels, key_channels=heads, **common)
         if self.hidden_dim % heads:
             raise ValueError(f"hidden_dim={self.hidden_dim} is not divisible by heads={heads}: "
                              f"each head has hidden_dim / heads query and value channels")
         self.heads = heads
         self.window_size = window_size
-        self.position_weight = nn.Parameter(torch.empty(heads, *([window_size] * spatial_dims)))
+        window = [window_size] * self.spatial_dims
+        self.position_weight = nn.Parameter(torch.empty(heads, *window))
         self.position_gain = nn.Parameter(torch.empty(heads))
         self.position_shift = nn.Parameter(torch.empty(heads))
         self.reset_parameters()
@@ -570,8 +517,3 @@ class AFTConv(_AFTMixer):
                               values.reshape(batch, self.heads, per_head, *spatial),
                               self.position_kernel())  # b h c ...
         return output.reshape(batch, self.hidden_dim, *spatial)  # b d ...
-
-    def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, hidden_dim={self.hidden_dim}, "
-                f"heads={self.heads}, window_size={self.window_size}, stride={self.stride}, "
-                f"spatial_dims={self.spatial_dims}")

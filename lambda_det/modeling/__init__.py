@@ -7,12 +7,12 @@ from lambda_det.modeling.build import (
     build_lambda_resnet_backbone, build_lambda_resnet_fpn_backbone,
     build_retinanet_lambda_resnet_fpn_backbone)
 from lambda_det.modeling.lambda_resnet import (
-    BLOCKS_PER_STAGE, PAPER_LAMBDA_BLOCKS_C4, PAPER_PARAMETERS, LambdaResNet, lambda_resnet,
-    resolve_placement)
+    BLOCKS_PER_STAGE, DEPTHS, PAPER_LAMBDA_BLOCKS_C4, PAPER_PARAMETERS, LambdaResNet,
+    lambda_resnet, resolve_placement)
 from lambda_det.modeling.mixers import (
     MIXERS, build_mixer_factory, register_mixer, unregister_mixer)
 
-__all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "BLOCKS_PER_STAGE",
+__all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "DEPTHS", "BLOCKS_PER_STAGE",
            "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "build_lambda_resnet_backbone",
            "build_lambda_resnet_fpn_backbone", "build_retinanet_lambda_resnet_fpn_backbone",
            "MIXERS", "register_mixer", "unregister_mixer", "build_mixer_factory"]

@@ -13,22 +13,19 @@ LambdaResNet's res4 channels, so ``RES2_OUT_CHANNELS`` must be 256 x ``WIDTH_MUL
 build names the value to set otherwise.
 """
 import logging
-from typing import Any, Callable, Dict
 
-from detectron2.config import CfgNode
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import (
     BACKBONE_REGISTRY, FPN, META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, GeneralizedRCNN)
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.roi_heads import Res5ROIHeads
 from lambda_det.modeling.lambda_resnet import LambdaResNet
-from lambda_det.modeling.mixers import MIXERS
+from lambda_det.modeling.mixers import MIXERS, mixer_options_from_config
 
 __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
            "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config",
            "backbone_setting", "check_training_recipe", "check_c4_head_channels",
-           "has_c4_heads", "MIXER_OPTIONS_FROM_CONFIG",
-           "LAMBDA_DET_BACKBONES"]
+           "has_c4_heads", "LAMBDA_DET_BACKBONES"]
 
 # Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
 MISSING_CONFIG_HINT = (
@@ -51,22 +48,6 @@ UNUSED_RESNETS_KEYS = {"NUM_GROUPS": 1, "WIDTH_PER_GROUP": 64, "RES5_DILATION": 
 RES5_HEAD_KEYS = ("NUM_GROUPS", "WIDTH_PER_GROUP", "RES2_OUT_CHANNELS")
 # Detectron2's ImageNet-pretrained ResNets (what stock configs load): they fit no LambdaResNet.
 STOCK_IMAGENET_WEIGHTS = "ImageNetPretrained/"
-
-# Each mixer's options from its MODEL.LAMBDA_RESNET keys; a registered mixer not listed here is
-# built with its defaults.
-MIXER_OPTIONS_FROM_CONFIG: Dict[str, Callable[[CfgNode], Dict[str, Any]]] = {
-    "lambda": lambda node: dict(
-        heads=node.HEADS,
-        dim_k=node.DIM_K,
-        dim_u=node.DIM_U,
-        scope=node.SCOPE or None,  # 0 in a config means global context
-        impl=node.IMPL,
-        max_size=node.MAX_SIZE,
-        share_position_embeddings=node.SHARE_POSITION_EMBEDDINGS,
-    ),
-    "aft_conv": lambda node: dict(heads=node.AFT_HEADS, window_size=node.AFT_WINDOW_SIZE),
-}
-
 
 def backbone_setting(cfg, key: str):
     """``MODEL.LAMBDA_RESNET.<key>``, or for DEPTH, NORM and OUT_FEATURES left None, the
@@ -173,7 +154,6 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     if node.MIXER not in MIXERS:
         raise ValueError(f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
                          f"they are {', '.join(repr(name) for name in sorted(MIXERS))}")
-    options_from_config = MIXER_OPTIONS_FROM_CONFIG.get(node.MIXER, lambda node: {})
     return LambdaResNet(
         backbone_setting(cfg, "DEPTH"),
         placement=node.PLACEMENT,
@@ -185,7 +165,7 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
         in_channels=input_shape.channels,
         drop_path_rate=node.DROP_PATH_RATE,
         mixer=node.MIXER,
-        **options_from_config(node),
+        **mixer_options_from_config(node.MIXER, node),
     )
 
 

@@ -10,8 +10,8 @@ from detectron2.modeling import Backbone
 from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
 from lambda_det.modeling.mixers import build_mixer_factory, check_mixer_options, mixer_options
 
-__all__ = ["LambdaResNet", "lambda_resnet", "BLOCKS_PER_STAGE", "PAPER_LAMBDA_BLOCKS_C4",
-           "PAPER_PARAMETERS", "resolve_placement"]
+__all__ = ["LambdaResNet", "lambda_resnet", "DEPTHS", "BLOCKS_PER_STAGE",
+           "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "resolve_placement"]
 
 STAGES = ("res2", "res3", "res4", "res5")
 
@@ -26,6 +26,8 @@ BLOCKS_PER_STAGE: Dict[int, Sequence[int]] = {
     350: (4, 36, 72, 4),
     420: (4, 44, 87, 4),
 }
+# The depths a LambdaResNet has: the one list of them (configs, timm names and docs follow it).
+DEPTHS = tuple(BLOCKS_PER_STAGE)
 
 # 1-based c4 blocks that are lambda blocks in the paper's hybrids (Table 19); all of c5 is lambda.
 # With another mixer (MIXER "aft_conv", ...), the same blocks get it.
@@ -59,14 +61,14 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
     """The 1-based blocks of each stage that get the mixer (in the paper: the lambda blocks).
 
     Args:
-        depth: a key of ``BLOCKS_PER_STAGE``.
+        depth: one of ``DEPTHS``.
         placement: "paper" (Table 19 hybrids: the listed c4 blocks and all of c5), "c4" (every
             block of c4 and c5: the paper's "-C4" models), "none" (the ResNet-RS baseline), four
             letters over {C, L} for c2..c5 (Table 12, e.g. "CCLL"), or a mapping from stage name
             ("res2".."res5") to 1-based block indices or "all".
     """
-    if depth not in BLOCKS_PER_STAGE:
-        raise ValueError(f"depth must be one of {sorted(BLOCKS_PER_STAGE)}, got {depth!r}")
+    if depth not in DEPTHS:
+        raise ValueError(f"depth must be one of {list(DEPTHS)}, got {depth!r}")
     blocks = dict(zip(STAGES, BLOCKS_PER_STAGE[depth]))
     every = {stage: range(1, count + 1) for stage, count in blocks.items()}
     if isinstance(placement, str):  # case-insensitive, like the letters
@@ -120,7 +122,7 @@ class LambdaResNet(Backbone):
     ``width_multiplier``), ``stem`` (stride 4), and ``linear`` (logits) when ``num_classes`` is set.
 
     Args:
-        depth: 26, 50, 101, 152, 200, 270, 350 or 420 (see ``BLOCKS_PER_STAGE``).
+        depth: one of ``DEPTHS`` (blocks per stage: ``BLOCKS_PER_STAGE``).
         placement: which blocks get the mixer; see :func:`resolve_placement`. The others have
             the 3x3 conv.
         se: squeeze-and-excitation (ratio 0.25) in the conv blocks: the "+SE" baselines.

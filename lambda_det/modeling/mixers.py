@@ -15,9 +15,20 @@ Adding a mixer: write its builder and register it::
         def __call__(self, in_channels, out_channels, stride):
             return MyLayer(in_channels, out_channels, self.kernel_size, stride=stride)
 
-then ``lambda_resnet(50, mixer="my_mixer", kernel_size=3)``, or ``MODEL.LAMBDA_RESNET.MIXER:
-"my_mixer"`` in a config (its options from config keys: ``MIXER_OPTIONS_FROM_CONFIG`` in
-:mod:`lambda_det.modeling.build`). A builder with a ``norm`` option gets the backbone's norm name.
+then ``lambda_resnet(50, mixer="my_mixer", kernel_size=3)``, or in a yaml config
+``MODEL.LAMBDA_RESNET.MIXER "my_mixer"`` with its options under ``MODEL.LAMBDA_RESNET.MY_MIXER``
+(``KERNEL_SIZE: 5``; :func:`lambda_det.config.get_cfg` adds the node of every registered mixer with
+options), or in a LazyConfig recipe ``use_mixer(model.backbone.bottom_up, "my_mixer")``. Every
+option has a default that a config can hold (a number, a string, a bool, a list, None). A builder
+may declare, as class attributes and field metadata:
+
+* ``CONFIG_NODE``: where its config keys live, a node under ``MODEL.LAMBDA_RESNET`` (default: the
+  mixer's name in capitals); ``""`` puts them in ``MODEL.LAMBDA_RESNET`` itself (the lambda
+  mixer's: HEADS, DIM_K, ...);
+* ``metadata={NONE_IN_CONFIG: value}`` on a field whose option may be None: the config value that
+  stands for None (a config key keeps one type: ``SCOPE 0`` is ``scope=None``).
+
+A builder with a ``norm`` option gets the backbone's norm name (it has no config key).
 The backbone He-initialises every ``nn.Conv2d`` after building; a mixer module that is not itself a
 conv and has ``reset_parameters`` gets it called after that (see ``Bottleneck.init_weights``).
 """
@@ -25,32 +36,57 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple
 
 from torch import nn
 
-from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding
+from lambda_det.layers import (
+    AFTConv, LambdaLayer, RelativePositionEmbedding, constructor_defaults)
 from lambda_det.modeling.blocks import MixerFactory, make_norm
 
 __all__ = ["MixerFactory", "MIXERS", "register_mixer", "unregister_mixer", "mixer_options",
-           "check_mixer_options", "build_mixer_factory", "ConvMixer", "LambdaMixer",
-           "AFTConvMixer"]
+           "check_mixer_options", "build_mixer_factory", "mixer_option_defaults",
+           "mixer_config_node", "mixer_config_defaults", "mixer_options_from_config",
+           "BACKBONE_OPTIONS", "NONE_IN_CONFIG", "ConvMixer", "LambdaMixer", "AFTConvMixer"]
 
 MixerBuilder = Callable[..., MixerFactory]  # (**options) -> factory
 
 # Name -> builder. A plain dict: detectron2's Registry keys objects by their __name__ ("lambda"
 # cannot be one) and has no way to remove an entry.
 MIXERS: Dict[str, MixerBuilder] = {}
+# Options the backbone sets itself: no config key, no LazyConfig argument.
+BACKBONE_OPTIONS = ("norm",)
+# Field metadata key: the config value that stands for an option's None.
+NONE_IN_CONFIG = "none_in_config"
+# What a config key can hold (yacs' value types).
+_CONFIG_VALUE_TYPES = (bool, int, float, str, list, tuple, type(None))
 
 
 def register_mixer(name: str) -> Callable[[MixerBuilder], MixerBuilder]:
-    """Decorator: register a mixer builder under ``name`` (see the module docstring)."""
+    """Decorator: register a mixer builder under ``name`` (see the module docstring).
+
+    Raises:
+        ValueError: the name is taken, or an option has no default a config can hold.
+    """
     def register(builder: MixerBuilder) -> MixerBuilder:
         if name in MIXERS:
             raise ValueError(f"a mixer named {name!r} is already registered: {MIXERS[name]!r}")
+        _check_option_defaults(name, builder)
         MIXERS[name] = builder
         return builder
     return register
+
+
+def _check_option_defaults(name: str, builder: MixerBuilder) -> None:
+    """Each option's default is its config key's default: it needs one that a config holds."""
+    for option, default in _option_defaults(builder).items():
+        if default is inspect.Parameter.empty:
+            raise ValueError(f"option {option!r} of mixer {name!r} has no default: give it one "
+                             f"(it is the default of its config key)")
+        if not isinstance(_to_config(builder, option, default), _CONFIG_VALUE_TYPES):
+            raise ValueError(f"option {option!r} of mixer {name!r} defaults to {default!r}, "
+                             f"which a config cannot hold: use a number, string, bool, list or "
+                             f"None")
 
 
 def unregister_mixer(name: str) -> None:
@@ -85,11 +121,67 @@ def build_mixer_factory(name: str, **options) -> MixerFactory:
     return MIXERS[name](**options)
 
 
-def _keyword_defaults(layer: type) -> Dict[str, Any]:
-    """The keyword defaults of ``layer``'s constructor, where a layer's defaults are written."""
-    return {name: parameter.default
-            for name, parameter in inspect.signature(layer).parameters.items()
-            if parameter.default is not inspect.Parameter.empty}
+def _option_defaults(builder: MixerBuilder) -> Dict[str, Any]:
+    """The defaults of the options a caller sets (``inspect.Parameter.empty``: none)."""
+    return {option: parameter.default
+            for option, parameter in inspect.signature(builder).parameters.items()
+            if option not in BACKBONE_OPTIONS}
+
+
+def mixer_option_defaults(name: str) -> Dict[str, Any]:
+    """The options a caller sets of the mixer registered under ``name``, with their defaults:
+    its LazyConfig arguments (the backbone sets ``norm``)."""
+    return _option_defaults(_builder(name))
+
+
+def mixer_config_node(name: str) -> str:
+    """Where the mixer's config keys live: a node under ``MODEL.LAMBDA_RESNET``, its builder's
+    ``CONFIG_NODE`` or its name in capitals; "" for ``MODEL.LAMBDA_RESNET`` itself."""
+    return getattr(_builder(name), "CONFIG_NODE", name.upper())
+
+
+def _none_in_config(builder: MixerBuilder, option: str) -> Any:
+    """The config value that stands for the option's None; ``inspect.Parameter.empty``: none."""
+    fields = dataclasses.fields(builder) if dataclasses.is_dataclass(builder) else ()
+    metadata = {field.name: field.metadata for field in fields}.get(option, {})
+    return metadata.get(NONE_IN_CONFIG, inspect.Parameter.empty)
+
+
+def _to_config(builder: MixerBuilder, option: str, value: Any) -> Any:
+    return _none_in_config(builder, option) if value is None else value
+
+
+def _from_config(builder: MixerBuilder, option: str, value: Any) -> Any:
+    return None if value == _none_in_config(builder, option) else value
+
+
+def mixer_config_defaults(name: str) -> Dict[str, Any]:
+    """The mixer's config keys (its options in capitals) with their defaults, as a config holds
+    them (``NONE_IN_CONFIG`` for None); {} for a mixer without options."""
+    builder = _builder(name)
+    return {option.upper(): _to_config(builder, option, default)
+            for option, default in _option_defaults(builder).items()}
+
+
+def mixer_options_from_config(name: str, node: Mapping[str, Any]) -> Dict[str, Any]:
+    """The mixer's options from ``node``, a config's ``MODEL.LAMBDA_RESNET`` (see
+    :func:`mixer_config_node`).
+
+    Raises:
+        ValueError: ``node`` has no keys for the mixer (it was made before the mixer was
+            registered).
+    """
+    builder, where = _builder(name), mixer_config_node(name)
+    section = node.get(where) if where else node
+    options = {}
+    for option in _option_defaults(builder):
+        key = option.upper()
+        if section is None or key not in section:
+            full_key = ".".join(part for part in ("MODEL.LAMBDA_RESNET", where, key) if part)
+            raise ValueError(f"the config has no {full_key} for mixer {name!r}: register the "
+                             f"mixer before making the config (lambda_det.config.get_cfg)")
+        options[option] = _from_config(builder, option, section[key])
+    return options
 
 
 @register_mixer("conv")
@@ -101,7 +193,7 @@ class ConvMixer:
         return nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
 
 
-_LAMBDA_DEFAULTS = _keyword_defaults(LambdaLayer)
+_LAMBDA_DEFAULTS = constructor_defaults(LambdaLayer)
 
 
 @register_mixer("lambda")
@@ -114,12 +206,17 @@ class LambdaMixer:
     impl, max_size (global context only); norm, the norm of its queries and values (the
     backbone's); share_position_embeddings: one relative position embedding for all the layers
     this factory makes (paper Table 4), created with the factory.
+
+    Config keys: ``MODEL.LAMBDA_RESNET.HEADS``, ``DIM_K``, ... (the backbone's paper
+    hyper-parameters); ``SCOPE 0`` is global context.
     """
 
+    CONFIG_NODE: ClassVar[str] = ""
     heads: int = _LAMBDA_DEFAULTS["heads"]
     dim_k: int = _LAMBDA_DEFAULTS["dim_k"]
     dim_u: int = _LAMBDA_DEFAULTS["dim_u"]
-    scope: Optional[int] = _LAMBDA_DEFAULTS["scope"]
+    scope: Optional[int] = dataclasses.field(default=_LAMBDA_DEFAULTS["scope"],
+                                             metadata={NONE_IN_CONFIG: 0})
     impl: str = _LAMBDA_DEFAULTS["impl"]
     max_size: int = _LAMBDA_DEFAULTS["max_size"]
     norm: str = "BN"
@@ -142,7 +239,7 @@ class LambdaMixer:
                            norm_layer=functools.partial(make_norm, self.norm))
 
 
-_AFT_CONV_DEFAULTS = _keyword_defaults(AFTConv)
+_AFT_CONV_DEFAULTS = constructor_defaults(AFTConv)
 
 
 @register_mixer("aft_conv")
@@ -151,7 +248,8 @@ class AFTConvMixer:
     """:class:`~lambda_det.layers.AFTConv` (Attention Free Transformer, conv form); strided, it
     runs at stride 1 and then average-pools 3x3 with stride 2.
 
-    Options (defaults: the AFTConv's): heads, window_size (odd).
+    Options (defaults: the AFTConv's): heads, window_size (odd). Config keys:
+    ``MODEL.LAMBDA_RESNET.AFT_CONV.HEADS``, ``MODEL.LAMBDA_RESNET.AFT_CONV.WINDOW_SIZE``.
     """
 
     heads: int = _AFT_CONV_DEFAULTS["heads"]

@@ -1,7 +1,8 @@
 """The LambdaResNet family as timm models, to pretrain on ImageNet with timm's tools, and the
 conversion of such a classifier into weights for the Detectron2 backbone.
 
-Importing this module registers, for every depth d in 26, 50, 101, 152, 200, 270, 350, 420:
+Importing this module registers, for every depth d of
+:data:`~lambda_det.modeling.lambda_resnet.DEPTHS`:
 
 * ``lambda_resnet{d}_det``: LambdaResNet-d (the paper's Table 19 hybrid);
 * ``lambda_resnet{d}_c4_det``: lambda layers in every block of c4 and c5 (the "-C4" models);
@@ -23,7 +24,8 @@ from timm.layers import SelectAdaptivePool2d
 from timm.models import build_model_with_cfg, checkpoint_seq, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from torch import nn
-from lambda_det.modeling.lambda_resnet import BLOCKS_PER_STAGE, STAGES, LambdaResNet
+
+from lambda_det.modeling.lambda_resnet import DEPTHS, STAGES, LambdaResNet
 from lambda_det.modeling.mixers import mixer_options
 
 __all__ = ["TimmLambdaResNet", "convert_classifier_checkpoint", "TIMM_VARIANTS", "PRETRAINED_CFG"]
@@ -215,7 +217,7 @@ def _entrypoint(name: str, depth: int, variant: dict):
 
 
 _NAMES = {pattern.format(depth): (depth, variant)
-          for pattern, variant in TIMM_VARIANTS.items() for depth in BLOCKS_PER_STAGE}
+          for pattern, variant in TIMM_VARIANTS.items() for depth in DEPTHS}
 # timm's register_model picks up the pretrained cfg of each name from here.
 default_cfgs = generate_default_cfgs({name: dict(PRETRAINED_CFG) for name in _NAMES})
 for _name, (_depth, _variant) in _NAMES.items():

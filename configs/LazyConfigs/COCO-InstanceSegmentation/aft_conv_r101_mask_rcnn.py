@@ -4,14 +4,10 @@ LazyConfig): AFT-conv blocks (Attention Free Transformer) where LambdaResNet-101
 from ..common.data import dataloader
 from ..common.model import model
 from ..common.schedule import lr_multiplier, optimizer, train
+from lambda_det.config.lazy import use_mixer
 
-for option in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size",
-               "share_position_embeddings"):
-    del model.backbone.bottom_up[option]  # the lambda mixer's options
 model.backbone.bottom_up.depth = 101
 model.backbone.bottom_up.placement = "paper"
-model.backbone.bottom_up.mixer = "aft_conv"
-model.backbone.bottom_up.heads = 8
-model.backbone.bottom_up.window_size = 7
+use_mixer(model.backbone.bottom_up, "aft_conv")  # its options (defaults) replace the lambda's
 
 train.output_dir = "./output/aft_conv_r101_mask_rcnn"

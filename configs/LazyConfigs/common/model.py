@@ -17,6 +17,7 @@ from detectron2.modeling.proposal_generator import RPN, StandardRPNHead
 from detectron2.modeling.roi_heads import (
     FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead, StandardROIHeads)
 from lambda_det.modeling import LambdaResNet
+from lambda_det.modeling.mixers import mixer_option_defaults
 
 FPN_CHANNELS = "${model.backbone.out_channels}"
 FPN_SCALES = (1.0 / 4, 1.0 / 8, 1.0 / 16, 1.0 / 32)  # p2..p5, where the RoI heads pool
@@ -34,16 +35,11 @@ model = L(GeneralizedRCNN)(
             in_channels=3,
             drop_path_rate=0.0,  # stochastic depth: none in the paper's detection recipe
             mixer="lambda",
-            # The lambda mixer's options: heads h, query depth k, intra-depth u, local scope r
-            # (None: global context, over feature maps up to max_size), one position embedding
-            # for all layers or one each. Another mixer takes its own (see aft_conv_r101).
-            heads=4,
-            dim_k=16,
-            dim_u=1,
-            scope=23,
-            impl="auto",
-            max_size=64,
-            share_position_embeddings=False,
+            # The lambda mixer's options at their defaults (the LambdaLayer's): heads, dim_k,
+            # dim_u, scope (None: global context, over feature maps up to max_size), impl,
+            # max_size, share_position_embeddings. lambda_det.config.lazy.use_mixer puts another
+            # mixer in their place (see aft_conv_r101_mask_rcnn.py).
+            **mixer_option_defaults("lambda"),
         ),
         in_features=["res2", "res3", "res4", "res5"],
         out_channels=256,
