@@ -21,6 +21,28 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "configs"
 
 
+# A tiny training on the shapes dataset (checkpoint, data, config and engine tests).
+TINY_RUN = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
+            "MODEL.LAMBDA_RESNET.SCOPE": 3, "MODEL.LAMBDA_RESNET.NORM": "BN",
+            "MODEL.FPN.NORM": "BN", "MODEL.ROI_BOX_HEAD.NORM": "BN",
+            "MODEL.ROI_MASK_HEAD.NORM": "BN",
+            "SOLVER.IMS_PER_BATCH": 2, "SOLVER.WARMUP_ITERS": 2, "SOLVER.STEPS": (3, 5),
+            "SOLVER.MAX_ITER": 6, "SOLVER.CHECKPOINT_PERIOD": 3, "DATALOADER.NUM_WORKERS": 0,
+            "DATALOADER.DETERMINISTIC": True, "SEED": 7, "DATASETS.TEST": ()}
+
+
+def tiny_cfg(output_dir: Path, **overrides):
+    """The demo config (LambdaResNet-26 Mask R-CNN on the shapes dataset) at a quarter width, BN,
+    6 iterations of 2 images, deterministic loader, no test set; KEY=value overrides win."""
+    import lambda_det
+
+    cfg = lambda_det.get_cfg()
+    cfg.merge_from_file(str(CONFIGS / "Demo/lambda_r26_shapes.yaml"))
+    pairs = {**TINY_RUN, **overrides, "OUTPUT_DIR": str(output_dir)}
+    cfg.merge_from_list([item for key, value in pairs.items() for item in (key, str(value))])
+    return cfg
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -1,0 +1,83 @@
+"""Checkpoint files over a long job: a truncated or pickled checkpoint is named, a job killed
+mid-write keeps the last checkpoint valid, evaluation loads every weight or refuses.
+(From tests/test_reliability.py.)"""
+import pytest
+import torch
+from conftest import tiny_cfg
+from detectron2.modeling import build_model
+import lambda_det.data  # noqa: F401
+from lambda_det.checkpoint import (
+    AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, WeightsMismatchError)
+from lambda_det.checkpoint import checkpointer as checkpoint_module
+from lambda_det.checkpoint import load_weights
+from lambda_det.engine import evaluation_weights
+from lambda_det.modeling import lambda_resnet
+
+
+def test_truncated_checkpoint_is_named(tmp_path):
+    model = lambda_resnet(26, width_multiplier=0.25, scope=3)
+    checkpointer = AtomicCheckpointer(model, save_dir=str(tmp_path))
+    checkpointer.save("model_0000009", iteration=9)
+    path = tmp_path / "model_0000009.pth"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {path} is truncated or corrupt"):
+        AtomicCheckpointer(model, save_dir=str(tmp_path)).resume_or_load("", resume=True)
+
+
+class NotATensor:
+    """A pickled object that torch.load(weights_only=True) refuses."""
+
+
+def test_checkpoint_with_pickled_objects_is_refused_not_called_corrupt(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", raising=False)
+    model = lambda_resnet(26, width_multiplier=0.25, scope=3)
+    path = tmp_path / "pickled.pth"
+    torch.save({"model": model.state_dict(), "extra": NotATensor()}, path)
+    with pytest.raises(UnsafeCheckpointError, match=f"checkpoint {path} refers to "
+                                                    r"test_checkpoint_files.NotATensor, which "
+                                                    r"torch.load\(weights_only=True\) refuses"):
+        AtomicCheckpointer(model).load(str(path))
+
+
+def test_killed_mid_write_keeps_last_checkpoint_valid(tmp_path, monkeypatch):
+    model = lambda_resnet(26, width_multiplier=0.25, scope=3)
+    checkpointer = AtomicCheckpointer(model, save_dir=str(tmp_path))
+    checkpointer.save("model_0000004", iteration=4)
+
+    def killed(data, f):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt  # the job dies mid-write
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        checkpointer.save("model_0000009", iteration=9)
+    monkeypatch.undo()
+    assert (tmp_path / "last_checkpoint").read_text() == "model_0000004.pth"
+    assert not (tmp_path / "model_0000009.pth").exists()
+    assert not list(tmp_path.glob("*.tmp"))  # no full-size leftovers
+    loaded = AtomicCheckpointer(model, save_dir=str(tmp_path)).resume_or_load("", resume=True)
+    assert loaded["iteration"] == 4
+
+
+def test_evaluation_loads_every_weight_or_refuses(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    trained = build_model(cfg)
+    with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty"):
+        evaluation_weights(cfg, resume=False)
+    with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty and OUTPUT_DIR .* has no "
+                                         "last_checkpoint"):
+        evaluation_weights(cfg, resume=True)
+    AtomicCheckpointer(trained, save_dir=str(tmp_path)).save("model_0000004")
+    evaluated = build_model(cfg)
+    weights = evaluation_weights(cfg, resume=True)
+    assert weights.endswith("model_0000004.pth")
+    load_weights(evaluated, weights)
+    for loaded, saved in zip(evaluated.state_dict().values(), trained.state_dict().values()):
+        assert torch.equal(loaded, saved)
+    # A checkpoint without the backbone would give detectron2 a half-random model to evaluate.
+    state = {key: value for key, value in trained.state_dict().items()
+             if not key.startswith("backbone.")}
+    torch.save({"model": state}, tmp_path / "heads_only.pth")
+    cfg.MODEL.WEIGHTS = str(tmp_path / "heads_only.pth")
+    with pytest.raises(WeightsMismatchError, match="does not fit the model .* missing weights"):
+        load_weights(build_model(cfg), evaluation_weights(cfg, resume=False))
