@@ -38,6 +38,7 @@ def test_a_lambda_detector_against_its_twin_on_the_cpu():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_command_line_writes_its_files_and_names_bad_input(tmp_path):
     def tool(*args):
         return subprocess.run([sys.executable, str(REPO_ROOT / "tools/benchmark_detector.py"),

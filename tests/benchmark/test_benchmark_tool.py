@@ -51,6 +51,7 @@ def test_memory_cap_skips_with_the_reason():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_small_run_writes_table_json_and_plot(tmp_path):
     tool = load_benchmark_tool()
     assert tool.main(["--shapes", "c5_224", "--only", "tiled", "conv 3x3", "AFT-simple",
@@ -63,6 +64,7 @@ def test_a_small_run_writes_table_json_and_plot(tmp_path):
     assert (tmp_path / "results.png").stat().st_size > 0
 
 
+@pytest.mark.e2e
 def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
     candidate, = zoo.layer_candidates(8, 8, 16, 1, cap_bytes=2**30, only=["tiled"], tile=(2, 3))
     assert candidate.build().tuning.tile == (2, 3)
@@ -74,6 +76,7 @@ def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
     # An explicit --repetitions equal to the layer default once got replaced by the backbone's.
     tool = load_benchmark_tool()
@@ -89,6 +92,7 @@ def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
     tool = load_benchmark_tool()
     assert tool.main(["--blocks", "--depth", "26", "--image", "64", "--repetitions", "2",
@@ -101,6 +105,7 @@ def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
     assert "c5 first block (stride 2)" in (tmp_path / "results.md").read_text()
 
 
+@pytest.mark.e2e
 def test_count_kernels_counts_compute_ops_not_views():
     tool = load_tool("count_kernels")
     layer = layers.LambdaLayer(8, heads=2, dim_k=4, scope=3, impl="conv")

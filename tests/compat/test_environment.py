@@ -85,6 +85,7 @@ def test_missing_compiled_op_says_why():
         ROIAlignRotated((2, 2), 1.0, 0)(torch.ones(1, 1, 8, 8), rois)
 
 
+@pytest.mark.e2e
 def test_build_script_leaves_an_existing_detectron2_alone(tmp_path):
     fake = tmp_path / "site" / "detectron2"
     fake.mkdir(parents=True)

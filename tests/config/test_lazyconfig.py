@@ -363,6 +363,7 @@ def run_tool(*args: str, datasets_root: Path, timeout: int = 900):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_tool_reports_a_bad_override_in_one_line(tmp_path):
     result = run_tool("--config", "lambda_r26_shapes", "train.max_itr=2",
                       f"train.output_dir={tmp_path}", datasets_root=tmp_path)
@@ -381,6 +382,7 @@ TINY_TRAINING = ["train.max_iter=2", "model.backbone.bottom_up.width_multiplier=
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(tmp_path, datasets_root):
     output = tmp_path / "run"
     result = run_tool("--config", "lambda_r26_shapes", *TINY_TRAINING,

@@ -340,6 +340,7 @@ def test_lazyconfig_tool_checks_its_test_set_boxes(tmp_path, register, capsys):
 
 # ---- what training requires: one decision for the trainer and tools/check_dataset.py ----
 
+@pytest.mark.e2e
 def test_check_dataset_with_a_config_requires_what_training_requires(tmp_path, register,
                                                                      capsys):
     write_dataset(tmp_path, annotate=lambda annotation: annotation.pop("segmentation"))
@@ -555,6 +556,7 @@ def test_an_image_that_fails_to_decode_during_training_is_named(tmp_path, regist
         mapper({"image_id": 1})
 
 
+@pytest.mark.e2e
 def test_check_dataset_tool_reports_the_rate_or_one_error(tmp_path, register, capsys):
     write_dataset(tmp_path, count=4, suffix=".jpg")
     tool = load_tool("check_dataset")
@@ -635,6 +637,7 @@ CLI_CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("problem", CLI_CASES)
+@pytest.mark.e2e
 def test_train_net_refuses_a_bad_dataset_in_one_line_and_changes_nothing(tmp_path, problem):
     data = tmp_path / "data"
     write_dataset(data)
@@ -677,6 +680,7 @@ def test_readme_example_uses_only_the_command_line():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_readme_own_dataset_example_trains_evaluates_and_prints_the_table(tmp_path,
                                                                           datasets_root):
     (tmp_path / "datasets").symlink_to(datasets_root)  # the example's files, generated once

@@ -172,6 +172,7 @@ def test_each_timm_recipe_converts_into_its_config():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_dataset_command_runs(tmp_path):
     command = next(c for c in COMMANDS if c.startswith("python -c") and "ensure_shapes" in c)
     env = subprocess_env()
@@ -183,6 +184,7 @@ def test_the_dataset_command_runs(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_quick_start_smoke_run_trains_predicts_and_prints_its_table(tmp_path, datasets_root):
     """The README's CPU smoke run, as written (20 iterations), then its predict and AP table."""
     section = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]

@@ -139,6 +139,7 @@ def logged_losses(output: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_two_cpu_processes_follow_the_one_process_trajectory(tmp_path, datasets_root):
     overrides = []
     for key, value in {**TINY, "SOLVER.IMS_PER_BATCH": 4, "SOLVER.LOG_PERIOD": 1,

@@ -300,6 +300,7 @@ def test_a_key_missing_from_a_saved_config_counts_as_its_default():
         "MODEL.LAMBDA_RESNET.COMPILE: False -> True"]
 
 
+@pytest.mark.e2e
 def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
     for run in ("a", "b"):
         (tmp_path / run / "out").mkdir(parents=True)
@@ -325,6 +326,7 @@ TINY_TRAINING = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_R
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_train_net_trains_evaluates_and_reports_ap_by_size(tmp_path, datasets_root):
     output = tmp_path / "run"
     result = run_tool("train_net.py", "--config", "lambda_r26_shapes.yaml", *TINY_TRAINING,

@@ -48,6 +48,7 @@ def backbone_only_weights(path, cfg):
 
 
 @pytest.mark.slow  # an in-process training: 11 s
+@pytest.mark.e2e
 def test_the_console_shows_the_run_and_log_txt_keeps_everything(tmp_path, shapes, capsys):
     output = tmp_path / "run"
     weights = tmp_path / "backbone.pth"

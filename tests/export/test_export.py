@@ -159,6 +159,7 @@ def test_torchscript_matches_eager(model, torchscript_file, images, other_sizes)
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_onnx_matches_eager(model, onnx_file, images, other_sizes):
     pytest.importorskip("onnxruntime")
     exported = ExportedModel(onnx_file)
@@ -167,7 +168,7 @@ def test_onnx_matches_eager(model, onnx_file, images, other_sizes):
         assert_matches_eager(model, exported, image, TOLERANCES["onnx"])
 
 
-@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+@pytest.mark.parametrize("format", ["torchscript", pytest.param("onnx", marks=pytest.mark.e2e)])
 def test_metadata_maps_classes_to_category_ids(format, request):
     """<output>.json: the test dataset's category ids and names, the input and its resize."""
     if format == "onnx":
@@ -194,7 +195,7 @@ def test_class_table_inverts_the_dataset_ids():
     assert class_table(Metadata(), 1) == [{"index": 0, "id": 0, "name": None}]
 
 
-@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+@pytest.mark.parametrize("format", ["torchscript", pytest.param("onnx", marks=pytest.mark.e2e)])
 def test_exported_predictions_match_the_eager_model(format, model, images, request):
     """Final predictions at the original size: boxes rescaled and masks pasted, as eager mode."""
     if format == "onnx":

@@ -93,6 +93,7 @@ def test_the_build_names_only_resnets_keys_nothing_reads(caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_c4_mask_rcnn_trains_in_two_gloo_processes(tmp_path, datasets_root):
     """DDP stops at the second iteration when a parameter got no gradient in the first."""
     settings = {**C4_MASK_RCNN, "DATASETS.TRAIN": "('lambda_det_shapes_train',)",

@@ -120,6 +120,7 @@ def test_lambda_resnet_keys_win_over_resnets(tmp_path, caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_train_net_refuses_stock_weights_in_one_line(tmp_path):
     config = stock_config(tmp_path, "mask_rcnn", 50)
     result = subprocess.run(

@@ -48,6 +48,7 @@ def write_image_folder(root):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
     from timm.data import create_dataset, create_loader
     from timm.optim import create_optimizer_v2

@@ -537,6 +537,7 @@ def compare_command(output: Path, datasets_root: Path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # five tiny trainings and evaluations: 6 minutes on 2 busy cores
+@pytest.mark.e2e
 def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datasets_root):
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(small_datasets_root)

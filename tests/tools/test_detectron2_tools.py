@@ -91,6 +91,7 @@ def run_readme_command(script: str, datasets_root, *extra: str, **options):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_analyze_model_counts_parameters_and_flops(datasets_root):
     installed_tool_or_skip("analyze_model")
     process = run_readme_command("analyze_model.py", datasets_root, stdout=subprocess.PIPE,
@@ -101,6 +102,7 @@ def test_analyze_model_counts_parameters_and_flops(datasets_root):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_visualize_data_shows_the_lsj_crops(tmp_path, datasets_root):
     """Detectron2's own mapper would resize the 256 x 256 images to 640..800 pixels."""
     installed_tool_or_skip("visualize_data")
@@ -125,6 +127,7 @@ def test_visualize_data_shows_the_lsj_crops(tmp_path, datasets_root):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_benchmark_times_the_training_loader(datasets_root):
     installed_tool_or_skip("benchmark")
     if build_detectron2.installed_build_id(build_detectron2.detectron2_location()) != \

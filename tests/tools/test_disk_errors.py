@@ -151,6 +151,7 @@ TRAINING = ["--config-file", CONFIG, *TINY, "SOLVER.CHECKPOINT_PERIOD", "1"]
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_full_disk_stops_training_without_a_final_evaluation(tmp_path, monkeypatch, capsys,
                                                               shapes):
     """Iteration 0's checkpoint is saved, then the disk is full: the run stops at iteration 1
@@ -295,6 +296,7 @@ def test_resuming_from_a_broken_last_checkpoint_is_one_line(tmp_path, problem, c
                               POINTER_ERRORS[problem][1], "model_0000000.pth")
 
 
+@pytest.mark.e2e
 def test_convert_creates_a_missing_output_folder(tmp_path, capsys):
     classifier = tmp_path / "classifier.pth"
     torch.save({"state_dict": tiny_model().backbone.bottom_up.state_dict()}, classifier)
@@ -440,6 +442,7 @@ LAZY_TRAINING = ["--config-file", LAZY_CONFIG, "train.max_iter=2", "train.checkp
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_full_disk_stops_lazy_training_without_a_final_evaluation(tmp_path, monkeypatch,
                                                                    capsys, shapes):
     from lambda_det.cli import lazyconfig_train_net as lazy

@@ -114,6 +114,7 @@ def test_predict_refuses_an_output_that_holds_an_input_it_would_not_draw_over(we
     assert hashes(tmp_path) == before
 
 
+@pytest.mark.e2e
 def test_predict_refuses_to_draw_over_earlier_drawings(weights, tmp_path, capsys):
     image = write_image(tmp_path / "photos" / "a.png", 40)
     output = tmp_path / "drawn"
@@ -133,6 +134,7 @@ def test_predict_refuses_to_draw_over_earlier_drawings(weights, tmp_path, capsys
     assert sorted(after) == ["drawn/a.png", "drawn/predictions.json", "photos/a.png"]
 
 
+@pytest.mark.e2e
 def test_predict_keeps_inputs_of_one_name_apart(weights, tmp_path, capsys):
     first = write_image(tmp_path / "a" / "x.png", 40)
     second = write_image(tmp_path / "b" / "x.png", 160)
@@ -233,6 +235,7 @@ def test_export_guards_its_metadata_file_too(overwrite, weights, tmp_path, capsy
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_export_with_overwrite_replaces_the_file(weights, tmp_path):
     output = tmp_path / "model.ts"
     output.write_bytes(b"an earlier export")
@@ -290,6 +293,7 @@ def assert_evaluated_beside_the_run(run: Path, before: Dict[str, str], printed: 
     return evaluation
 
 
+@pytest.mark.e2e
 def test_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, capsys):
     run = tmp_path / "run"
     fake_training_run(run, build_model(load_config(CONFIG, TINY)))
@@ -311,6 +315,7 @@ def test_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, capsy
     assert len(evaluation_folders(run)) == 2
 
 
+@pytest.mark.e2e
 def test_lazy_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, capsys):
     overrides = [*LAZY_TINY, f"dataloader.test.dataset.names={DATASET}",
                  f"train.output_dir={tmp_path / 'run'}"]

@@ -45,6 +45,7 @@ def by_image(results):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_predictions_match_the_evaluators(trained, datasets_root, tmp_path):
     val = datasets_root / "lambda_det_shapes_v1" / "val"
     output = tmp_path / "predicted"
@@ -80,6 +81,7 @@ def test_predictions_match_the_evaluators(trained, datasets_root, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_videos_and_bad_inputs(trained, datasets_root, tmp_path):
     video = tmp_path / "clip.mp4"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, (96, 64))

@@ -140,6 +140,7 @@ def earlier_run(tmp_path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", PAYLOAD_KINDS)
+@pytest.mark.e2e
 def test_payload_weights_are_refused_at_every_entry_point(tmp_path, kind, datasets_root,
                                                           earlier_run):
     marker = tmp_path / "marker"
@@ -185,6 +186,7 @@ BAD_INPUTS = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_INPUTS)
+@pytest.mark.e2e
 def test_bad_input_is_one_line_and_changes_nothing(case, datasets_root, earlier_run):
     overrides, fragments = BAD_INPUTS[case]
     before = snapshot(earlier_run)
@@ -195,6 +197,7 @@ def test_bad_input_is_one_line_and_changes_nothing(case, datasets_root, earlier_
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_bad_weights_and_config_files_are_one_line(tmp_path, datasets_root, earlier_run):
     truncated = tmp_path / "truncated.pth"
     AtomicCheckpointer(tiny_model(), save_dir=str(tmp_path)).save("whole")
@@ -258,6 +261,7 @@ def test_output_dir_lock_names_the_holder_and_dies_with_it(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_second_run_into_a_training_runs_folder_is_refused(tmp_path, datasets_root):
     output = tmp_path / "run"
     env = subprocess_env()
