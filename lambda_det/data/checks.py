@@ -55,7 +55,7 @@ _EXIF_ORIENTATION = 274
 # PIL modes that detectron2's read_image turns into what the image shows, 8 bits per channel
 # (alpha dropped). It converts the others with PIL's ``convert``, which clips high-bit-depth
 # grayscale to 0-255 instead of scaling it: a 16-bit image reads as solid white, a float one
-# in [0, 1] as black. tests/test_dataset_checks.py reads each mode.
+# in [0, 1] as black. tests/data/test_dataset_checks.py reads each mode.
 READABLE_IMAGE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")
 _HIGH_BIT_DEPTH_MODES = {"I": "32-bit integer grayscale", "F": "32-bit float grayscale"}
 # Architectures whose heads classify detectron2's thing classes, and the key of their count.

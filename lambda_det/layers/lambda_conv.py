@@ -332,7 +332,7 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
     In groups of disjoint halos if ``geometry.fold_in_groups``, except under torch.compile: its
     functionalization writes an in-place add into an unfold view back as if the windows covered
     the whole grid (zeros elsewhere), which loses the gradient between windows (torch 2.14;
-    tests/test_lambda_conv.py compiles a backward). Otherwise with unfold_backward.
+    tests/layers/test_lambda_conv.py compiles a backward). Otherwise with unfold_backward.
 
     Args:
         grad_halos: (tiles, C, v), as :func:`_halos` returns for this chunk.

@@ -1,6 +1,6 @@
 """The tiled lambda convolution against the conv form, beyond the layer's paper-reference tests.
 
-tests/test_lambda_layer.py runs every implementation through the paper's equations on small
+tests/layers/test_lambda_layer.py runs every implementation through the paper's equations on small
 layers; these tests cover what only the tiled kernel has: chunking, tile shapes, the two ways of
 folding halo gradients, what it keeps for backward, and torch.compile with a backward pass.
 """
