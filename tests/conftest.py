@@ -43,6 +43,28 @@ def tiny_cfg(output_dir: Path, **overrides):
     return cfg
 
 
+# No test writes the shapes dataset into the checkout (./datasets, the default
+# DETECTRON2_DATASETS): tests read the copy of :func:`datasets_root` (or a tmp folder). The run
+# fails when ./datasets appeared during it.
+CHECKOUT_DATASETS = REPO_ROOT / "datasets"
+_DATASETS_BEFORE = pytest.StashKey[bool]()
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_DATASETS_BEFORE] = CHECKOUT_DATASETS.exists()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if XDIST_WORKER or session.config.stash.get(_DATASETS_BEFORE, True):
+        return  # pytest-xdist's controller checks once for all workers
+    if CHECKOUT_DATASETS.exists():
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"error: a test wrote {CHECKOUT_DATASETS} into the checkout: give "
+                                "it the datasets_root or shapes fixture", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, datasets_root):
+def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, shapes):
     cfg = load_config("lambda_r26_shapes", TINY + [
         "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", dtype, "OUTPUT_DIR", str(tmp_path)])
     trainer = Trainer(cfg)
@@ -29,7 +29,7 @@ def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, datasets_root):
     assert ("grad_scaler" in trainer._trainer.state_dict()) == (dtype == "float16")
 
 
-def test_unknown_amp_dtype_is_named(tmp_path, datasets_root):
+def test_unknown_amp_dtype_is_named(tmp_path, shapes):
     cfg = load_config("lambda_r26_shapes", TINY + [
         "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "float8", "OUTPUT_DIR", str(tmp_path)])
     with pytest.raises(ValueError, match="SOLVER.AMP.DTYPE must be one of .* got 'float8'"):

@@ -121,13 +121,15 @@ def test_lambda_resnet_keys_win_over_resnets(tmp_path, caplog):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_train_net_refuses_stock_weights_in_one_line(tmp_path):
+def test_train_net_refuses_stock_weights_in_one_line(tmp_path, datasets_root):
     config = stock_config(tmp_path, "mask_rcnn", 50)
+    env = subprocess_env()  # the stock config trains on the shapes dataset: the shared copy
+    env["DETECTRON2_DATASETS"] = str(datasets_root)  # (by default it would go to ./datasets)
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--config-file", str(config),
          "MODEL.BACKBONE.NAME", "build_lambda_resnet_fpn_backbone", "MODEL.DEVICE", "cpu",
          "OUTPUT_DIR", str(tmp_path / "run")],
-        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=600)
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "error: MODEL.WEIGHTS 'detectron2://ImageNetPretrained/MSRA/R-50.pkl'" in result.stderr
     assert not (tmp_path / "run").exists()
