@@ -221,6 +221,8 @@ def test_shapes_registration_follows_detectron2_datasets_when_registered(tmp_pat
     assert not MetadataCatalog.get("lambda_det_shapes_val").json_file.startswith(str(tmp_path))
     stale = tmp_path / "stale"
     (stale / "leftover").mkdir(parents=True)
+    # The refusal comes after the generation (into a staging folder): skip drawing 304 images.
+    monkeypatch.setattr(lambda_det.data.shapes, "generate_split", lambda folder, split: folder)
     with pytest.raises(OSError, match=f"cannot create the shapes dataset at {stale}: the folder "
                                       f"exists but is not a complete dataset"):
         lambda_det.data.ensure_shapes_dataset(stale)
