@@ -3,12 +3,16 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO_ROOT, subprocess_env
 
 # Makes detectron2 unimportable in the child, as in an environment that has only torch.
 BLOCK_DETECTRON2 = """
 import importlib.abc
 import sys
+
+import pytest
 
 
 class BlockDetectron2(importlib.abc.MetaPathFinder):
@@ -55,6 +59,7 @@ print(" ".join(names))
 """
 
 
+@pytest.mark.slow
 def test_layers_and_benchmark_import_and_run_without_detectron2():
     result = subprocess.run([sys.executable, "-c", BLOCK_DETECTRON2 + IMPORT_THE_CORE],
                             capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT,
@@ -81,6 +86,7 @@ else:
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_import_lambda_det_registers_the_backbones():
     """As a detectron2 plug-in is used: ``import lambda_det``, then detectron2's ``build_model``."""
     code = """

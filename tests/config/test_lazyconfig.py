@@ -116,6 +116,7 @@ def test_same_model(recipe):
         assert torch.equal(yaml_cell, lazy_cell)
 
 
+@pytest.mark.slow
 def test_the_model_comparison_sees_a_changed_value():
     recipe = "Demo/lambda_r26_shapes.py"
     yaml_model, lazy_model = build_pair(*load_pair(recipe))

@@ -228,6 +228,7 @@ def test_shapes_registration_follows_detectron2_datasets_when_registered(tmp_pat
         lambda_det.data.ensure_shapes_dataset(stale)
 
 
+@pytest.mark.slow
 def test_shapes_dataset_is_deterministic_and_covers_every_size(tmp_path):
     first = json.loads(generate_split(tmp_path / "a", "val").read_text())
     second = json.loads(generate_split(tmp_path / "b", "val").read_text())

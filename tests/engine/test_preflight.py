@@ -244,6 +244,7 @@ def test_the_estimate_accepts_the_demo(machine_memory):
                                     num_gpus=1, world_size=1)
 
 
+@pytest.mark.slow
 def test_the_paper_recipe_fits_an_80_gb_gpu(monkeypatch):
     """LambdaResNet-152 Mask R-CNN, 4 images of 1024x1024 per GPU: well under 80 GB."""
     cfg = load_config("lambda_r152_mask_rcnn")  # REFERENCE_WORLD_SIZE 64: 4 images per GPU

@@ -113,6 +113,7 @@ def test_grad_checkpointing_recomputes_blocks_with_the_same_gradients():
         assert torch.equal(plain, checkpointed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["lambda_resnet26_det", "lambda_resnet26_c4_det"])
 def test_torchscript_saves_and_runs(name):
     with timm.layers.set_layer_config(scriptable=True):

@@ -362,6 +362,7 @@ FAKE_TRAIN_NET = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_ones(
         tmp_path, monkeypatch):
     calls, train_net = tmp_path / "calls.jsonl", tmp_path / "train_net.py"
@@ -433,6 +434,7 @@ FAKE_INTERRUPTED_RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_ctrl_c_names_the_run_without_the_childs_traceback(tmp_path, capfd):
     # A shell's background job ignores SIGINT, and pytest would inherit that: Ctrl-C as a
     # terminal delivers it needs Python's own handler.

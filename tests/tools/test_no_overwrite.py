@@ -293,6 +293,7 @@ def assert_evaluated_beside_the_run(run: Path, before: Dict[str, str], printed: 
     return evaluation
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, capsys):
     run = tmp_path / "run"

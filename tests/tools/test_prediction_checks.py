@@ -104,6 +104,7 @@ def two_class_dataset(folder, image) -> list:
             "DATASETS.TEST", f"('{name}',)"]
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_predict_with_the_runs_config_yaml(two_class_weights, image, tmp_path, capsys):
     """Positive control: the config.yaml a 2-class run saves (its dataset registered through
