@@ -1,10 +1,13 @@
 """Shared test helpers. Everything runs on the CPU with small shapes."""
 import fcntl
+import hashlib
 import importlib.util
 import logging
 import os
+import shutil
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import pytest
 
@@ -130,19 +133,51 @@ def subprocess_env() -> dict:
     return env
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """This run's temporary folder that pytest-xdist's workers share: the one that holds their
+    own temporary folders (or the run's own without pytest-xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if XDIST_WORKER else base
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder ``name`` of :func:`run_folder`, filled by ``build(folder)`` once per run: the
+    first worker that asks builds it while the other waits on the lock (a module-scoped fixture
+    is built once per worker that runs one of its tests). A build that raised is done again by
+    the next test that asks, from an empty folder."""
+    shared = run_folder(tmp_path_factory)
+    folder, done = shared / name, shared / f"{name}.done"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def datasets_root(tmp_path_factory) -> Path:
-    """A DETECTRON2_DATASETS folder with the bundled shapes dataset, generated once per run (tests
-    only read it). pytest-xdist's workers share it: it lies in the folder that holds their own
-    temporary folders, and the first worker generates it while the other waits on the lock."""
-    from lambda_det.data.shapes import VERSION, ensure_shapes_dataset
+    """A DETECTRON2_DATASETS folder with the bundled shapes dataset (tests only read it).
 
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if XDIST_WORKER else base) / "datasets"
-    root.mkdir(exist_ok=True)
-    with open(root.with_name("datasets.lock"), "w") as lock:
+    Generated once, then kept beside pytest's numbered run folders (pytest-of-<user>/) under a
+    key of what the images are drawn from: the generator's source (lambda_det/data/shapes.py,
+    with the dataset's VERSION) and the numpy and OpenCV that draw them. A later run, or a
+    pytest-xdist worker, with the same key reads the same folder; the first one generates it
+    while the others wait on the lock."""
+    import cv2
+    import numpy
+    from lambda_det.data import shapes
+
+    key = hashlib.sha256(Path(shapes.__file__).read_bytes())
+    key.update(f"numpy {numpy.__version__} opencv {cv2.__version__}".encode())
+    cache = run_folder(tmp_path_factory).parent / "lambda_det-cache"
+    root = cache / f"datasets-{key.hexdigest()[:16]}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root.with_name(f"{root.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        ensure_shapes_dataset(root / f"lambda_det_shapes_{VERSION}")
+        shapes.ensure_shapes_dataset(root / f"lambda_det_shapes_{shapes.VERSION}")
     return root
 
 

@@ -11,7 +11,7 @@ from pycocotools import mask as mask_util
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, built_once, subprocess_env
 from lambda_det.evaluation import load_results
 
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
@@ -29,12 +29,14 @@ def run_tool(script, *args, datasets_root):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, datasets_root) -> Path:
-    """A tiny run on the shapes dataset, evaluated on its validation split."""
-    output = tmp_path_factory.mktemp("trained")
-    result = run_tool("train_net.py", "--config", "lambda_r26_shapes", *TINY,
-                      "OUTPUT_DIR", output, datasets_root=datasets_root)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return output
+    """A tiny run on the shapes dataset, evaluated on its validation split (once per run, also
+    when pytest-xdist gives this module's tests to both workers)."""
+    def train(output: Path):
+        result = run_tool("train_net.py", "--config", "lambda_r26_shapes", *TINY,
+                          "OUTPUT_DIR", output, datasets_root=datasets_root)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "test_predict-trained", train)
 
 
 def by_image(results):
