@@ -23,7 +23,7 @@ TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
 TWO_CLASSES = ["MODEL.ROI_HEADS.NUM_CLASSES", "2"]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_torch_thread", "shapes")  # DATASETS.TEST: shapes_val
 
 
 @pytest.fixture(scope="module")
