@@ -1,4 +1,5 @@
-"""The paper's pipeline: configs, LSJ, the bundled dataset, train_net.py end to end, AP tables."""
+"""The paper's pipeline: configs, LSJ, the bundled dataset, train_net.py end to end (AP tables:
+evaluation/test_ap_tables.py)."""
 import json
 import math
 import subprocess
@@ -19,7 +20,7 @@ from detectron2.modeling import build_model
 from lambda_det.data import build_lsj_augmentations, build_mapper
 from lambda_det.data.shapes import SHAPES_CLASSES, generate_split
 from lambda_det.config import adapt_norms_to_device, resolve_config_file
-from lambda_det.evaluation import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
+from lambda_det.evaluation import load_results
 
 SHIPPED_CONFIGS = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml"))
 PAPER_CONFIGS = [name for name in SHIPPED_CONFIGS if name.startswith("COCO-InstanceSegmentation")]
@@ -242,43 +243,6 @@ def test_shapes_dataset_is_deterministic_and_covers_every_size(tmp_path):
     assert {a["category_id"] for a in first["annotations"]} == {1, 2, 3}
 
 
-def test_ap_table_layout_and_deltas(tmp_path):
-    runs = {"ours": {"bbox": {"AP": 50.0, "APs": 31.0, "APm": 53.0, "APl": 67.5},
-                     "segm": {"AP": 44.0, "APs": float("nan"), "APm": 47.0, "APl": 62.0}},
-            "base": {"bbox": {"AP": 48.9, "APs": 29.9, "APm": 51.8, "APl": 66.0}}}
-    table = format_ap_table(runs, baseline="base", paper=True).splitlines()
-    assert table[0] == "| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |"
-    assert table[2] == ("| ours | 50.0 (+1.1) | 31.0 / 53.0 / 67.5 (+1.1 / +1.2 / +1.5) | "
-                        "44.0 (–) | nan / 47.0 / 62.0 (– / – / –) |")
-    assert table[3].startswith("| base | 48.9 | 29.9 / 51.8 / 66.0 | – |")
-    assert "| LambdaResNet-152 (paper) | 50.0 (+1.1) |" in table[-1]
-    assert len(table) == 2 + 2 + len(PAPER_TABLE_14)
-    with pytest.raises(ValueError, match="baseline 'nope' is not one of the rows"):
-        format_ap_table(runs, baseline="nope")
-    png = plot_ap_by_size(runs, str(tmp_path / "plot.png"))
-    assert Path(png).read_bytes()[:4] == b"\x89PNG"
-
-
-def test_results_load_from_metrics_json_and_bad_files_are_named(tmp_path):
-    metrics = tmp_path / "metrics.json"
-    metrics.write_text('{"iteration": 1, "total_loss": 2.0}\n'
-                       '{"iteration": 9, "bbox/AP": 1.5, "bbox/APs": 0.5, "segm/APl": 3.0}\n')
-    assert load_results(str(tmp_path)) == {"bbox": {"AP": 1.5, "APs": 0.5}, "segm": {"APl": 3.0}}
-    broken = tmp_path / "eval_results.json"
-    broken.write_text("{not json")
-    with pytest.raises(ValueError, match="eval_results.json is not an eval_results.json"):
-        load_results(str(broken))
-    with pytest.raises(FileNotFoundError, match="no results file at .*missing.json"):
-        load_results(str(tmp_path / "missing.json"))
-    two = tmp_path / "two" / "eval_results.json"
-    two.parent.mkdir()
-    two.write_text(json.dumps({"config": "", "results": {
-        "val_a": {"bbox": {"AP": 1.0}}, "val_b": {"bbox": {"AP": 2.0}}}}))
-    with pytest.raises(ValueError, match=r"results for the datasets \['val_a', 'val_b'\]"):
-        load_results(str(two))
-    assert load_results(str(two), dataset="val_b") == {"bbox": {"AP": 2.0}}
-
-
 def test_demo_names_the_config_differences_of_a_finished_run():
     demo = load_tool("demo")
     saved = "SEED: 0\nMODEL:\n  DEVICE: cpu\n  WEIGHTS: ''\n"
@@ -301,18 +265,6 @@ def test_a_key_missing_from_a_saved_config_counts_as_its_default():
     wanted.MODEL.LAMBDA_RESNET.COMPILE = True  # not the default: a difference
     assert config_differences(saved.dump(), wanted.dump()) == [
         "MODEL.LAMBDA_RESNET.COMPILE: False -> True"]
-
-
-@pytest.mark.e2e
-def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
-    for run in ("a", "b"):
-        (tmp_path / run / "out").mkdir(parents=True)
-        (tmp_path / run / "out" / "metrics.json").write_text('{"bbox/AP": 1.0}\n')
-    with pytest.raises(SystemExit):
-        load_tool("ap_table").main([str(tmp_path / "a" / "out"), str(tmp_path / "b" / "out")])
-    assert "two runs are named 'out'" in capsys.readouterr().err
-    assert load_tool("ap_table").main([f"a={tmp_path / 'a' / 'out'}",
-                                     f"b={tmp_path / 'b' / 'out'}"]) == 0
 
 
 def run_tool(script: str, *args: str, datasets_root: Path, timeout: int = 900):
@@ -362,23 +314,3 @@ def test_train_net_trains_evaluates_and_reports_ap_by_size(tmp_path, datasets_ro
                           *TINY_TRAINING, "OUTPUT_DIR", str(output), datasets_root=datasets_root)
     assert unweighted.returncode != 0 and "MODEL.WEIGHTS is empty" in unweighted.stderr
     assert load_results(str(output)) == results
-
-
-def test_ap_bars_leave_out_missing_metrics_and_cut_errors_at_zero(tmp_path, monkeypatch):
-    from matplotlib.axes import Axes
-
-    from lambda_det.evaluation.plots import plot_ap_bars
-
-    drawn, draw = [], Axes.bar
-
-    def recording_bar(self, x, height, *args, **kwargs):
-        drawn.append((list(x), list(height), kwargs.get("yerr")))
-        return draw(self, x, height, *args, **kwargs)
-
-    monkeypatch.setattr(Axes, "bar", recording_bar)
-    panels = {"boxes": {"a": [(10.0, 2.0), (float("nan"), None), (1.0, 3.0), (4.0, None)]}}
-    png = plot_ap_bars(panels, ("AP", "APs", "APm", "APl"), str(tmp_path / "bars.png"))
-    # No bar for the NaN metric (not a bar at 0); the std below 1.0 stops at 0 (AP is never
-    # below); a value without a std (one seed) has no error bar; the file is whole.
-    assert drawn == [([0.0, 2.0, 3.0], [10.0, 1.0, 4.0], [(2.0, 1.0, 0.0), (2.0, 3.0, 0.0)])]
-    assert Path(png).read_bytes()[:4] == b"\x89PNG" and list(tmp_path.iterdir()) == [Path(png)]
