@@ -52,6 +52,8 @@ TOLERANCES = {
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# The ONNX cases read the file tools/export_model.py writes (a tool run, seconds).
+ONNX = pytest.param("onnx", marks=[pytest.mark.slow, pytest.mark.e2e])
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,7 @@ def test_onnx_matches_eager(model, onnx_file, images, other_sizes):
         assert_matches_eager(model, exported, image, TOLERANCES["onnx"])
 
 
-@pytest.mark.parametrize("format", ["torchscript", pytest.param("onnx", marks=pytest.mark.e2e)])
+@pytest.mark.parametrize("format", ["torchscript", ONNX])
 def test_metadata_maps_classes_to_category_ids(format, request):
     """<output>.json: the test dataset's category ids and names, the input and its resize."""
     if format == "onnx":
@@ -195,7 +197,7 @@ def test_class_table_inverts_the_dataset_ids():
     assert class_table(Metadata(), 1) == [{"index": 0, "id": 0, "name": None}]
 
 
-@pytest.mark.parametrize("format", ["torchscript", pytest.param("onnx", marks=pytest.mark.e2e)])
+@pytest.mark.parametrize("format", ["torchscript", ONNX])
 def test_exported_predictions_match_the_eager_model(format, model, images, request):
     """Final predictions at the original size: boxes rescaled and masks pasted, as eager mode."""
     if format == "onnx":
