@@ -24,7 +24,9 @@ from lambda_det.checkpoint import checkpointer as checkpoint_module
 from lambda_det.checkpoint import load_weights
 from lambda_det.cli.output_dir import prepare_output_dir
 from lambda_det.data.checks import check_dataset_dicts, load_checked_dataset_dicts
-from lambda_det.engine import Trainer, evaluation_weights
+from lambda_det.checkpoint import evaluation_weights as _evaluation_weights
+from lambda_det.engine import Trainer
+from lambda_det.engine.run_settings import yaml_run_settings
 from lambda_det.modeling import lambda_resnet
 
 TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
@@ -315,6 +317,11 @@ def test_training_over_a_run_needs_resume_or_restart(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.md", previous.name]
     assert {name: (previous / name).read_text() for name in run} == run  # nothing lost
     assert prepare_output_dir(str(tmp_path), resume=False, restart=False) is None
+
+
+def evaluation_weights(cfg, resume: bool) -> str:
+    settings = yaml_run_settings(cfg)
+    return _evaluation_weights(settings.output_dir, settings.training.weights, resume)
 
 
 def test_evaluation_loads_every_weight_or_refuses(tmp_path):

@@ -18,7 +18,7 @@ with exit status 2 (--debug for its traceback), results in train.output_dir/eval
 import sys
 
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
-from lambda_det.cli.lazyconfig_train_net import main
+from lambda_det.cli.train_net import lazyconfig_main as main
 
 if __name__ == "__main__":
     sys.exit(main())
