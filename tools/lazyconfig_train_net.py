@@ -9,11 +9,8 @@ tools/lazyconfig_train_net.py:
         train.max_iter=100
 
 ``--config`` takes a path or a shipped recipe's name; trailing ``key=value`` pairs (hydra syntax)
-override it, and ``+key=value`` adds an argument the recipe leaves out. The rest is as
-tools/train_net.py: one run per train.output_dir (--resume, --restart), weights loaded safely,
-gloo processes with train.device=cpu, a mistake in the input reported as one ``error: ...`` line
-with exit status 2 (--debug for its traceback), results in train.output_dir/eval_results.json
-(--eval-only into a train.output_dir that holds a run: in a new train.output_dir/eval_<date-time>/).
+override it, and ``+key=value`` adds an argument the recipe leaves out. Everything else is
+tools/train_net.py's command line (docs/lazyconfig.md).
 """
 import sys
 
