@@ -158,30 +158,23 @@ def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     return backbone
 
 
+def _fpn(cfg, bottom_up: LambdaResNet, top_block) -> FPN:
+    """detectron2's FPN over ``bottom_up`` with ``cfg.MODEL.FPN``'s settings."""
+    return FPN(bottom_up=bottom_up, in_features=_fpn_in_features(cfg, bottom_up),
+               out_channels=cfg.MODEL.FPN.OUT_CHANNELS, norm=cfg.MODEL.FPN.NORM,
+               top_block=top_block, fuse_type=cfg.MODEL.FPN.FUSE_TYPE)
+
+
 @BACKBONE_REGISTRY.register()
 def build_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6 by max-pooling: the R-CNN family's backbone."""
-    bottom_up = lambda_resnet_from_config(cfg, input_shape)
-    return FPN(
-        bottom_up=bottom_up,
-        in_features=_fpn_in_features(cfg, bottom_up),
-        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
-        norm=cfg.MODEL.FPN.NORM,
-        top_block=LastLevelMaxPool(),
-        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
-    )
+    return _fpn(cfg, lambda_resnet_from_config(cfg, input_shape), LastLevelMaxPool())
 
 
 @BACKBONE_REGISTRY.register()
 def build_retinanet_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6/P7 from res5: RetinaNet's backbone."""
     bottom_up = lambda_resnet_from_config(cfg, input_shape)
-    return FPN(
-        bottom_up=bottom_up,
-        in_features=_fpn_in_features(cfg, bottom_up),
-        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
-        norm=cfg.MODEL.FPN.NORM,
-        top_block=LastLevelP6P7(bottom_up.output_shape()["res5"].channels,
-                                cfg.MODEL.FPN.OUT_CHANNELS),
-        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
-    )
+    top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels,
+                              cfg.MODEL.FPN.OUT_CHANNELS)
+    return _fpn(cfg, bottom_up, top_block)
