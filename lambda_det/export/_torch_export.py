@@ -13,6 +13,10 @@ answer for every input (``GuardOnDataDependentSymNode``):
 * ``detectron2.layers.Conv2d.forward``: asks ``self.training`` before ``x.numel() == 0`` (an
   assertion for SyncBatchNorm in training), so eval mode never asks the size of the RoI heads'
   data-dependent number of boxes.
+* ``torch.nn.functional.batch_norm`` (the heads' BatchNorm layers), in eval mode: calls the
+  operator that export records for it anyway, ``_native_batch_norm_legit_no_training``, and so
+  skips ``torch.batch_norm``'s check for an empty input, which a data-dependent box count cannot
+  answer. Training mode calls the original.
 * ``_create_grid_offsets`` (anchor generators): the anchors' shifts as ``arange(n) * stride``
   plus the offset, whose length is visibly n, rather than ``arange(offset * stride, n * stride,
   stride)`` (a float ceil); the same values, exactly.
@@ -34,6 +38,9 @@ answer for every input (``GuardOnDataDependentSymNode``):
   call, which is what it takes up to 4000 box coordinates on the CPU (20000 on a GPU): the test
   and demo sizes. Above that an export may order boxes of equal score differently, or, rarely,
   keep another box where two IoUs sit within float rounding of the threshold.
+* the fake kernel of ``torchvision::nms`` (what export runs to learn output shapes): says the
+  number of boxes kept is 0 or more; torchvision's says 2 or more (``create_unbacked_symint``),
+  which the exported program would assert, failing on images with fewer than 2 detections.
 """
 import contextlib
 from typing import Iterator, List, Tuple
@@ -69,6 +76,18 @@ def _from_tensors(tensors: List[torch.Tensor], size_divisibility: int = 0,
     batched = F.pad(image, [0, padded_width - width, 0, padded_height - height],
                     value=pad_value).unsqueeze_(0)
     return ImageList(batched.contiguous(), [(height, width)])
+
+
+def _batch_norm(input: torch.Tensor, running_mean, running_var, weight=None, bias=None,
+                training: bool = False, momentum: float = 0.1, eps: float = 1e-5):
+    """F.batch_norm: in eval mode, the operator that torch.export records for it anyway
+    (``_native_batch_norm_legit_no_training``), without torch.batch_norm's question whether the
+    input is empty, which the RoI heads' data-dependent box count cannot answer."""
+    if training or running_mean is None or running_var is None:
+        return _ORIGINALS["batch_norm"](input, running_mean, running_var, weight, bias,
+                                        training, momentum, eps)
+    return torch.ops.aten._native_batch_norm_legit_no_training(
+        input, weight, bias, running_mean, running_var, momentum, eps)[0]
 
 
 def _create_grid_offsets(size: List[int], stride: int, offset: float, device: torch.device):
@@ -153,6 +172,18 @@ def _batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tenso
     return keep
 
 
+def _nms_fake(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    """torchvision::nms on fake tensors: a (K,) index tensor with K unknown, 0 or more.
+    (torchvision's own says K >= 2, which the exported program then asserts on every image.)"""
+    torch._check(boxes.dim() == 2 and boxes.size(1) == 4,
+                 lambda: f"boxes should be an (N, 4) tensor, got {tuple(boxes.shape)}")
+    torch._check(scores.dim() == 1 and scores.size(0) == boxes.size(0),
+                 lambda: f"scores should be an ({boxes.size(0)},) tensor, got "
+                         f"{tuple(scores.shape)}")
+    count = torch.library.get_ctx().new_dynamic_size()
+    return boxes.new_empty(count, dtype=torch.long)
+
+
 def _find_top_rpn_proposals(proposals: List[torch.Tensor],
                             pred_objectness_logits: List[torch.Tensor],
                             image_sizes: List[Tuple[int, int]], nms_thresh: float,
@@ -224,6 +255,7 @@ def _fast_rcnn_inference_single_image(boxes: torch.Tensor, scores: torch.Tensor,
 _REPLACEMENTS = (
     (ImageList, "from_tensors", staticmethod(_from_tensors)),
     (d2_wrappers.Conv2d, "forward", _conv2d_forward),
+    (F, "batch_norm", _batch_norm),
     (anchor_generator, "_create_grid_offsets", _create_grid_offsets),
     (Boxes, "__init__", _boxes_init),
     (Boxes, "clip", _clip),
@@ -240,11 +272,16 @@ _ORIGINALS = {}
 
 @contextlib.contextmanager
 def export_friendly_detectron2() -> Iterator[None]:
-    """Within the block, detectron2 runs the export-friendly equivalents above (not thread-safe:
-    for the duration of an export only)."""
+    """Within the block, detectron2 runs the export-friendly equivalents above and
+    torchvision::nms has the fake kernel :func:`_nms_fake` (not thread-safe: for the duration of
+    an export only)."""
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in _REPLACEMENTS]
     _ORIGINALS["from_tensors"] = ImageList.from_tensors
+    _ORIGINALS["batch_norm"] = F.batch_norm
+    library = torch.library.Library("torchvision", "FRAGMENT")
     try:
+        # The newest fake kernel of an operator runs; destroying the library removes this one.
+        torch.library.register_fake("torchvision::nms", _nms_fake, lib=library)
         for owner, name, replacement in _REPLACEMENTS:
             setattr(owner, name, replacement)
         yield
@@ -252,3 +289,4 @@ def export_friendly_detectron2() -> Iterator[None]:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
         _ORIGINALS.clear()
+        library._destroy()
