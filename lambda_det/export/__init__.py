@@ -33,8 +33,10 @@ The LambdaResNet backbone alone exports with a dynamic H and W. Opset 16 or newe
 with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced sizes.
 """
 import importlib.util
+import io
 import json
 import os
+import zipfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -415,6 +417,31 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
 _ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
 
 
+def _check_pickles_hold_only_tensors(path: str) -> None:
+    """Refuse a .pt2 archive with a pickle that ``torch.load(weights_only=True)`` refuses.
+
+    ``torch.export.load`` reads the program (JSON) and weights (raw bytes) without running code,
+    but unpickles a few artifacts (the sample inputs) with ``weights_only=True`` and, where that
+    fails, again without it, which may run code. Checking every pickle first rules that out.
+    """
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as error:
+        raise ValueError(f"{path!r} is not a torch.export (.pt2) archive: {error}") from None
+    with archive:
+        for name in archive.namelist():
+            data = archive.read(name)
+            if not (data.startswith(b"PK\x03\x04") or data.startswith(b"\x80")):
+                continue  # not a torch.save zip nor a pickle: JSON, raw weights, text
+            try:
+                torch.load(io.BytesIO(data), weights_only=True)
+            except Exception as error:
+                raise ValueError(
+                    f"{path!r}: {name} holds objects other than tensors and plain containers, "
+                    f"which loading would unpickle by running code; refusing to load it "
+                    f"({type(error).__name__})") from None
+
+
 class ExportedModel:
     """An exported file loaded for inference: TorchScript on the device it was traced on (the
     trace holds that device as a constant), ONNX on the CPU through onnxruntime.
@@ -452,6 +479,7 @@ class ExportedModel:
             self.min_size = None
         elif path.endswith(FILE_SUFFIXES["torch_export"]):
             extra_files = {METADATA_NAME: ""}
+            _check_pickles_hold_only_tensors(path)
             program = torch.export.load(path, extra_files=extra_files)
             self._read_metadata(path, extra_files[METADATA_NAME], "a torch.export")
             self._module = program.module()
