@@ -1,13 +1,17 @@
-"""Export (lambda_det.export, tools/export_model.py): TorchScript and ONNX outputs match eager mode.
+"""Export (lambda_det.export, tools/export_model.py): TorchScript, ONNX and torch.export outputs
+match eager mode.
 
 One small LambdaResNet-26 Mask R-CNN (random weights, every detection kept) is checkpointed, then
 exported once per format on a 64 x 96 sample: ONNX by the tool from an image file, TorchScript
-through the library. Both run images of other sizes (DYNAMIC_SIZES). ONNX tests need onnx and
-onnxruntime (the "dev" extra) and skip without them.
+through the library; torch.export by the tool on its default 96 x 96 sample (it takes sizes from
+65, one more than the FPN's largest stride). All run images of other sizes (DYNAMIC_SIZES). ONNX
+tests need onnx and onnxruntime (the "dev" extra) and skip without them.
 """
 
 import json
 import math
+import pickle
+import zipfile
 from pathlib import Path
 
 import cv2
@@ -44,11 +48,13 @@ DETECTIONS = 20
 # TorchScript traces the lambda layers' "conv" form where eager "auto" runs "einsum" at these
 # sizes: the same sums in another order (measured: boxes 4.4e-4 px); onnxruntime has its own
 # RoIAlign and convolutions too (measured: boxes 3.5e-4 px, scores 1e-5, mask probabilities
-# 1.7e-4).
+# 1.7e-4). torch.export runs the "conv" form too (measured: boxes 1e-4 px, masks 4e-5).
 TOLERANCES = {
     "torchscript": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
     "onnx": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
+    "torch_export": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
 }
+TORCH_EXPORT_MIN_SIZE = 65  # the FPN's largest stride (P6: 64) + 1
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -128,6 +134,17 @@ def onnx_file(cfg, weights, image_file, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def torch_export_file(cfg, weights, tmp_path_factory):
+    """The tool's torch.export of the test model, on its default sample (96 x 96)."""
+    path = tmp_path_factory.mktemp("export") / "model.pt2"
+    status = load_tool("export_model").main([
+        "--config-file", CONFIG, "--format", "torch_export", "--output", str(path),
+        *OVERRIDES, "MODEL.WEIGHTS", weights])
+    assert status == 0
+    return path
+
+
 def assert_matches_eager(model, exported: ExportedModel, image, tolerances) -> None:
     expected, actual = eager_outputs(model, image), exported(image)
     assert sorted(actual) == sorted(expected) == [
@@ -167,7 +184,84 @@ def test_onnx_matches_eager(model, onnx_file, images, other_sizes):
         assert_matches_eager(model, exported, image, TOLERANCES["onnx"])
 
 
-@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+@pytest.mark.slow
+def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
+    """The ExportedProgram, exported at 96 x 96, equals eager at sizes it was not exported at
+    (square, landscape, portrait), and at the smallest it takes."""
+    exported = ExportedModel(torch_export_file)
+    assert exported.input_shape == (3, None, None)
+    assert exported.min_size == (TORCH_EXPORT_MIN_SIZE, TORCH_EXPORT_MIN_SIZE)
+    smallest = sample_image(cfg, size=(TORCH_EXPORT_MIN_SIZE, 96), seed=3)
+    assert smallest.shape == (3, TORCH_EXPORT_MIN_SIZE, 96)
+    for image in other_sizes + [smallest]:
+        assert_matches_eager(model, exported, image, TOLERANCES["torch_export"])
+    # torch.export.load alone runs it too: a tuple in output_names' order.
+    program = torch.export.load(str(torch_export_file))
+    with torch.no_grad():
+        outputs = program.module()(other_sizes[1])
+    assert [tuple(output.shape) for output in outputs] == [
+        (DETECTIONS, 4), (DETECTIONS,), (DETECTIONS, 1, 28, 28), (DETECTIONS,), (2,)]
+    with pytest.raises(ValueError, match=r"at least 65 x 65 pixels, got \(64, 96\)"):
+        exported(torch.zeros(3, *SIZE, dtype=torch.uint8))
+
+
+@pytest.mark.slow
+def test_torch_export_runs_images_with_no_detection(weights, tmp_path):
+    """The number of detections is data-dependent: 0 and 1 run too (torchvision's NMS fake kernel
+    would have the program assert 2 or more)."""
+    strict_cfg = load_config(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights,
+                                                  "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.45"])
+    model = build_trained_model(strict_cfg)
+    path = tmp_path / "model.pt2"
+    export_model(model, sample_image(strict_cfg, size=(96, 96)), path, "torch_export")
+    exported = ExportedModel(path)
+    counts = set()
+    generator = torch.Generator().manual_seed(4)
+    for size in [(96, 96), (80, 96), (96, 72), (72, 72), (96, 80), (88, 88)]:
+        image = torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=generator)
+        expected, actual = eager_outputs(model, image), exported(image)
+        counts.add(len(expected["scores"]))
+        assert torch.equal(actual["pred_classes"], expected["pred_classes"])
+        for name, tolerance in TOLERANCES["torch_export"].items():
+            torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=tolerance)
+    assert {0, 1} & counts, counts
+
+
+def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
+    cfg = load_config(CONFIG, OVERRIDES)
+    model = build_model(cfg).eval()
+    with pytest.raises(ValueError, match=r"at least 65 x 65 pixels.*\(64, 96\)"):
+        export_model(model, torch.zeros(3, *SIZE, dtype=torch.uint8), tmp_path / "model.pt2",
+                     "torch_export")
+    tiled = build_model(load_config(CONFIG, OVERRIDES + ["MODEL.LAMBDA_RESNET.IMPL", "tiled"]))
+    with pytest.raises(ValueError, match="impl 'tiled'"):
+        export_model(tiled.eval(), torch.zeros(3, 96, 96, dtype=torch.uint8),
+                     tmp_path / "model.pt2", "torch_export")
+    assert not list(tmp_path.iterdir())
+
+
+class _WritesAFile:
+    """Unpickling it would create ``path``: what a crafted archive could run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def test_torch_export_file_with_code_in_a_pickle_is_refused(tmp_path):
+    marker = tmp_path / "code_ran"
+    path = tmp_path / "model.pt2"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data/sample_inputs/model.pt",
+                         pickle.dumps(_WritesAFile(marker), protocol=2))
+    with pytest.raises(ValueError, match="sample_inputs/model.pt holds objects other than"):
+        ExportedModel(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("format", ["torchscript", "onnx", "torch_export"])
 def test_metadata_maps_classes_to_category_ids(format, request):
     """<output>.json: the test dataset's category ids and names, the input and its resize."""
     if format == "onnx":
@@ -179,6 +273,11 @@ def test_metadata_maps_classes_to_category_ids(format, request):
     assert metadata["dynamic_size"] is True and metadata["input_shape"] == [3, None, None]
     assert metadata["input_format"] == "BGR" and metadata["input_dtype"] == "uint8"
     assert metadata["test_resize"]["min_size"] == metadata["test_resize"]["max_size"] == 96
+    if format == "torch_export":
+        assert metadata["min_size"] == [TORCH_EXPORT_MIN_SIZE, TORCH_EXPORT_MIN_SIZE]
+        assert "H >= 65 and W >= 65" in metadata["input_note"]
+    else:
+        assert "min_size" not in metadata
     assert metadata["output_names"] == ["pred_boxes", "pred_classes", "pred_masks", "scores",
                                         "image_size"]
     exported = ExportedModel(path)

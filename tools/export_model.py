@@ -29,17 +29,17 @@ and ``image_size``. (A model whose lambda layers use ``impl`` "tiled",
 ``torch_export`` swaps a few detectron2 functions for export-friendly equivalents while it
 exports (lambda_det/export/_torch_export.py says which and why).
 
-Mask R-CNN, Faster R-CNN and RetinaNet configs export (the last two without ``pred_masks``).
-ONNX uses torch's TorchScript-based exporter (``dynamo=False``; lambda_det/export/__init__.py says why)
+Mask R-CNN, Faster R-CNN and RetinaNet configs export (the last two without ``pred_masks``). ONNX
+uses torch's TorchScript-based exporter (``dynamo=False``; lambda_det/export/__init__.py says why)
 and opset 17 (``--opset``, 16 at least); it needs the onnx package, and onnxruntime to run.
 Trailing ``KEY VALUE`` pairs override the config, as in train_net.py; MODEL.WEIGHTS must name the
 trained checkpoint, and every weight of the model must be in it. The trace runs on MODEL.DEVICE:
 add ``MODEL.DEVICE cpu`` for a TorchScript file that runs on the CPU. After saving, the exported
 model is run on the sample and, when its size is dynamic, on a synthetic image of another shape
 (3/4 of the sample's height, or torch.export's smallest), and compared with the eager model
-(skipped for ONNX without onnxruntime); a difference above ``--tolerance`` exits with status 1. An existing ``--output``
-or ``<output>.json`` is replaced only with ``--overwrite``, and never when it is MODEL.WEIGHTS
-itself.
+(skipped for ONNX without onnxruntime); a difference above ``--tolerance`` exits with status 1. An
+existing ``--output`` or ``<output>.json`` is replaced only with ``--overwrite``, and never when it
+is MODEL.WEIGHTS itself.
 """
 import argparse
 import sys

@@ -62,7 +62,8 @@ from lambda_det.utils.atomic import atomic_path
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "sample_image", "eager_outputs", "check_export_output", "metadata_path",
            "class_table", "export_metadata", "fixed_size_reason",
-           "trace_model", "export_program", "torch_export_min_size", "export_model", "outputs_to_instances", "max_differences"]
+           "trace_model", "export_program", "torch_export_min_size", "export_model",
+           "outputs_to_instances", "max_differences"]
 
 EXPORT_FORMATS = ("torchscript", "onnx", "torch_export")
 FILE_SUFFIXES = {"torchscript": ".ts", "onnx": ".onnx", "torch_export": ".pt2"}
@@ -517,8 +518,8 @@ class ExportedModel:
         if self.min_size is not None and any(size < smallest for size, smallest in
                                              zip(image.shape[1:], self.min_size)):
             raise ValueError(f"{self.path!r} takes images of at least {self.min_size[0]} x "
-                             f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} (TorchScript "
-                             f"and ONNX exports take any size)")
+                             f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} "
+                             f"(TorchScript and ONNX exports take any size)")
         if self.input_dtype is not None and image.dtype != self.input_dtype:
             raise ValueError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
         if self._module is not None:
