@@ -1,4 +1,5 @@
-"""Export a trained detectron2 model (e.g. a LambdaResNet Mask R-CNN) to TorchScript or ONNX.
+"""Export a trained detectron2 model (e.g. a LambdaResNet Mask R-CNN) to TorchScript, ONNX or
+torch.export.
 
 The model is traced with detectron2's :class:`~detectron2.export.TracingAdapter`, which flattens
 its ``[{"image": ...}] -> [{"instances": Instances}]`` interface into tensors in and tensors out:
@@ -22,13 +23,24 @@ it: the input's channel order and the config's test-time resize, whether sizes a
 output names, and ``classes``: for each ``pred_classes`` index the dataset's category ``id`` (the
 COCO ``category_id``) and ``name`` (:func:`class_table`). :class:`ExportedModel` reads it.
 
-ONNX goes through torch's TorchScript-based exporter (``dynamo=False``). ``torch.export``, and the
-ONNX exporter built on it (``dynamo=True``), cannot take the whole detector with a dynamic size
-(torch 2.14): detectron2's ``ImageList`` turns the padded size into Python numbers
-(``.item()``), and ``detectron2.layers.Conv2d`` then asks ``if x.numel() == 0`` of that
-data-dependent size (``GuardOnDataDependentSymNode``); after NMS the box count is unknown too.
-The LambdaResNet backbone alone exports with a dynamic H and W. Opset 16 or newer is needed for
-``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum", "conv",
+``torch_export`` (:func:`export_program`) runs ``torch.export.export(strict=False)`` on the same
+TracingAdapter with the image's height and width as ``torch.export.Dim``s, and saves the
+ExportedProgram with ``torch.export.save`` (``.pt2``). As is, detectron2 0.6 cannot be exported
+so: its ``ImageList`` turns the padded size into Python numbers (``.item()``),
+``detectron2.layers.Conv2d`` asks ``if x.numel() == 0`` of that data-dependent size
+(``GuardOnDataDependentSymNode``), and after NMS the box count is unknown. While exporting, and
+only then, :func:`~lambda_det.export._torch_export.export_friendly_detectron2` swaps those few
+functions for equivalents that compute the same numbers without asking questions of tensor
+values (that module lists each and why it is equal). The program takes any H, W from
+:func:`torch_export_min_size` (65 for an FPN with P6: torch.export specialises feature maps of
+size 1), and any number of detections, 0 included. The lambda layers take their "conv" form
+under ``torch.compiler.is_exporting()``; impl "tiled" is refused. :class:`ExportedModel` loads a
+``.pt2`` only if every pickle in it loads with ``weights_only=True`` (``torch.export.load``
+would otherwise fall back to a full unpickle).
+
+ONNX goes through torch's TorchScript-based exporter (``dynamo=False``); the ONNX exporter built
+on torch.export (``dynamo=True``) is not wired to the replacements above. Opset 16 or newer is
+needed for ``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum", "conv",
 "tiled", so "auto" too) exports to both formats; under a trace the tiled form gathers its halos
 with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced sizes.
 """
