@@ -35,9 +35,10 @@ answer for every input (``GuardOnDataDependentSymNode``):
   number of boxes of each image, not from a tensor of those numbers (``repeat_interleave``).
 * ``batched_nms`` (both of the above): torchvision's batched NMS picks per-class NMS calls or one
   call on class-offset boxes by the (data-dependent) number of boxes; this always takes the one
-  call, which is what it takes up to 4000 box coordinates on the CPU (20000 on a GPU): the test
-  and demo sizes. Above that an export may order boxes of equal score differently, or, rarely,
-  keep another box where two IoUs sit within float rounding of the threshold.
+  call, as torchvision does up to 4000 box coordinates on the CPU (100000 on a GPU; the tests'
+  sizes) and always under a TorchScript/ONNX trace. Above that eager may order boxes of equal
+  score differently, or, rarely, keep another box where an IoU sits within float rounding of
+  the threshold.
 * the fake kernel of ``torchvision::nms`` (what export runs to learn output shapes): says the
   number of boxes kept is 0 or more; torchvision's says 2 or more (``create_unbacked_symint``),
   which the exported program would assert, failing on images with fewer than 2 detections.
