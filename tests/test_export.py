@@ -25,8 +25,8 @@ from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.config import load_config
 from lambda_det.export import (
-    ExportedModel, class_table, eager_outputs, export_model, max_differences, metadata_path,
-    outputs_to_instances, sample_image)
+    FILE_SUFFIXES, ExportedModel, class_table, eager_outputs, export_model, max_differences,
+    metadata_path, outputs_to_instances, sample_image)
 from lambda_det.inference import build_trained_model
 from lambda_det.layers import LambdaLayer
 
@@ -359,15 +359,17 @@ def test_lambda_layer_exports_to_onnx(impl, scope, stride, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+@pytest.mark.parametrize("format", ["torchscript", "onnx", "torch_export"])
 def test_retinanet_exports(format, tmp_path):
     if format == "onnx":
         pytest.importorskip("onnx")
         pytest.importorskip("onnxruntime")
+    # torch.export takes sizes from 129 (P7's stride 128, + 1): a larger test size.
+    size = (160, 160) if format == "torch_export" else SIZE
     cfg = load_config("lambda_r101_retinanet", [
         "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.FPN.OUT_CHANNELS", "32", "MODEL.DEVICE", "cpu",
-        "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96",
+        "INPUT.MIN_SIZE_TEST", str(min(size)), "INPUT.MAX_SIZE_TEST", str(max(size)),
         "MODEL.RETINANET.SCORE_THRESH_TEST", "0.0",
         "TEST.DETECTIONS_PER_IMAGE", str(DETECTIONS)])
     torch.manual_seed(0)
@@ -375,10 +377,11 @@ def test_retinanet_exports(format, tmp_path):
     with torch.no_grad():  # distinct scores: tied ones may come out in either order
         model.head.cls_score.weight.normal_(std=0.1)
         model.head.bbox_pred.weight.normal_(std=0.05)
-    path = tmp_path / f"retinanet.{'ts' if format == 'torchscript' else 'onnx'}"
-    traced = export_model(model, sample_image(cfg, size=SIZE), path, format)
+    path = tmp_path / f"retinanet{FILE_SUFFIXES[format]}"
+    traced = export_model(model, sample_image(cfg, size=size), path, format)
     assert traced.output_names == ("pred_boxes", "pred_classes", "scores", "image_size")
-    image = sample_image(cfg, size=SIZE, seed=1)
+    image = sample_image(cfg, size=(size[0] - 20, size[1]), seed=1)  # another size
+    assert image.shape[1:] != traced.sample.shape[1:]
     expected, actual = eager_outputs(model, image), ExportedModel(path)(image)
     assert actual["scores"].shape == (DETECTIONS,)
     assert torch.equal(actual["pred_classes"], expected["pred_classes"])

@@ -33,7 +33,7 @@ answer for every input (``GuardOnDataDependentSymNode``):
   are); the RPN's per-level ``min(H_i * W_i * A, pre_nms_topk)`` is ``torch.sym_min``.
 * ``convert_boxes_to_pooler_format`` (ROIPooler): each box's image index from the symbolic
   number of boxes of each image, not from a tensor of those numbers (``repeat_interleave``).
-* ``batched_nms`` (both of the above): torchvision's batched NMS picks per-class NMS calls or one
+* ``batched_nms`` (both of the above, and RetinaNet's): torchvision's batched NMS picks per-class NMS calls or one
   call on class-offset boxes by the (data-dependent) number of boxes; this always takes the one
   call, as torchvision does up to 4000 box coordinates on the CPU (100000 on a GPU; the tests'
   sizes) and always under a TorchScript/ONNX trace. Above that eager may order boxes of equal
@@ -53,6 +53,7 @@ import torchvision  # noqa: F401  (registers torch.ops.torchvision.nms)
 
 import detectron2.layers.wrappers as d2_wrappers
 import detectron2.modeling.anchor_generator as anchor_generator
+import detectron2.modeling.meta_arch.retinanet as retinanet
 import detectron2.modeling.poolers as poolers
 import detectron2.modeling.proposal_generator.proposal_utils as proposal_utils
 import detectron2.modeling.proposal_generator.rpn as rpn
@@ -263,6 +264,7 @@ _REPLACEMENTS = (
     (Instances, "set", _instances_set),
     (proposal_utils, "batched_nms", _batched_nms),
     (fast_rcnn, "batched_nms", _batched_nms),
+    (retinanet, "batched_nms", _batched_nms),
     (proposal_utils, "find_top_rpn_proposals", _find_top_rpn_proposals),
     (rpn, "find_top_rpn_proposals", _find_top_rpn_proposals),
     (poolers, "convert_boxes_to_pooler_format", _convert_boxes_to_pooler_format),
