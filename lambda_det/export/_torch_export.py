@@ -33,11 +33,11 @@ answer for every input (``GuardOnDataDependentSymNode``):
   are); the RPN's per-level ``min(H_i * W_i * A, pre_nms_topk)`` is ``torch.sym_min``.
 * ``convert_boxes_to_pooler_format`` (ROIPooler): each box's image index from the symbolic
   number of boxes of each image, not from a tensor of those numbers (``repeat_interleave``).
-* ``batched_nms`` (both of the above, and RetinaNet's): torchvision's batched NMS picks per-class NMS calls or one
-  call on class-offset boxes by the (data-dependent) number of boxes; this always takes the one
-  call, as torchvision does up to 4000 box coordinates on the CPU (100000 on a GPU; the tests'
-  sizes) and always under a TorchScript/ONNX trace. Above that eager may order boxes of equal
-  score differently, or, rarely, keep another box where an IoU sits within float rounding of
+* ``batched_nms`` (both of the above, and RetinaNet's): torchvision's batched NMS picks per-class
+  NMS calls or one call on class-offset boxes by the (data-dependent) number of boxes; this always
+  takes the one call, as torchvision does up to 4000 box coordinates on the CPU (100000 on a GPU;
+  the tests' sizes) and always under a TorchScript/ONNX trace. Above that eager may order boxes of
+  equal score differently, or, rarely, keep another box where an IoU sits within float rounding of
   the threshold.
 * the fake kernel of ``torchvision::nms`` (what export runs to learn output shapes): says the
   number of boxes kept is 0 or more; torchvision's says 2 or more (``create_unbacked_symint``),
