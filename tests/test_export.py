@@ -402,9 +402,12 @@ def test_bad_format_and_opset_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["format", "missing weights", "empty weights", "wrong weights",
-                                  "truncated weights", "missing sample"])
+                                  "truncated weights", "missing sample",
+                                  "small torch_export sample"])
 def test_tool_names_bad_input(case, weights, tmp_path, capsys):
-    arguments = {"format": ["--format", "savedmodel"]}.get(case, ["--format", "torchscript"])
+    arguments = {"format": ["--format", "savedmodel"],
+                 "small torch_export sample": ["--format", "torch_export", "--sample-size", "64",
+                                               "96"]}.get(case, ["--format", "torchscript"])
     arguments += ["--output", str(tmp_path / "model.ts")]
     if case == "missing sample":
         arguments += ["--sample-image", str(tmp_path / "no_such_image.png")]
@@ -425,7 +428,8 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
                 "empty weights": "MODEL.WEIGHTS is empty",
                 "wrong weights": "trained for 3 classes, but the model built from the config has 5",
                 "truncated weights": "truncated.pth is truncated or corrupt",
-                "missing sample": "no_such_image.png"}[case]
+                "missing sample": "no_such_image.png",
+                "small torch_export sample": "must be at least 65 x 65 pixels"}[case]
     assert expected in error
     if case == "wrong weights":
         assert weights in error and "roi_heads.box_predictor.cls_score.weight" in error
