@@ -235,6 +235,31 @@ def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
+def test_export_friendly_detectron2_computes_the_same_numbers(model, images, other_sizes):
+    """Run eagerly, the export-only replacements give detectron2's outputs bit for bit, and
+    leaving the block puts detectron2's own functions back (after an error too)."""
+    from detectron2.modeling.roi_heads import fast_rcnn
+    from detectron2.structures import Boxes, ImageList
+    from lambda_det.export._torch_export import export_friendly_detectron2
+
+    originals = (ImageList.__dict__["from_tensors"], Boxes.clip, torch.nn.functional.batch_norm,
+                 fast_rcnn.fast_rcnn_inference_single_image)
+    for image in images[:1] + other_sizes:
+        expected = eager_outputs(model, image)
+        with export_friendly_detectron2():
+            assert Boxes.clip is not originals[1]
+            actual = eager_outputs(model, image)
+        assert sorted(actual) == sorted(expected)
+        for name in expected:
+            assert torch.equal(actual[name], expected[name]), name
+    with pytest.raises(RuntimeError, match="inside"):
+        with export_friendly_detectron2():
+            raise RuntimeError("inside")
+    assert (ImageList.__dict__["from_tensors"], Boxes.clip, torch.nn.functional.batch_norm,
+            fast_rcnn.fast_rcnn_inference_single_image) == originals
+
+
 class _WritesAFile:
     """Unpickling it would create ``path``: what a crafted archive could run."""
 
