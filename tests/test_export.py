@@ -236,6 +236,21 @@ def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
 
 
 @pytest.mark.slow
+def test_torch_export_names_a_model_that_holds_for_some_sizes_only(tmp_path):
+    """AFT-conv windows are cut to the input's size: torch.export's constraint violation comes
+    back as one ValueError naming the guard."""
+    cfg = load_config("aft_conv_r26_shapes", [
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.DEVICE", "cpu",
+        "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96"])
+    model = build_model(cfg).eval()
+    with pytest.raises(ValueError, match="cannot take this model at every size from 65: Not all "
+                                         "values of .* torchscript or onnx"):
+        export_model(model, sample_image(cfg, size=(96, 96)), tmp_path / "model.pt2",
+                     "torch_export")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
 def test_export_friendly_detectron2_computes_the_same_numbers(model, images, other_sizes):
     """Run eagerly, the export-only replacements give detectron2's outputs bit for bit, and
     leaving the block puts detectron2's own functions back (after an error too)."""

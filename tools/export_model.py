@@ -102,6 +102,8 @@ def main(argv=None) -> int:
             parser.error(" ".join(str(error).split()))
     size = ("any size" if traced.dynamic_size else
             f"only {tuple(image.shape)}: {traced.fixed_size_reason}")
+    if traced.dynamic_size and traced.min_size is not None:
+        size = f"any size from {traced.min_size[0]} x {traced.min_size[1]}"
     print(f"wrote {output} ({args.format}) and {metadata_path(output)}: input 'image', uint8 "
           f"(3, H, W) in {cfg.INPUT.FORMAT} order, {size}; outputs "
           f"{', '.join(traced.output_names)}")

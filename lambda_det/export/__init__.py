@@ -246,8 +246,9 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
     being 0 or 1 in the sample). The lambda layers take their "conv" form (as under a trace).
 
     Raises:
-        ValueError: the model's lambda layers use impl "tiled" (laid out for one size), or the
-            sample is smaller than :func:`torch_export_min_size`.
+        ValueError: the model's lambda layers use impl "tiled" (laid out for one size), the
+            sample is smaller than :func:`torch_export_min_size`, or a layer holds for some sizes
+            only (torch.export's constraint violations: e.g. AFT-conv mixers).
     """
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != 3:
         shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
@@ -269,9 +270,19 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
     width = torch.export.Dim(SIZE_NAMES[1], min=min_size)
     with export_friendly_detectron2(), torch.no_grad(), \
             torch.fx.experimental._config.patch(backed_size_oblivious=True):
-        program = torch.export.export(_ImageToOutputs(adapter), (image,),
-                                      dynamic_shapes={"image": {1: height, 2: width}},
-                                      strict=False)
+        try:
+            program = torch.export.export(_ImageToOutputs(adapter), (image,),
+                                          dynamic_shapes={"image": {1: height, 2: width}},
+                                          strict=False)
+        except torch._dynamo.exc.UserError as error:
+            # Constraints violated: some layer holds only for some sizes (e.g. AFT-conv's
+            # windows, a global lambda layer's max_size).
+            violations = [line.strip(" -") for line in str(error).splitlines()
+                          if line.strip().startswith("- ")]
+            raise ValueError(
+                f"torch.export cannot take this model at every size from {min_size}: "
+                f"{violations[0] if violations else str(error).splitlines()[0]}; try the "
+                f"torchscript or onnx format") from error
     return TracedModel(program, image, _output_names(adapter), min_size=(min_size, min_size))
 
 
