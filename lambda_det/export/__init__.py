@@ -56,6 +56,7 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
+import torch.fx.experimental._config  # noqa: F401  (backed_size_oblivious, for export_program)
 from torch import nn
 import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 from detectron2.config import CfgNode
@@ -468,13 +469,15 @@ def _check_pickles_hold_only_tensors(path: str) -> None:
 
 class ExportedModel:
     """An exported file loaded for inference: TorchScript on the device it was traced on (the
-    trace holds that device as a constant), ONNX on the CPU through onnxruntime.
+    trace holds that device as a constant), ONNX on the CPU through onnxruntime, a torch.export
+    ``.pt2`` on the device it was exported on (:func:`_check_pickles_hold_only_tensors` first).
 
     Calling it with a (3, H, W) image of its dtype (and of the exported size, for an export
     fixed to one) returns the outputs by name, on the CPU.
 
     Attributes:
         input_shape: (3, H, W), None for a dynamic size.
+        min_size: the smallest (H, W) a torch.export file takes; None for the other formats.
         metadata: the contents of :func:`metadata_path`, or None where that file is missing.
         classes: ``metadata["classes"]`` (or None): ``classes[i]["id"]`` and
             ``classes[i]["name"]`` are the dataset's category id and name of
