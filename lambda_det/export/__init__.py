@@ -48,8 +48,8 @@ import importlib.util
 import io
 import json
 import os
-import zipfile
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
