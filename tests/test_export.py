@@ -296,7 +296,8 @@ def test_torch_export_file_with_code_in_a_pickle_is_refused(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("format", ["torchscript", "onnx", "torch_export"])
+@pytest.mark.parametrize("format", ["torchscript", "onnx",
+                                    pytest.param("torch_export", marks=pytest.mark.slow)])
 def test_metadata_maps_classes_to_category_ids(format, request):
     """<output>.json: the test dataset's category ids and names, the input and its resize."""
     if format == "onnx":
