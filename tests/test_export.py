@@ -195,6 +195,11 @@ def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
     assert smallest.shape == (3, TORCH_EXPORT_MIN_SIZE, 96)
     for image in other_sizes + [smallest]:
         assert_matches_eager(model, exported, image, TOLERANCES["torch_export"])
+    # The file holds no pickle (torch.export.save's sample inputs are left out: the sample may
+    # be a user's image).
+    with zipfile.ZipFile(torch_export_file) as archive:
+        assert not [name for name in archive.namelist()
+                    if archive.read(name).startswith((b"PK\x03\x04", b"\x80"))]
     # torch.export.load alone runs it too: a tuple in output_names' order.
     program = torch.export.load(str(torch_export_file))
     with torch.no_grad():

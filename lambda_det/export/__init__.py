@@ -429,6 +429,9 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
                 with open(temporary, "wb") as f:
                     torch.jit.save(traced.module, f, _extra_files=extra_files)
         elif format == "torch_export":
+            # Not the sample in the file: it may be a user's image, and it is the archive's one
+            # pickle (what _check_pickles_hold_only_tensors guards against).
+            traced.module.example_inputs = None
             with open(temporary, "wb") as f:
                 torch.export.save(traced.module, f,
                                   extra_files={METADATA_NAME: json.dumps(traced.metadata())})
