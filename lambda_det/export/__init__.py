@@ -34,9 +34,10 @@ functions for equivalents that compute the same numbers without asking questions
 values (that module lists each and why it is equal). The program takes any H, W from
 :func:`torch_export_min_size` (65 for an FPN with P6: torch.export specialises feature maps of
 size 1), and any number of detections, 0 included. The lambda layers take their "conv" form
-under ``torch.compiler.is_exporting()``; impl "tiled" is refused. :class:`ExportedModel` loads a
-``.pt2`` only if every pickle in it loads with ``weights_only=True`` (``torch.export.load``
-would otherwise fall back to a full unpickle).
+under ``torch.compiler.is_exporting()``; impl "tiled" is refused. The ``.pt2`` files written here
+hold no pickle (torch.export.save's sample inputs are left out), and :class:`ExportedModel`
+loads a ``.pt2`` only if every pickle in it loads with ``weights_only=True``
+(``torch.export.load`` would otherwise fall back to a full unpickle).
 
 ONNX goes through torch's TorchScript-based exporter (``dynamo=False``); the ONNX exporter built
 on torch.export (``dynamo=True``) is not wired to the replacements above. Opset 16 or newer is
