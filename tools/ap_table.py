@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.evaluation.ap_table import format_ap_table, load_results, plot_ap_by_size  # noqa
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder, reporting_write_errors
 
@@ -35,8 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", metavar="MD", help="also write the table here")
     parser.add_argument("--dataset", help="the test dataset to report, for runs that evaluated "
                                           "several")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of a file that cannot be written")
+    add_debug_argument(parser, errors="a file that cannot be written")
     args = parser.parse_args(argv)
     with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
         for option, path in (("--output", args.output), ("--plot", args.plot)):

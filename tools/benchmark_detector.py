@@ -27,7 +27,7 @@ import torch
 from lambda_det.benchmark.detector import (
     MODES, PRECISIONS, DetectorSettings, benchmark_detector, format_detector)
 from lambda_det.benchmark.harness import machine_description
-from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.utils.atomic import atomic_path, check_writable_folder, reporting_write_errors
 
 
@@ -52,8 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=None,
                         help="folder for table.md and results.json (default: "
                              "output/benchmark_detector/<date-time>)")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
+    add_debug_argument(parser)
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     args = parser.parse_args(argv)
     output = Path(args.output or Path("output/benchmark_detector") / time.strftime("%Y%m%d-%H%M%S"))

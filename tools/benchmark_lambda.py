@@ -29,7 +29,7 @@ from lambda_det.benchmark import report
 from lambda_det.benchmark.candidates import SHAPES
 from lambda_det.benchmark.modes import (
     BackboneSettings, LayerSettings, benchmark_backbone, benchmark_blocks, benchmark_layers)
-from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder, reporting_write_errors
 
 
@@ -63,8 +63,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--impl", default="auto", help="lambda layer impl in backbone mode")
     parser.add_argument("--out", type=Path, help="output folder (default: a new "
                         "output/benchmark_lambda/<mode>_<device>_<dtype>_<date-time>)")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an output folder that cannot be written")
+    add_debug_argument(parser, errors="an output folder that cannot be written")
     args = parser.parse_args(argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda, but torch sees no GPU")

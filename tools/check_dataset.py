@@ -20,10 +20,12 @@ import sys
 import time
 
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
-from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.arguments import (
+    add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
 from lambda_det.cli.train_net import load_run_config
 from lambda_det.data.checks import (
-    IMAGE_CHECKS, check_images, check_run_datasets, check_unique_ids, load_training_dicts)
+    IMAGE_CHECKS, check_images, check_run_datasets, check_unique_ids, load_training_dicts,
+    yaml_data_settings)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -36,15 +38,12 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-only", action="store_true",
                         help="with --config: only the test sets, as tools/train_net.py "
                              "--eval-only checks them")
-    parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
-                        metavar=("NAME", "JSON", "IMAGE_DIR"),
-                        help="register a COCO-format dataset first (repeatable)")
+    add_coco_dataset_argument(parser, "the NAME list or the config's DATASETS.TRAIN / TEST")
     parser.add_argument("--images", choices=IMAGE_CHECKS,
                         help="what to read of each image (default: header, or the config's "
                              "DATALOADER.CHECK_IMAGES)")
     parser.add_argument("--threads", type=int, help="threads for the image checks")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
+    add_debug_argument(parser)
     parser.add_argument("arguments", nargs="*", metavar="NAME | KEY VALUE",
                         help="registered dataset names; with --config, config overrides")
     return parser
@@ -57,7 +56,8 @@ def check_config_datasets(args: argparse.Namespace) -> str:
         args.opts += ["DATALOADER.CHECK_IMAGES", args.images]
     cfg = load_run_config(args)
     start = time.perf_counter()
-    count = check_run_datasets(cfg, training=not args.eval_only, threads=args.threads)
+    count = check_run_datasets(yaml_data_settings(cfg), training=not args.eval_only,
+                               threads=args.threads)
     seconds = time.perf_counter() - start
     train = "" if args.eval_only else f"training sets {list(cfg.DATASETS.TRAIN)}, "
     before = "evaluating" if args.eval_only else "training"
@@ -74,7 +74,7 @@ def check_named_datasets(args: argparse.Namespace) -> str:
     args.opts = ["DATASETS.TRAIN", repr(tuple(args.arguments))]
     cfg = load_run_config(args)
     start = time.perf_counter()
-    dicts = load_training_dicts(cfg)
+    dicts = load_training_dicts(yaml_data_settings(cfg))
     check_unique_ids(cfg.DATASETS.TRAIN)
     loaded = time.perf_counter()
     count = check_images(dicts, mode, cfg.INPUT.FORMAT, threads=args.threads)

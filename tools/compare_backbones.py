@@ -23,7 +23,8 @@ from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
 
-from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.arguments import (
+    add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
 from lambda_det.cli.compare import (
     DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison, run_comparison)
 from lambda_det.evaluation.compare_report import summarize, write_report
@@ -73,14 +74,10 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-gpus", type=int, default=1,
                         help="processes per run, passed to train_net.py (GPUs, or gloo CPU "
                              "processes with MODEL.DEVICE cpu)")
-    parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
-                        metavar=("NAME", "JSON", "IMAGE_DIR"),
-                        help="register a COCO-format dataset under NAME for every run "
-                             "(repeatable); use NAME in DATASETS.TRAIN / DATASETS.TEST")
+    add_coco_dataset_argument(parser, "DATASETS.TRAIN / DATASETS.TEST of every run")
     parser.add_argument("--dataset", help="the test dataset to report, when DATASETS.TEST "
                                           "has several")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
+    add_debug_argument(parser)
     return parser
 
 

@@ -27,7 +27,8 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
 from lambda_det.checkpoint import last_checkpoint
-from lambda_det.cli.arguments import parse_command_line, reporting_user_errors
+from lambda_det.cli.arguments import (
+    add_debug_argument, parse_command_line, reporting_user_errors)
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
 from lambda_det.cli.train_net import check_device
 from lambda_det.config import config_differences, load_config, resolve_config_file
@@ -65,8 +66,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="a Demo config (path or name)")
     parser.add_argument("--force", action="store_true", help="train even if a finished run exists")
     parser.add_argument("--name", default=None, help="row name in the AP table")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
+    add_debug_argument(parser)
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     args = parse_command_line(parser, argv)
     with reporting_user_errors(args.debug):

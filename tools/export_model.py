@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Export a trained lambda_det model (e.g. a LambdaResNet Mask R-CNN) to TorchScript or ONNX.
+"""Export a trained lambda_det model (e.g. a LambdaResNet Mask R-CNN) to TorchScript, ONNX or
+torch.export.
 
     python tools/export_model.py --config-file configs/Demo/lambda_r26_shapes.yaml \\
         --format torchscript --output export/model.ts \\
@@ -7,32 +8,38 @@
     python tools/export_model.py --config-file lambda_r26_shapes --format onnx \\
         --sample-image datasets/lambda_det_shapes_v1/val/00001.png \\
         MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
+    python tools/export_model.py --config-file lambda_r26_shapes --format torch_export \\
+        --output export/model.pt2 MODEL.WEIGHTS output/demo_lambda_r26_shapes/model_final.pth
 
 The model is traced (detectron2's TracingAdapter) on one sample image: ``--sample-image``, or a
 synthetic image (``--sample-size``, default the config's test size), resized by the config's
-test-time transform. The exported model takes one (3, H, W) uint8 image of any size (ONNX: input
-axes "height" and "width"), resized as the test loader resizes, in ``INPUT.FORMAT`` channel
-order, and returns ``pred_boxes``, ``pred_classes``, ``pred_masks`` (M x M probabilities in each
-box), ``scores`` and ``image_size``. (A model whose lambda layers use ``impl`` "tiled",
+test-time transform; ``--format torch_export`` runs ``torch.export`` on it with a symbolic height
+and width instead, and saves the ExportedProgram with ``torch.export.save`` (``.pt2``; load it
+with ``torch.export.load`` or ``ExportedModel``). The exported model takes one (3, H, W) uint8
+image of any size (ONNX: input axes "height" and "width"; torch.export: H and W of at least the
+largest feature stride + 1, 65 for a Mask R-CNN FPN, and so a sample at least that large),
+resized as the test loader resizes, in ``INPUT.FORMAT`` channel order, and returns
+``pred_boxes``, ``pred_classes``, ``pred_masks`` (M x M probabilities in each box), ``scores``
+and ``image_size``. (A model whose lambda layers use ``impl`` "tiled",
 ``MODEL.LAMBDA_RESNET.IMPL tiled``, exports for the sample's size only; the tool says so.)
 ``<output>.json`` beside the file holds the input format, the test-time resize and the classes:
 ``pred_classes`` index -> the test dataset's category id and name. ``lambda_det.export
 .ExportedModel`` runs an exported file and reads that metadata (``.classes``), and
 ``lambda_det.export.outputs_to_instances`` turns its outputs into final detectron2 predictions.
-There is no ``torch.export`` format: it cannot take the whole detector at a dynamic size
-(lambda_det/export.py says why).
+``torch_export`` swaps a few detectron2 functions for export-friendly equivalents while it
+exports (lambda_det/export/_torch_export.py says which and why).
 
-Mask R-CNN, Faster R-CNN and RetinaNet configs export (the last two without ``pred_masks``).
-ONNX uses torch's TorchScript-based exporter (``dynamo=False``; lambda_det/export.py says why)
+Mask R-CNN, Faster R-CNN and RetinaNet configs export (the last two without ``pred_masks``). ONNX
+uses torch's TorchScript-based exporter (``dynamo=False``; lambda_det/export/__init__.py says why)
 and opset 17 (``--opset``, 16 at least); it needs the onnx package, and onnxruntime to run.
 Trailing ``KEY VALUE`` pairs override the config, as in train_net.py; MODEL.WEIGHTS must name the
 trained checkpoint, and every weight of the model must be in it. The trace runs on MODEL.DEVICE:
 add ``MODEL.DEVICE cpu`` for a TorchScript file that runs on the CPU. After saving, the exported
 model is run on the sample and, when its size is dynamic, on a synthetic image of another shape
-(3/4 of the sample's height), and compared with the eager model (skipped for ONNX without
-onnxruntime); a difference above ``--tolerance`` exits with status 1. An existing ``--output``
-or ``<output>.json`` is replaced only with ``--overwrite``, and never when it is MODEL.WEIGHTS
-itself.
+(3/4 of the sample's height, or torch.export's smallest), and compared with the eager model
+(skipped for ONNX without onnxruntime); a difference above ``--tolerance`` exits with status 1. An
+existing ``--output`` or ``<output>.json`` is replaced only with ``--overwrite``, and never when it
+is MODEL.WEIGHTS itself.
 """
 import argparse
 import sys
@@ -57,7 +64,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = tool_argument_parser(__doc__)
     parser.add_argument("--format", required=True, choices=EXPORT_FORMATS)
     parser.add_argument("--output", default=None,
-                        help="the file to write (default: OUTPUT_DIR/model.ts or model.onnx)")
+                        help="the file to write (default: OUTPUT_DIR/model.ts, model.onnx or "
+                             "model.pt2)")
     parser.add_argument("--sample-image", default=None, metavar="FILE",
                         help="the image to trace and verify with (default: a synthetic image); the "
                              "export runs at any size unless it is fixed to this one")
@@ -94,6 +102,8 @@ def main(argv=None) -> int:
             parser.error(" ".join(str(error).split()))
     size = ("any size" if traced.dynamic_size else
             f"only {tuple(image.shape)}: {traced.fixed_size_reason}")
+    if traced.dynamic_size and traced.min_size is not None:
+        size = f"any size from {traced.min_size[0]} x {traced.min_size[1]}"
     print(f"wrote {output} ({args.format}) and {metadata_path(output)}: input 'image', uint8 "
           f"(3, H, W) in {cfg.INPUT.FORMAT} order, {size}; outputs "
           f"{', '.join(traced.output_names)}")
@@ -105,7 +115,10 @@ def main(argv=None) -> int:
         return 0
     checks = {"the sample": image}
     if traced.dynamic_size:
-        other = sample_image(cfg, size=(image.shape[1] * 3 // 4, image.shape[2]), seed=1)
+        height = image.shape[1] * 3 // 4
+        if traced.min_size is not None:
+            height = max(height, traced.min_size[0])
+        other = sample_image(cfg, size=(height, image.shape[2]), seed=1)
         checks[f"a {other.shape[1]} x {other.shape[2]} image"] = other
     for name, check_image in checks.items():
         differences = max_differences(eager_outputs(model, check_image), exported(check_image))

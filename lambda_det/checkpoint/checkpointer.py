@@ -26,10 +26,12 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
+from lambda_det.utils.setting import Setting, override
 
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
            "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
-           "WeightsMismatchError", "last_checkpoint", "checkpoint_to_resume"]
+           "WeightsMismatchError", "last_checkpoint", "checkpoint_to_resume",
+           "evaluation_weights"]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -342,19 +344,42 @@ def _loaded_counts(model, missing_keys, path: str) -> str:
             f"{counts[False][0]} of {counts[False][1]} other weights from {path}")
 
 
-def check_weights(weights: str) -> None:
-    """``weights`` names a checkpoint (a path or a URL), or an error says what is missing.
+def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
+    """``weights`` names a checkpoint (a path or a URL), or an error says what is missing;
+    ``key``: the config key that set it (a LazyConfig recipe's ``train.init_checkpoint``).
 
     Raises:
         ValueError: ``weights`` is empty.
         FileNotFoundError: ``weights`` names a local file that does not exist.
     """
     if not weights:
-        raise ValueError("MODEL.WEIGHTS is empty: pass the trained checkpoint, e.g. "
-                         "MODEL.WEIGHTS output/model_final.pth")
+        raise ValueError(f"{key} is empty: pass the trained checkpoint, e.g. "
+                         f"{override(key, 'output/model_final.pth')}")
     if "://" not in weights and not os.path.isfile(weights):
-        raise FileNotFoundError(f"MODEL.WEIGHTS file {weights!r} does not exist: pass the path "
-                                f"of a checkpoint, or MODEL.WEIGHTS \"\" to start from scratch")
+        raise FileNotFoundError(f"{key} file {weights!r} does not exist: pass the path of a "
+                                f"checkpoint, or {override(key, '')} to start from scratch")
+
+
+def evaluation_weights(output_dir: Setting, weights: Setting, resume: bool) -> str:
+    """The checkpoint ``--eval-only`` evaluates: ``output_dir``'s last checkpoint with
+    ``resume`` (when there is one), else ``weights`` (each with the key that set it).
+
+    Raises:
+        ValueError: no weights at all (that would evaluate a randomly initialised model).
+        FileNotFoundError: a local checkpoint file that does not exist.
+        ValueError, FileNotFoundError, IsADirectoryError: ``output_dir``'s last_checkpoint is
+            empty or names no file (:func:`checkpoint_to_resume`).
+    """
+    latest = checkpoint_to_resume(output_dir.value) if resume else None
+    if latest is not None:
+        return latest
+    if not weights.value:
+        where = (f" and {output_dir.key} {output_dir.value!r} has no last_checkpoint"
+                 if resume else "")
+        raise ValueError(f"--eval-only needs trained weights: {weights.key} is empty{where}; "
+                         f"pass {override(weights.key, 'PATH')}")
+    check_weights(weights.value, weights.key)
+    return weights.value
 
 
 def load_weights(model, weights: str, require: str = "all") -> None:

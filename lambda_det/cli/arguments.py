@@ -53,10 +53,28 @@ def tool_argument_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_debug_argument(parser: argparse.ArgumentParser,
+                       errors: str = "errors in the input") -> argparse.ArgumentParser:
+    """``--debug``: show the traceback of a user error (``errors``) instead of its one line."""
+    parser.add_argument("--debug", action="store_true",
+                        help=f"show the traceback of {errors} instead of one line")
+    return parser
+
+
+def add_coco_dataset_argument(parser: argparse.ArgumentParser,
+                              datasets: str = "DATASETS.TRAIN / TEST") -> argparse.ArgumentParser:
+    """``--coco-dataset NAME JSON IMAGE_DIR`` (repeatable): a COCO-format dataset to register
+    under NAME (:func:`lambda_det.data.coco.register_coco_triples`), named in ``datasets``."""
+    parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
+                        metavar=("NAME", "JSON", "IMAGE_DIR"),
+                        help=f"register a COCO-format dataset under NAME (repeatable); use NAME "
+                             f"in {datasets}")
+    return parser
+
+
 def add_debug_and_overrides(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """``--debug`` and the trailing ``KEY VALUE`` config overrides (last: they take the rest)."""
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
+    add_debug_argument(parser)
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     return parser
 

@@ -1,5 +1,9 @@
-"""The command line of tools/train_net.py: detectron2's, plus one run per OUTPUT_DIR, weights
-and configs checked before any process starts, and user errors reported in one line.
+"""The command line of tools/train_net.py (yaml configs) and tools/lazyconfig_train_net.py
+(LazyConfig recipes): detectron2's, plus one run per output folder, weights and configs checked
+before any process starts, and user errors reported in one line. The two tools run one
+:func:`main`; they differ only in how they read the config (:class:`ConfigSystem`:
+:data:`YAML_CONFIGS`, :data:`LAZY_CONFIGS`), which gives the checks the same
+:class:`~lambda_det.engine.run_settings.RunSettings`.
 
 A mistake in what the user passed (a config key or value, a dataset, a weights file, an
 OUTPUT_DIR in use) ends the run with exit status 2 and one ``error: ...`` line that names the
@@ -7,45 +11,61 @@ bad value and the fix; ``--debug`` shows the traceback instead. Anything else is
 its traceback.
 """
 import argparse
+import copy
+import functools
 import logging
 import warnings
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
+from omegaconf import DictConfig
 from torch import nn
 from torch.multiprocessing import ProcessExitedException
+from detectron2.config import instantiate
 from detectron2.engine import default_argument_parser
 from detectron2.modeling import build_model
+from detectron2.utils import comm
 from lambda_det.checkpoint import (
-    AtomicCheckpointer, check_weights, checkpoint_to_resume, load_weights)
-from lambda_det.cli.arguments import USAGE_ERROR_STATUS, parse_command_line, reporting_user_errors
+    AtomicCheckpointer, check_weights, checkpoint_to_resume, evaluation_weights, load_weights)
+from lambda_det.cli.arguments import (
+    USAGE_ERROR_STATUS, add_coco_dataset_argument, add_debug_argument, parse_command_line,
+    reporting_user_errors)
 from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config import load_config
+from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
 from lambda_det.data.checks import check_run_datasets
-from lambda_det.data.coco import coco_dataset_overrides
-from lambda_det.engine import preflight
+from lambda_det.data.coco import coco_dataset_overrides, register_coco_triples
+from lambda_det.engine import lazy_training, preflight
 from lambda_det.engine.launch import launch
 from lambda_det.engine.preflight import (
-    Setting, check_batch_size, check_launch_arguments, check_training_memory,
-    check_training_settings, yaml_training_settings)
-from lambda_det.engine.trainer import Trainer, evaluation_weights, setup_cfg
-from lambda_det.modeling.build import check_training_recipe
+    check_batch_size, check_launch_arguments, check_training_memory, check_training_settings)
+from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_run_settings
+from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
+from lambda_det.utils.setting import Setting
 
-__all__ = ["argument_parser", "main", "run", "load_run_config", "launch_checked", "check_model",
+__all__ = ["ConfigSystem", "YAML_CONFIGS", "LAZY_CONFIGS", "argument_parser", "main",
+           "lazyconfig_main", "load_run_config", "load_lazy_run_config", "scale_yaml_to_world_size", "launch_checked", "check_model",
            "check_config_before_launch", "check_weights_fit", "check_device", "plan_evaluation",
            "Evaluation", "prepare_training_output_dir"]
 
-# How the help of tools/train_net.py names its config's keys; tools/lazyconfig_train_net.py
-# passes its own (lambda_det.cli.lazyconfig_train_net).
-YAML_OUTPUT_DIR = "OUTPUT_DIR"
-YAML_DATASETS = "DATASETS.TRAIN / TEST (the run's config keeps it in DATASETS.COCO_INSTANCES)"
+
+class ConfigSystem(NamedTuple):
+    """How a training tool reads its config; everything else is :func:`main`'s."""
+    description: str
+    output_dir_key: str  # how the help and the errors name the output folder
+    datasets_help: str  # where --coco-dataset's NAME goes
+    load: Callable[[argparse.Namespace], Any]  # the config of the command line
+    settings: Callable[[Any], RunSettings]  # what the run reads, with its keys
+    scale: Callable[[Any, int], Any]  # the config for a number of processes
+    build_model: Callable[[Any], nn.Module]  # the model (built under a device context)
+    run: Callable[[argparse.Namespace], Any]  # what every process runs
 
 
-def argument_parser(output_dir: str = YAML_OUTPUT_DIR,
-                    datasets: str = YAML_DATASETS) -> argparse.ArgumentParser:
+def argument_parser(output_dir: str = "OUTPUT_DIR",
+                    datasets: str = "DATASETS.TRAIN / TEST") -> argparse.ArgumentParser:
     """detectron2's ``default_argument_parser`` plus ``--config NAME`` (an alias of
     --config-file that also takes a shipped config's name), ``--restart``, ``--debug`` and
     ``--coco-dataset NAME JSON IMAGE_DIR`` (see :mod:`lambda_det.data.coco`); the help names
@@ -58,23 +78,21 @@ def argument_parser(output_dir: str = YAML_OUTPUT_DIR,
                         help=f"train from iteration 0 in an {output_dir} that holds a run; the "
                              f"previous run is first moved to {output_dir}/{PREVIOUS_RUN_PREFIX}"
                              "<date-time>/")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of errors in the input instead of one line")
-    parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
-                        metavar=("NAME", "JSON", "IMAGE_DIR"),
-                        help=f"register a COCO-format dataset under NAME (repeatable); use NAME "
-                             f"in {datasets}")
+    add_debug_argument(parser)
+    add_coco_dataset_argument(parser, datasets)
     return parser
 
 
 def run(args: argparse.Namespace):
-    """What every training or evaluation process runs (detectron2's ``main(args)``)."""
+    """What every process of tools/train_net.py runs (detectron2's ``main(args)``)."""
     quiet_detectron2_warnings()
     with reporting_user_errors(args.debug):
         cfg = setup_cfg(args)
         if args.eval_only:
             model = Trainer.build_model(cfg)
-            load_weights(model, evaluation_weights(cfg, resume=args.resume))
+            settings = yaml_run_settings(cfg)
+            load_weights(model, evaluation_weights(settings.output_dir, settings.training.weights,
+                                                   args.resume))
             return Trainer.test(cfg, model)
         trainer = Trainer(cfg)
         trainer.resume_or_load(resume=args.resume)
@@ -83,15 +101,34 @@ def run(args: argparse.Namespace):
         return trainer.train()
 
 
+def run_lazy(args: argparse.Namespace):
+    """What every process of tools/lazyconfig_train_net.py runs."""
+    quiet_detectron2_warnings()
+    with reporting_user_errors(args.debug):
+        register_coco_triples(args.coco_dataset, source="--coco-dataset")
+        cfg = load_lazy_config(args.config_file, args.opts)
+        evaluation = getattr(args, "evaluation", None)  # set before launch: plan_evaluation
+        if evaluation is not None:
+            cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
+        scale_to_world_size(cfg, comm.get_world_size())
+        plain_default_setup(cfg, args)
+        if args.eval_only:
+            model = instantiate(cfg.model).to(cfg.train.device)
+            settings = lazy_run_settings(cfg)
+            weights = evaluation_weights(settings.output_dir, settings.training.weights,
+                                         args.resume)
+            AtomicCheckpointer(model, require="all").load(weights, checkpointables=[])
+            return lazy_training.evaluate(cfg, model)
+    with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+        return lazy_training.train(cfg, args.resume)
+
+
 def check_model(cfg) -> nn.Module:
-    """The model of ``cfg`` built on the meta device: the backbone's and heads' checks of the
-    config (depth, placement, scope, norms, features) in a fraction of a second, with no memory
-    and no random numbers drawn."""
-    meta = cfg.clone()
-    meta.defrost()
-    meta.MODEL.DEVICE = "meta"
+    """The model of a yaml config built on the meta device: the backbone's and heads' checks
+    of the config (depth, placement, scope, norms, features) in a fraction of a second, with
+    no memory and no random numbers drawn."""
     with torch.device("meta"):
-        return build_model(meta)
+        return _meta_yaml_model(cfg)
 
 
 def check_device(cfg, key: str = "MODEL.DEVICE") -> None:
@@ -99,6 +136,7 @@ def check_device(cfg, key: str = "MODEL.DEVICE") -> None:
     process (predict, export, the demo's pictures); ``key``: where the user set it, for the
     message (:func:`lambda_det.engine.preflight.check_device`)."""
     preflight.check_device(Setting(key, cfg.MODEL.DEVICE), num_gpus=1)
+
 
 def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
     """Read ``weights`` as the run will (safely) and check that it fits ``model`` (a meta-device
@@ -130,36 +168,28 @@ def plan_evaluation(args: argparse.Namespace, output_dir: str, weights: str) -> 
     args.evaluation = Evaluation(folder, weights)
 
 
-def check_config_before_launch(args: argparse.Namespace, cfg) -> nn.Module:
-    """What the config alone decides, checked before OUTPUT_DIR is touched: the device, the
-    model (built on the meta device, returned for the weights' checks) and, for training, every
-    setting that would fail after launch and the memory a process needs at least
-    (:mod:`lambda_det.engine.preflight`)."""
-    preflight.check_device(Setting("MODEL.DEVICE", cfg.MODEL.DEVICE), args.num_gpus)
-    model = check_model(cfg)
+def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, cfg) -> nn.Module:
+    """What the config alone decides, checked before the output folder is touched: the device,
+    the model (built on the meta device, returned for the weights' checks) and, for training,
+    every setting that would fail after launch (as the user wrote it) and, for the batch
+    scaled to the processes, whether it splits over them and the memory a process needs at
+    least (:mod:`lambda_det.engine.preflight`)."""
+    run = system.settings(cfg)
+    preflight.check_device(run.device, args.num_gpus)
+    with torch.device("meta"):
+        model = system.build_model(cfg)
     if args.eval_only:
         return model
-    check_training_settings(yaml_training_settings(cfg))  # the values as the user wrote them
-    check_training_recipe(cfg)
+    check_training_settings(run.training)
     world_size = args.num_gpus * args.num_machines
-    scaled = yaml_training_settings(scale_to_world_size(cfg, world_size))
-    check_batch_size(scaled.batch.value, world_size)
-    check_training_memory(model, scaled, cfg.MODEL.DEVICE, args.num_gpus, world_size)
+    scaled = system.settings(system.scale(cfg, world_size)).training
+    check_batch_size(scaled.batch.value, world_size, key=scaled.batch.key)
+    check_training_memory(model, scaled, run.device.value, args.num_gpus, world_size)
     return model
 
 
-def scale_to_world_size(cfg, world_size: int):
-    """The config the trainer runs on ``world_size`` processes: detectron2's
-    ``auto_scale_workers`` (SOLVER.REFERENCE_WORLD_SIZE), its assertion as a ValueError."""
-    reference, batch = cfg.SOLVER.REFERENCE_WORLD_SIZE, cfg.SOLVER.IMS_PER_BATCH
-    if reference and batch % reference:
-        raise ValueError(f"SOLVER.IMS_PER_BATCH {batch} does not split over "
-                         f"SOLVER.REFERENCE_WORLD_SIZE {reference}: use a multiple of it")
-    return Trainer.auto_scale_workers(cfg, world_size)
-
-
 def prepare_training_output_dir(args: argparse.Namespace, output_dir: str,
-                                key: str = YAML_OUTPUT_DIR) -> None:
+                                key: str = "OUTPUT_DIR") -> None:
     """:func:`prepare_output_dir` for this run, saying where the previous run's files went
     (``key``: the folder's name in the config, for errors)."""
     previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
@@ -169,24 +199,25 @@ def prepare_training_output_dir(args: argparse.Namespace, output_dir: str,
               f"run starts at iteration 0 with files of its own", flush=True)
 
 
-def _check_before_launch(args: argparse.Namespace, cfg, model: nn.Module) -> None:
-    """What the run reads, checked once before any process starts and before OUTPUT_DIR is
-    written (the lock is already held): a mistake found later would leave a log or a config
-    dump in OUTPUT_DIR, or surface hours later at the final evaluation."""
+def check_before_launch(args: argparse.Namespace, run: RunSettings, model: nn.Module) -> None:
+    """What the run reads, checked once before any process starts and before the output folder
+    is written (the lock is already held): a mistake found later would leave a log or a config
+    dump in it, or surface hours later at the final evaluation."""
+    output_dir, weights = run.output_dir, run.training.weights
     if args.eval_only:
-        check_run_datasets(cfg, training=False)
-        weights = evaluation_weights(cfg, resume=args.resume)
-        check_weights_fit(model, weights, require="all")
-        plan_evaluation(args, cfg.OUTPUT_DIR, weights)
+        check_run_datasets(run.data, training=False)
+        evaluated = evaluation_weights(output_dir, weights, resume=args.resume)
+        check_weights_fit(model, evaluated, require="all")
+        plan_evaluation(args, output_dir.value, evaluated)
         return
-    check_run_datasets(cfg)
-    latest = checkpoint_to_resume(cfg.OUTPUT_DIR) if args.resume else None
-    if latest is not None:  # as Trainer.resume_or_load will load it
+    check_run_datasets(run.data)
+    latest = checkpoint_to_resume(output_dir.value) if args.resume else None
+    if latest is not None:  # as the trainer's resume_or_load will load it
         check_weights_fit(model, latest, require="all")
-    elif cfg.MODEL.WEIGHTS:
-        check_weights(cfg.MODEL.WEIGHTS)
-        check_weights_fit(model, cfg.MODEL.WEIGHTS, require="backbone")
-    prepare_training_output_dir(args, cfg.OUTPUT_DIR)
+    elif weights.value:
+        check_weights(weights.value, weights.key)
+        check_weights_fit(model, weights.value, require="backbone")
+    prepare_training_output_dir(args, output_dir.value, key=output_dir.key)
 
 
 def load_run_config(args: argparse.Namespace):
@@ -201,22 +232,77 @@ def load_run_config(args: argparse.Namespace):
     return cfg
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """tools/train_net.py: returns the exit status."""
-    args = parse_command_line(argument_parser(), argv)
+def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
+    """The recipe of ``--config-file`` (a path or a shipped recipe's name, resolved in
+    ``args`` for what default_setup logs) and the trailing ``key=value`` overrides, with the
+    ``--coco-dataset`` triples registered in this process (every training process registers
+    them again: :func:`run_lazy`)."""
+    if not args.config_file:
+        raise ValueError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
+                         "lambda_r152_mask_rcnn)")
+    args.config_file = resolve_lazy_config_file(args.config_file)
+    register_coco_triples(args.coco_dataset, source="--coco-dataset")
+    return load_lazy_config(args.config_file, args.opts)
+
+
+def scale_yaml_to_world_size(cfg, world_size: int):
+    """detectron2's ``auto_scale_workers`` (SOLVER.REFERENCE_WORLD_SIZE), its assertion as a
+    ValueError."""
+    reference, batch = cfg.SOLVER.REFERENCE_WORLD_SIZE, cfg.SOLVER.IMS_PER_BATCH
+    if reference and batch % reference:
+        raise ValueError(f"SOLVER.IMS_PER_BATCH {batch} does not split over "
+                         f"SOLVER.REFERENCE_WORLD_SIZE {reference}: use a multiple of it")
+    return Trainer.auto_scale_workers(cfg, world_size)
+
+
+def _meta_yaml_model(cfg) -> nn.Module:
+    """detectron2's ``build_model`` with MODEL.DEVICE meta (under a meta device context)."""
+    meta = cfg.clone()
+    meta.defrost()
+    meta.MODEL.DEVICE = "meta"
+    return build_model(meta)
+
+
+YAML_CONFIGS = ConfigSystem(
+    description="Train or evaluate a yaml config (configs/).",
+    output_dir_key="OUTPUT_DIR",
+    datasets_help="DATASETS.TRAIN / TEST (the run's config keeps it in DATASETS.COCO_INSTANCES)",
+    load=load_run_config, settings=yaml_run_settings, scale=scale_yaml_to_world_size,
+    build_model=_meta_yaml_model, run=run)
+
+LAZY_CONFIGS = ConfigSystem(
+    description="Train or evaluate a LazyConfig recipe (configs/LazyConfigs/).",
+    output_dir_key="train.output_dir",
+    datasets_help="dataloader.train.dataset.names / dataloader.test.dataset.names",
+    load=load_lazy_run_config, settings=lazy_run_settings,
+    scale=lambda cfg, world_size: scale_to_world_size(copy.deepcopy(cfg), world_size),
+    build_model=lambda cfg: instantiate(cfg.model), run=run_lazy)
+
+
+def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS) -> int:
+    """tools/train_net.py (``system`` :data:`YAML_CONFIGS`) and tools/lazyconfig_train_net.py
+    (:data:`LAZY_CONFIGS`): returns the exit status."""
+    parser = argument_parser(system.output_dir_key, system.datasets_help)
+    parser.description = system.description
+    args = parse_command_line(parser, argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
         check_launch_arguments(args)
-        cfg = load_run_config(args)
-        model = check_config_before_launch(args, cfg)
-    cpu = torch.device(cfg.MODEL.DEVICE).type == "cpu"
-    return launch_checked(run, args, cfg.OUTPUT_DIR,
-                          lambda: _check_before_launch(args, cfg, model), cpu=cpu)
+        cfg = system.load(args)
+        model = check_config_before_launch(args, system, cfg)
+        run = system.settings(cfg)
+    cpu = torch.device(run.device.value).type == "cpu"
+    return launch_checked(system.run, args, run.output_dir.value,
+                          lambda: check_before_launch(args, run, model), cpu=cpu,
+                          output_dir_key=run.output_dir.key)
+
+
+lazyconfig_main = functools.partial(main, system=LAZY_CONFIGS)
 
 
 def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
                    check: Callable[[], None], cpu: bool,
-                   output_dir_key: str = YAML_OUTPUT_DIR) -> int:
+                   output_dir_key: str = "OUTPUT_DIR") -> int:
     """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
     that the folder can be written), run ``check``, then ``run_function(args)`` in every
     process (on the CPU, ``--num-gpus N`` starts N gloo processes: detectron2's launch needs

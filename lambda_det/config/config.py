@@ -34,9 +34,6 @@ RENAMED_KEYS = {
     "MODEL.LAMBDA_RESNET.AFT_HEADS": "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS",
     "MODEL.LAMBDA_RESNET.AFT_WINDOW_SIZE": "MODEL.LAMBDA_RESNET.AFT_CONV.WINDOW_SIZE",
 }
-_NORM_KEYS = ("MODEL.LAMBDA_RESNET.NORM", "MODEL.RESNETS.NORM", "MODEL.FPN.NORM",
-              "MODEL.ROI_BOX_HEAD.NORM", "MODEL.ROI_MASK_HEAD.NORM", "MODEL.SEM_SEG_HEAD.NORM")
-
 
 def add_lambda_det_config(cfg: CN) -> CN:
     """Add lambda_det's keys to ``cfg`` in place (``MODEL.LAMBDA_RESNET``, ``INPUT.LSJ``,
@@ -293,22 +290,39 @@ def config_differences(saved: str, wanted: str, saved_in: str = "the saved confi
             for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
-def adapt_norms_to_device(cfg: CN) -> List[str]:
+def adapt_norms_to_device(cfg) -> List[str]:
     """On the CPU, "SyncBN" (torch's SyncBatchNorm needs CUDA to synchronise) becomes detectron2's
     "naiveSyncBN", which synchronises through torch.distributed (gloo on the CPU) and is plain BN
-    in a single process. Returns the keys it changed."""
+    in a single process: every ``*NORM`` key under ``MODEL`` of a yaml config with MODEL.DEVICE
+    cpu, every ``*norm`` argument under ``model`` of a LazyConfig recipe with train.device cpu.
+    In place; returns the keys it changed."""
+    lazy = "train" in cfg and "model" in cfg
+    device = cfg.train.device if lazy else cfg.MODEL.DEVICE
+    if device != "cpu":
+        return []
+    model, path = (cfg.model, "model") if lazy else (cfg.MODEL, "MODEL")
     changed = []
-    if cfg.MODEL.DEVICE != "cpu":
-        return changed
-    for key in _NORM_KEYS:
-        *parents, leaf = key.split(".")
-        node = cfg
-        for part in parents:
-            node = node.get(part) if node is not None else None
-        if node is not None and node.get(leaf) == "SyncBN":
-            node[leaf] = "naiveSyncBN"
-            changed.append(key)
+    for node, key, dotted in list(_sync_bn_norms(model)):
+        node[key] = "naiveSyncBN"
+        changed.append(f"{path}.{dotted}")
     return changed
+
+
+def _sync_bn_norms(node, path: str = "") -> Iterator[Tuple[object, str, str]]:
+    """(parent, key, dotted key) of every norm setting "SyncBN" in a nested config (a CfgNode or an
+    OmegaConf node: mappings and lists)."""
+    if hasattr(node, "items"):
+        items = node.items()
+    elif isinstance(node, (list, tuple)) or type(node).__name__ == "ListConfig":
+        items = enumerate(node)
+    else:
+        return
+    for key, value in items:
+        dotted = f"{path}{key}"
+        if isinstance(key, str) and key.lower().endswith("norm") and value == "SyncBN":
+            yield node, key, dotted
+        else:
+            yield from _sync_bn_norms(value, dotted + ".")
 
 
 def config_keys(node, prefix: str = "") -> Iterator[str]:

@@ -8,7 +8,7 @@ A recipe defines ``model``, ``dataloader`` (``train``, ``test``, ``evaluator``),
 import inspect
 import logging
 import os
-from typing import Iterator, List, MutableMapping, Sequence
+from typing import MutableMapping, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -17,10 +17,10 @@ from lambda_det.compat import import_detectron2
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import LazyConfig  # noqa: E402
-from lambda_det.config import config_keys, did_you_mean  # noqa: E402
+from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean  # noqa: E402
 
 __all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
-           "adapt_lazy_norms_to_device", "scale_to_world_size", "use_mixer", "REQUIRED_KEYS"]
+           "scale_to_world_size", "use_mixer", "REQUIRED_KEYS"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,30 +105,6 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     return cfg
 
 
-def adapt_lazy_norms_to_device(cfg: DictConfig) -> List[str]:
-    """With ``train.device`` cpu, every ``*norm`` argument "SyncBN" in ``model`` becomes
-    "naiveSyncBN", as :func:`lambda_det.config.adapt_norms_to_device` does for yaml configs
-    (torch's SyncBatchNorm needs CUDA). Returns the keys it changed."""
-    if cfg.train.device != "cpu":
-        return []
-    changed = list(_sync_bn_keys(OmegaConf.to_container(cfg.model, resolve=False), "model"))
-    for key in changed:
-        OmegaConf.update(cfg, key, "naiveSyncBN", merge=False)
-    return changed
-
-
-def _sync_bn_keys(node, path: str) -> Iterator[str]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if isinstance(key, str) and key.endswith("norm") and value == "SyncBN":
-                yield f"{path}.{key}"
-            else:
-                yield from _sync_bn_keys(value, f"{path}.{key}")
-    elif isinstance(node, list):
-        for index, value in enumerate(node):
-            yield from _sync_bn_keys(value, f"{path}.{index}")
-
-
 def scale_to_world_size(cfg: DictConfig, world_size: int) -> DictConfig:
     """Keep the images per process of ``train.reference_world_size`` processes (0: off) on
     ``world_size`` ones, as detectron2's ``auto_scale_workers`` does for SOLVER.REFERENCE_WORLD_SIZE:
@@ -182,7 +158,7 @@ def _check_recipe(cfg: DictConfig, path: str) -> None:
 def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictConfig:
     """The config of a run: a recipe (a path or a shipped name, see
     :func:`resolve_lazy_config_file`), then ``key=value`` overrides (:func:`apply_overrides`);
-    on the CPU, SyncBN becomes naiveSyncBN (:func:`adapt_lazy_norms_to_device`).
+    on the CPU, SyncBN becomes naiveSyncBN (:func:`lambda_det.config.adapt_norms_to_device`).
 
     Raises:
         FileNotFoundError: no such recipe.
@@ -197,7 +173,7 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
                          f"{' '.join(str(cause).split())}") from error
     apply_overrides(cfg, overrides)
     _check_recipe(cfg, path)
-    changed = adapt_lazy_norms_to_device(cfg)
+    changed = adapt_norms_to_device(cfg)
     if changed:
         logger.info("train.device is cpu: SyncBN -> naiveSyncBN for %s", ", ".join(changed))
     return cfg

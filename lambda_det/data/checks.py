@@ -4,9 +4,11 @@ Detectron2 reports an annotation file that is not JSON as a bare ``JSONDecodeErr
 category id without the file, a missing or corrupt image from inside a data-loader worker
 (possibly hours into training) and a dataset with nothing to learn from as an assertion; it
 reads a COCO file with a repeated image id, and a 16-bit grayscale image, wrongly without a word.
-These checks run once, before training: :func:`check_run_datasets` is tools/train_net.py's
-pre-flight (tools/check_dataset.py's too), :func:`load_training_dicts` is what the trainer's
-loader trains on.
+These checks run once, before training: :func:`check_run_datasets` is the pre-flight of both
+training tools (tools/check_dataset.py's too), :func:`load_training_dicts` is what the trainer's
+loader trains on. They take the values they check (:class:`DataSettings`, with the keys that set
+them), read from a yaml config by :func:`yaml_data_settings` and from a LazyConfig recipe by
+:func:`lambda_det.engine.run_settings.lazy_run_settings`.
 
 Images are checked from their headers and tails (``DATALOADER.CHECK_IMAGES "header"``, see
 :func:`check_image_file`) in a thread pool: COCO train2017's 118k images in about 15 s on 2 cores
@@ -19,7 +21,7 @@ import math
 import numbers
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from PIL import Image
 
@@ -30,8 +32,10 @@ from detectron2.data.build import (
     print_instances_class_histogram)
 from detectron2.structures import BoxMode
 from detectron2.utils.file_io import PathManager
+from lambda_det.utils.setting import Setting, override
 
-__all__ = ["load_checked_dataset_dicts", "load_training_dicts", "load_checked_test_dicts",
+__all__ = ["DataSettings", "yaml_data_settings", "yaml_num_classes",
+           "load_checked_dataset_dicts", "load_training_dicts", "load_checked_test_dicts",
            "load_dataset", "check_dataset_dicts", "check_unique_ids", "check_usable_annotations",
            "check_num_classes", "check_images", "check_image_file", "check_image_mode",
            "check_run_datasets", "check_prediction_classes", "IMAGE_CHECKS",
@@ -62,6 +66,41 @@ _HIGH_BIT_DEPTH_MODES = {"I": "32-bit integer grayscale", "F": "32-bit float gra
 _NUM_CLASSES_KEYS = {"GeneralizedRCNN": "MODEL.ROI_HEADS.NUM_CLASSES",
                      "PanopticFPN": "MODEL.ROI_HEADS.NUM_CLASSES",
                      "RetinaNet": "MODEL.RETINANET.NUM_CLASSES"}
+
+
+class DataSettings(NamedTuple):
+    """What a run reads of its data, each value with the key that sets it."""
+    train: Setting  # the training datasets' names
+    test: Setting  # the test datasets' names
+    filter_empty: bool  # drop training images without usable annotations
+    masks: bool  # the model predicts masks: annotations need segmentations
+    num_classes: Optional[Setting]  # the model's class count (None: nothing to compare)
+    check_images: Setting  # IMAGE_CHECKS: what the pre-flight reads of each image
+    image_format: str  # the channel order images are read in
+
+
+def yaml_num_classes(cfg) -> Optional[Setting]:
+    """The class count of a yaml config's model (None for an architecture without one)."""
+    key = _NUM_CLASSES_KEYS.get(cfg.MODEL.META_ARCHITECTURE)
+    if key is None:
+        return None
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return Setting(key, node)
+
+
+def yaml_data_settings(cfg) -> DataSettings:
+    """The data settings of a yaml config (tools/train_net.py)."""
+    return DataSettings(
+        train=Setting("DATASETS.TRAIN", tuple(cfg.DATASETS.TRAIN)),
+        test=Setting("DATASETS.TEST", tuple(cfg.DATASETS.TEST)),
+        filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
+        masks=cfg.MODEL.MASK_ON,
+        num_classes=yaml_num_classes(cfg),
+        check_images=Setting("DATALOADER.CHECK_IMAGES", cfg.DATALOADER.get("CHECK_IMAGES",
+                                                                           "header")),
+        image_format=cfg.INPUT.FORMAT)
 
 
 def _describe(name: str) -> str:
@@ -171,14 +210,13 @@ def check_unique_ids(names: Sequence[str]) -> None:
                         f"own id (pycocotools keeps only one of them)")
 
 
-def load_training_dicts(cfg) -> List[dict]:
-    """The training set of a yaml config as the trainer trains on it: the one place that says
-    what training requires of ``DATASETS.TRAIN`` (:func:`load_checked_dataset_dicts` with
-    ``DATALOADER.FILTER_EMPTY_ANNOTATIONS``, and segmentations when ``MODEL.MASK_ON``), for
-    the trainer, the pre-flight and tools/check_dataset.py."""
-    return load_checked_dataset_dicts(cfg.DATASETS.TRAIN,
-                                      filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
-                                      require_masks=cfg.MODEL.MASK_ON)
+def load_training_dicts(data: DataSettings) -> List[dict]:
+    """The training set as the trainer trains on it: the one place that says what training
+    requires of its datasets (:func:`load_checked_dataset_dicts` with ``filter_empty``, and
+    segmentations when the model predicts masks), for the trainer, the pre-flight and
+    tools/check_dataset.py."""
+    return load_checked_dataset_dicts(data.train.value, filter_empty=data.filter_empty,
+                                      require_masks=data.masks)
 
 
 def load_checked_test_dicts(name: str, require_masks: bool = False) -> List[dict]:
@@ -277,22 +315,21 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
                                  f"({BoxMode(mode).name}): fix or remove the annotation")
 
 
-def check_num_classes(cfg, names: Sequence[str], fix: Optional[str] = None) -> None:
-    """The model's class count equals each dataset's number of categories (known once the
-    dataset is loaded: detectron2's COCO loader sets ``thing_classes``); ``fix`` replaces the
-    error's advice (to set the class count)."""
-    key = _NUM_CLASSES_KEYS.get(cfg.MODEL.META_ARCHITECTURE)
-    if key is None:
+def check_num_classes(num_classes: Optional[Setting], names: Sequence[str],
+                      fix: Optional[str] = None) -> None:
+    """The model's class count (None: nothing to check) equals each dataset's number of
+    categories (known once the dataset is loaded: detectron2's COCO loader sets
+    ``thing_classes``); ``fix`` replaces the error's advice (to set the class count)."""
+    if num_classes is None:
         return
-    node = cfg
-    for part in key.split("."):
-        node = node[part]
+    key, count = num_classes
     for name in names:
         classes = MetadataCatalog.get(name).get("thing_classes")
-        if classes is not None and len(classes) != node:
-            raise ValueError(f"{key} is {node}, but {_describe(name)} has {len(classes)} "
-                             f"categories: " + (fix or f"add '{key} {len(classes)}' to the "
-                                                       f"command line (or set it in the config)"))
+        if classes is not None and len(classes) != count:
+            raise ValueError(f"{key} is {count}, but {_describe(name)} has {len(classes)} "
+                             f"categories: " + (fix or f"add '{override(key, len(classes))}' to "
+                                                       f"the command line (or set it in the "
+                                                       f"config)"))
 
 
 def check_prediction_classes(cfg) -> None:
@@ -308,7 +345,7 @@ def check_prediction_classes(cfg) -> None:
         if (MetadataCatalog.get(name).get("thing_classes") is None and json_file
                 and PathManager.isfile(json_file)):
             load_dataset(name)  # detectron2's COCO loader sets thing_classes
-    check_num_classes(cfg, names, fix=RUN_CONFIG_FIX)
+    check_num_classes(yaml_num_classes(cfg), names, fix=RUN_CONFIG_FIX)
 
 
 def _oriented_size(image: Image.Image) -> Tuple[int, int]:
@@ -429,26 +466,27 @@ def check_images(dicts: Sequence[dict], mode: str = "header", image_format: str 
     return len(files)
 
 
-def check_run_datasets(cfg, training: bool = True, threads: Optional[int] = None) -> int:
-    """tools/train_net.py's pre-flight of the data (tools/check_dataset.py's with a config): each
-    training (when ``training``) and test dataset is registered and loads, its COCO ids are
-    unique, it has as many categories as the model has classes, and its images pass
-    ``DATALOADER.CHECK_IMAGES``; the training set is checked as the trainer loads it
+def check_run_datasets(data: DataSettings, training: bool = True,
+                       threads: Optional[int] = None) -> int:
+    """The pre-flight of the data of both training tools (tools/check_dataset.py's with a
+    config): each training (when ``training``) and test dataset is registered and loads, its
+    COCO ids are unique, it has as many categories as the model has classes, and its images pass
+    ``data.check_images``; the training set is checked as the trainer loads it
     (:func:`load_training_dicts`), each test set as evaluation reads it
     (:func:`load_checked_test_dicts`). Returns the number of image files checked."""
-    mode = cfg.DATALOADER.get("CHECK_IMAGES", "header")
+    key, mode = data.check_images
     if mode not in IMAGE_CHECKS:
-        raise ValueError(f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got "
-                         f"{mode!r}")
-    _check_registered([*(cfg.DATASETS.TRAIN if training else ()), *cfg.DATASETS.TEST])
+        raise ValueError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
+    train, test = list(data.train.value), list(data.test.value)
+    _check_registered([*(train if training else ()), *test])
     checked = 0
-    if training and cfg.DATASETS.TRAIN:
-        dicts = load_training_dicts(cfg)
-        check_unique_ids(cfg.DATASETS.TRAIN)
-        check_num_classes(cfg, cfg.DATASETS.TRAIN)
-        checked += check_images(dicts, mode, cfg.INPUT.FORMAT, threads)
-    for name in cfg.DATASETS.TEST:
-        dicts = load_checked_test_dicts(name, require_masks=cfg.MODEL.MASK_ON)
-        check_num_classes(cfg, [name])
-        checked += check_images(dicts, mode, cfg.INPUT.FORMAT, threads)
+    if training and train:
+        dicts = load_training_dicts(data)
+        check_unique_ids(train)
+        check_num_classes(data.num_classes, train)
+        checked += check_images(dicts, mode, data.image_format, threads, key=key)
+    for name in test:
+        dicts = load_checked_test_dicts(name, require_masks=data.masks)
+        check_num_classes(data.num_classes, [name])
+        checked += check_images(dicts, mode, data.image_format, threads, key=key)
     return checked

@@ -4,7 +4,6 @@ deterministic data order, CPU process launch, and the checks made before any pro
 import lambda_det.modeling  # noqa: F401  (registers the backbones the trainer builds)
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.launch import launch
-from lambda_det.engine.trainer import Trainer, evaluation_weights, setup_cfg
+from lambda_det.engine.trainer import Trainer, setup_cfg
 
-__all__ = ["Trainer", "setup_cfg", "launch", "evaluation_weights", "DeterministicTrainLoader",
-           "SeedEachIteration"]
+__all__ = ["Trainer", "setup_cfg", "launch", "DeterministicTrainLoader", "SeedEachIteration"]

@@ -1,32 +1,32 @@
 """What both training tools check before any process starts and before OUTPUT_DIR is touched:
 the launch arguments, the device, every training setting that would otherwise fail after launch
-(with a log, a config dump and metrics already written), and a lower bound of the memory a
+(with a log, a config dump and metrics already written), a recipe that cannot train (ImageNet
+ResNet weights for a LambdaResNet, frozen random weights), and a lower bound of the memory a
 training process needs, so that an image size or a batch that cannot fit is refused before
 anything is allocated.
 
 tools/train_net.py (yaml configs) and tools/lazyconfig_train_net.py (LazyConfig recipes) spell
-the same settings with different keys: :func:`yaml_training_settings` and
-:func:`lazy_training_settings` read them into :class:`TrainingSettings`, which
-:func:`check_training_settings` and :func:`check_training_memory` check alike.
+the same settings with different keys: :mod:`lambda_det.engine.run_settings` reads either into
+:class:`TrainingSettings`, which the checks here take.
 """
 import argparse
 import contextlib
 import logging
 import math
 import os
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from lambda_det.data.mapper import build_lsj_augmentations, check_lsj_settings
+from lambda_det.data.mapper import check_lsj_settings
 from lambda_det.engine.amp import AMP_DTYPES
 from lambda_det.layers import LambdaLayer
-from lambda_det.solver import warmup_multistep
+from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
+from lambda_det.utils.setting import Setting, is_integer, override
 
-__all__ = ["Setting", "TrainingSettings", "check_launch_arguments", "check_device",
-           "yaml_training_settings", "lazy_training_settings", "check_training_settings",
+__all__ = ["Setting", "BackboneSettings", "TrainingSettings", "check_launch_arguments",
+           "check_device", "check_training_settings", "check_training_recipe",
            "check_batch_size", "training_memory_lower_bound", "available_memory",
            "check_training_memory"]
 
@@ -34,10 +34,11 @@ GIB = 2 ** 30
 logger = logging.getLogger(__name__)
 
 
-class Setting(NamedTuple):
-    """A config value and the key that the user sets it with (named in the errors)."""
-    key: str
-    value: Any
+class BackboneSettings(NamedTuple):
+    """What a LambdaResNet backbone freezes, checked against training from scratch."""
+    norm: Setting  # where the norm was set (MODEL.RESNETS.NORM when LAMBDA_RESNET.NORM is None)
+    norm_key: str  # the key that sets the LambdaResNet's norm
+    freeze_at: Setting
 
 
 class TrainingSettings(NamedTuple):
@@ -53,6 +54,8 @@ class TrainingSettings(NamedTuple):
     at_least_zero: Tuple[Setting, ...]  # numbers >= 0: momentum, weight decay, workers, ...
     batch: Setting  # images per iteration over all processes
     input_size: Optional[Setting]  # the side of the largest training input (None: unknown)
+    weights: Setting  # the initial weights ("": from scratch)
+    backbone: Optional[BackboneSettings]  # None: not a lambda_det backbone
 
 
 def check_launch_arguments(args: argparse.Namespace) -> None:
@@ -94,105 +97,12 @@ def check_device(device: Setting, num_gpus: int) -> None:
                          f"to cpu")
 
 
-def yaml_training_settings(cfg) -> TrainingSettings:
-    """The training settings of a yaml config (tools/train_net.py)."""
-    solver, lsj = cfg.SOLVER, cfg.INPUT.LSJ
-    steps = None
-    if solver.LR_SCHEDULER_NAME == "WarmupMultiStepLR":  # detectron2 drops steps past MAX_ITER
-        steps = Setting("SOLVER.STEPS", _kept_steps(solver.STEPS, solver.MAX_ITER))
-    if lsj.ENABLED:
-        input_size = Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE)
-    else:  # the largest short-side resize, of a square image
-        input_size = Setting("INPUT.MIN_SIZE_TRAIN",
-                             min(max(cfg.INPUT.MIN_SIZE_TRAIN), cfg.INPUT.MAX_SIZE_TRAIN))
-    return TrainingSettings(
-        learning_rate=Setting("SOLVER.BASE_LR", solver.BASE_LR),
-        max_iter=Setting("SOLVER.MAX_ITER", solver.MAX_ITER),
-        lr_steps=steps,
-        amp_dtype=Setting("SOLVER.AMP.DTYPE", solver.AMP.DTYPE) if solver.AMP.ENABLED else None,
-        deterministic=Setting("DATALOADER.DETERMINISTIC", cfg.DATALOADER.DETERMINISTIC),
-        seed=Setting("SEED", cfg.SEED),
-        lsj=(Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE),
-             Setting("INPUT.LSJ.MIN_SCALE", lsj.MIN_SCALE),
-             Setting("INPUT.LSJ.MAX_SCALE", lsj.MAX_SCALE)) if lsj.ENABLED else None,
-        at_least_one=(Setting("SOLVER.LOG_PERIOD", solver.LOG_PERIOD),
-                      Setting("SOLVER.CHECKPOINT_PERIOD", solver.CHECKPOINT_PERIOD)),
-        at_least_zero=(Setting("SOLVER.MOMENTUM", solver.MOMENTUM),
-                       Setting("SOLVER.WEIGHT_DECAY", solver.WEIGHT_DECAY),
-                       Setting("SOLVER.WARMUP_ITERS", solver.WARMUP_ITERS),
-                       Setting("TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD),
-                       Setting("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS)),
-        batch=Setting("SOLVER.IMS_PER_BATCH", solver.IMS_PER_BATCH),
-        input_size=input_size,
-    )
-
-
-def _calls(node, function: Callable) -> bool:
-    """Whether a LazyConfig node is ``LazyCall(function)(...)`` (its target as the function
-    itself or by its dotted name)."""
-    target = node.get("_target_") if isinstance(node, DictConfig) else None
-    names = {f"{function.__module__}.{function.__qualname__}",
-             f"{function.__module__.rpartition('.')[0]}.{function.__qualname__}"}
-    return target is function or target in names
-
-
-def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
-    """The training settings of a LazyConfig recipe (tools/lazyconfig_train_net.py); a recipe's
-    own optimizer, schedule or augmentations are checked where they are lambda_det's or
-    torch's usual ones (``lr``, ``momentum``, ``weight_decay``)."""
-    train, max_iter = cfg.train, cfg.train.max_iter
-    steps = None
-    if _calls(cfg.lr_multiplier, warmup_multistep):  # drops steps at or past max_iter
-        last = max_iter - 1 if _is_integer(max_iter) else max_iter
-        steps = Setting("lr_multiplier.steps", _kept_steps(cfg.lr_multiplier.steps, last))
-    augmentations = OmegaConf.select(cfg, "dataloader.train.mapper.augmentations", default=None)
-    lsj = input_size = None
-    if _calls(augmentations, build_lsj_augmentations):
-        prefix = "dataloader.train.mapper.augmentations."
-        lsj = tuple(Setting(prefix + name, augmentations[name])
-                    for name in ("image_size", "min_scale", "max_scale"))
-        input_size = lsj[0]
-    optional_at_least_zero = [(f"optimizer.{name}", cfg.optimizer.get(name))
-                              for name in ("momentum", "weight_decay")]
-    optional_at_least_zero.append(("dataloader.train.num_workers",
-                                   cfg.dataloader.train.get("num_workers")))
-    amp = train.get("amp", {})
-    return TrainingSettings(
-        learning_rate=Setting("optimizer.lr", cfg.optimizer.get("lr")),
-        max_iter=Setting("train.max_iter", max_iter),
-        lr_steps=steps,
-        amp_dtype=(Setting("train.amp.dtype", amp.get("dtype", "float16"))
-                   if amp.get("enabled", False) else None),
-        deterministic=Setting("train.deterministic", train.get("deterministic", False)),
-        seed=Setting("train.seed", train.get("seed", -1)),
-        lsj=lsj,
-        at_least_one=(Setting("train.log_period", train.get("log_period", 20)),
-                      Setting("train.checkpointer.period", train.checkpointer.get("period"))),
-        at_least_zero=(Setting("train.eval_period", train.get("eval_period", 0)),
-                       *(Setting(key, value) for key, value in optional_at_least_zero
-                         if value is not None)),
-        batch=Setting("dataloader.train.total_batch_size", cfg.dataloader.train.total_batch_size),
-        input_size=input_size,
-    )
-
-
-def _kept_steps(steps, last) -> list:
-    """The steps a multi-step schedule keeps: all but the integers past ``last`` (anything
-    else stays, to be refused by name)."""
-    return [step for step in steps
-            if not (_is_integer(step) and _is_integer(last) and step > last)]
-
-
-def _is_integer(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_integer_at_least(setting: Setting, minimum: int, meaning: str) -> None:
-    if not _is_integer(setting.value) or setting.value < minimum:
+    if not is_integer(setting.value) or setting.value < minimum:
         raise ValueError(f"{setting.key} must be an integer >= {minimum} ({meaning}), got "
                          f"{setting.value!r}: set {setting.key} to an integer >= {minimum}")
 
@@ -201,7 +111,7 @@ def _check_lr_steps(steps: Setting, max_iter: Setting) -> None:
     """The steps the multi-step schedule keeps increase within (0, max_iter): fvcore's
     ``MultiStepParamScheduler`` refuses anything else when the trainer builds it."""
     values = list(steps.value)
-    bounds_ok = all(_is_integer(step) and 0 < step < max_iter.value for step in values)
+    bounds_ok = all(is_integer(step) and 0 < step < max_iter.value for step in values)
     if not bounds_ok or values != sorted(set(values)):
         raise ValueError(f"{steps.key} {values} must be increasing iterations between 1 and "
                          f"{max_iter.key} - 1 = {max_iter.value - 1} (steps past it are left out): "
@@ -210,7 +120,7 @@ def _check_lr_steps(steps: Setting, max_iter: Setting) -> None:
 
 def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") -> None:
     """The images per iteration over all processes (``key``) split evenly over them."""
-    if not _is_integer(batch) or batch < 1:
+    if not is_integer(batch) or batch < 1:
         raise ValueError(f"{key} must be a positive integer (images per iteration over all "
                          f"processes), got {batch!r}")
     if batch % world_size:
@@ -239,7 +149,7 @@ def check_training_settings(settings: TrainingSettings) -> None:
         raise ValueError(f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {dtype.value!r}: "
                          f"set {dtype.key} to float16 or bfloat16")
     seed = settings.seed
-    if settings.deterministic.value and (not _is_integer(seed.value) or seed.value < 0):
+    if settings.deterministic.value and (not is_integer(seed.value) or seed.value < 0):
         raise ValueError(f"{settings.deterministic.key} needs a fixed {seed.key} >= 0, got "
                          f"{seed.key}={seed.value!r}: set {seed.key} to a number such as 0")
     if settings.lsj is not None:
@@ -251,6 +161,38 @@ def check_training_settings(settings: TrainingSettings) -> None:
         if not _is_number(setting.value) or not setting.value >= 0:
             raise ValueError(f"{setting.key} must be >= 0, got {setting.value!r}: set "
                              f"{setting.key} to 0 or more")
+    check_training_recipe(settings)
+
+
+def check_training_recipe(settings: TrainingSettings) -> None:
+    """Refuse to train a lambda_det backbone in a way that cannot work: detectron2's ImageNet
+    ResNet weights (stock configs load them; they fit no LambdaResNet), or, from scratch, a
+    frozen norm or frozen stages (random weights that never train).
+
+    Raises:
+        ValueError: naming the key and the value that fixes it.
+    """
+    backbone, weights = settings.backbone, settings.weights
+    if backbone is None:
+        return
+    if STOCK_IMAGENET_WEIGHTS in weights.value:
+        raise ValueError(
+            f"{weights.key} {weights.value!r} is a detectron2 ImageNet ResNet, which does not "
+            f"fit a LambdaResNet, and no pretrained LambdaResNet weights exist: train from "
+            f"scratch with {override(weights.key, '')} {override(backbone.freeze_at.key, 0)} "
+            f"and a trainable norm (e.g. {override(backbone.norm_key, 'SyncBN')}), or convert a "
+            f"classifier you pretrained with tools/convert_timm_checkpoint.py")
+    if weights.value:
+        return
+    scratch = f"when training from scratch ({weights.key} is empty)"
+    if backbone.norm.value == "FrozenBN":
+        raise ValueError(f"{backbone.norm.key} 'FrozenBN' freezes randomly initialised "
+                         f"statistics {scratch}: set {backbone.norm_key} to SyncBN (several "
+                         f"GPUs), BN or GN")
+    freeze_at = backbone.freeze_at
+    if freeze_at.value > 0:
+        raise ValueError(f"{freeze_at.key} {freeze_at.value} freezes randomly initialised "
+                         f"stages {scratch}: set {override(freeze_at.key, 0)}")
 
 
 # ---- memory ----

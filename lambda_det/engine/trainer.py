@@ -1,4 +1,6 @@
-"""Training and evaluation on top of detectron2's ``DefaultTrainer`` (used by tools/train_net.py)."""
+"""Training and evaluation on top of detectron2's ``DefaultTrainer`` (tools/train_net.py's yaml
+configs), and what the LazyConfig training loop (:mod:`.lazy_training`) shares with it: the
+step trainer (DDP, mixed precision) and the record of evaluation results."""
 import argparse
 import json
 import logging
@@ -18,22 +20,20 @@ from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
-from lambda_det.checkpoint import checkpoint_to_resume
-from lambda_det.checkpoint.checkpointer import AtomicCheckpointer, check_weights
+from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
-from lambda_det.data.checks import load_training_dicts
+from lambda_det.data.checks import load_training_dicts, yaml_data_settings
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
-from lambda_det.engine.preflight import (
-    check_batch_size, check_training_settings, yaml_training_settings)
+from lambda_det.engine.preflight import check_batch_size, check_training_settings
 from lambda_det.engine.run_logging import setup_run_logging
-from lambda_det.modeling.build import check_training_recipe
+from lambda_det.engine.run_settings import yaml_training_settings
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
-__all__ = ["Trainer", "setup_cfg", "plain_default_setup", "evaluation_weights",
-           "write_json_atomically", "FinalEvalHook"]
+__all__ = ["Trainer", "setup_cfg", "plain_default_setup", "build_step_trainer",
+           "write_eval_results", "FinalEvalHook"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,30 +90,35 @@ def _log_write_errors_without_traceback() -> None:
         train_loop.addFilter(_WriteErrorWithoutTraceback())
 
 
-def write_json_atomically(path: str, data) -> None:
-    """Write JSON so that a crash mid-write never leaves a truncated file behind."""
-    with atomic_path(path) as temporary, open(temporary, "w") as f:
-        json.dump(data, f, indent=2)
+def write_eval_results(output_dir: str, config: str, results) -> None:
+    """``output_dir/eval_results.json``: the run's config (as text) and its results, written
+    atomically (a crash mid-write never leaves a truncated file)."""
+    os.makedirs(output_dir, exist_ok=True)
+    record = {"config": config, "results": _plain(results)}
+    with atomic_path(os.path.join(output_dir, "eval_results.json")) as temporary, \
+            open(temporary, "w") as f:
+        json.dump(record, f, indent=2)
 
 
-def evaluation_weights(cfg: CfgNode, resume: bool) -> str:
-    """The checkpoint ``--eval-only`` evaluates: OUTPUT_DIR's last checkpoint with ``resume``
-    (when there is one), else ``MODEL.WEIGHTS``.
+def _plain(results):
+    """OrderedDicts and numpy floats to plain JSON types."""
+    if isinstance(results, (dict, OrderedDict)):
+        return {key: _plain(value) for key, value in results.items()}
+    return float(results)
 
-    Raises:
-        ValueError: no weights at all (detectron2 would evaluate a randomly initialised model).
-        FileNotFoundError: a local checkpoint file that does not exist.
-        ValueError, FileNotFoundError, IsADirectoryError: OUTPUT_DIR's last_checkpoint is
-            empty or names no file (:func:`~lambda_det.checkpoint.checkpoint_to_resume`).
-    """
-    latest = checkpoint_to_resume(cfg.OUTPUT_DIR) if resume else None
-    if latest is not None:
-        return latest
-    if resume and not cfg.MODEL.WEIGHTS:
-        raise ValueError(f"--eval-only needs trained weights: MODEL.WEIGHTS is empty and "
-                         f"OUTPUT_DIR {cfg.OUTPUT_DIR!r} has no last_checkpoint")
-    check_weights(cfg.MODEL.WEIGHTS)
-    return cfg.MODEL.WEIGHTS
+
+def build_step_trainer(model: torch.nn.Module, data_loader, optimizer, device: str,
+                       amp_dtype: Optional[str] = None, **ddp_options) -> TrainerBase:
+    """The trainer of one iteration for both config systems: ``model`` in detectron2's
+    ``create_ddp_model`` (on the CPU without GPU device ids, which detectron2 0.6 passes), then
+    detectron2's ``SimpleTrainer``, or :class:`MixedPrecisionTrainer` with ``amp_dtype``."""
+    if torch.device(device).type == "cpu":
+        ddp_options.setdefault("device_ids", None)
+    model = create_ddp_model(model, **ddp_options)
+    if amp_dtype is not None:
+        return MixedPrecisionTrainer(model, data_loader, optimizer, dtype=amp_dtype,
+                                     device_type=torch.device(device).type)
+    return SimpleTrainer(model, data_loader, optimizer)
 
 
 class FinalEvalHook(EvalHook):
@@ -159,20 +164,15 @@ class Trainer(DefaultTrainer):
         # every rank (only the main one has the writer that LOG_PERIOD drives).
         check_training_settings(yaml_training_settings(cfg))
         check_batch_size(cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
-        check_training_recipe(cfg)
         if cfg.DATALOADER.get("DETERMINISTIC", False):
             seed_all_rng(cfg.SEED)  # the same initial weights on every rank and every run
         model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
-        ddp_options = {"device_ids": None} if cfg.MODEL.DEVICE == "cpu" else {}
-        model = create_ddp_model(model, **ddp_without_buffer_sync(), **ddp_options)
-        if cfg.SOLVER.AMP.ENABLED:
-            self._trainer = MixedPrecisionTrainer(
-                model, data_loader, optimizer, dtype=cfg.SOLVER.AMP.DTYPE,
-                device_type=torch.device(cfg.MODEL.DEVICE).type)
-        else:
-            self._trainer = SimpleTrainer(model, data_loader, optimizer)
+        self._trainer = build_step_trainer(
+            model, data_loader, optimizer, cfg.MODEL.DEVICE,
+            cfg.SOLVER.AMP.DTYPE if cfg.SOLVER.AMP.ENABLED else None, **ddp_without_buffer_sync())
+        model = self._trainer.model
         self.data_loader = data_loader
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
         self.checkpointer = AtomicCheckpointer(model, cfg.OUTPUT_DIR, trainer=weakref.proxy(self))
@@ -226,7 +226,7 @@ class Trainer(DefaultTrainer):
     @classmethod
     def build_train_loader(cls, cfg):
         mapper = build_mapper(cfg, is_train=True)
-        dataset = load_training_dicts(cfg)
+        dataset = load_training_dicts(yaml_data_settings(cfg))
         if not cfg.DATALOADER.get("DETERMINISTIC", False):
             return build_detection_train_loader(cfg, mapper=mapper, dataset=dataset)
         return DeterministicTrainLoader(dataset, mapper, cfg.SOLVER.IMS_PER_BATCH, cfg.SEED,
@@ -246,14 +246,5 @@ class Trainer(DefaultTrainer):
     def test(cls, cfg, model, evaluators=None):
         results = super().test(cfg, model, evaluators)
         if comm.is_main_process() and results:
-            os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
-            record = {"config": cfg.dump(), "results": _plain(results)}
-            write_json_atomically(os.path.join(cfg.OUTPUT_DIR, "eval_results.json"), record)
+            write_eval_results(cfg.OUTPUT_DIR, cfg.dump(), results)
         return results
-
-
-def _plain(results):
-    """OrderedDicts and numpy floats to plain JSON types."""
-    if isinstance(results, (dict, OrderedDict)):
-        return {key: _plain(value) for key, value in results.items()}
-    return float(results)

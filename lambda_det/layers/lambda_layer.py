@@ -215,8 +215,10 @@ class LambdaLayer(nn.Module):
         """
         if self.impl != "auto":
             return self.impl
-        if torch.jit.is_tracing():
-            return "conv"  # shape-generic (see forward): a trace runs at any input size
+        if torch.jit.is_tracing() or torch.compiler.is_exporting():
+            # Shape-generic (see forward): a trace, or a torch.export with symbolic sizes, runs
+            # at any input size.
+            return "conv"
         spatial = tuple(spatial)
         if device_type == "cuda" and (self.spatial_dims == 1 or
                                       math.prod(spatial) <= CONV_MAX_POSITIONS_CUDA):
@@ -337,11 +339,14 @@ class LambdaLayer(nn.Module):
     def _context_radii(self, spatial: List[int]) -> List[int]:
         """Per axis, the largest offset that has an embedding and can occur in this input."""
         limit = self.position_embedding.radius if self.scope is None else self.scope // 2
-        if not torch.jit.is_scripting() and any(isinstance(size, torch.Tensor) for size in spatial):
-            # Sizes traced as graph values (forward, under torch.jit.trace): the same outputs
-            # (offsets beyond an axis's size only meet zero padding or no position at all),
-            # without freezing the example's sizes into the trace.
-            return [limit] * len(spatial)
+        if not torch.jit.is_scripting():  # TorchScript compiles none of this block
+            if torch.compiler.is_exporting() or any(isinstance(size, torch.Tensor)
+                                                    for size in spatial):
+                # Sizes traced as graph values (forward, under torch.jit.trace) or symbolic
+                # (under torch.export): the same outputs (offsets beyond an axis's size only
+                # meet zero padding or no position at all), without freezing the example's
+                # sizes into the trace or guarding on them.
+                return [limit] * len(spatial)
         return [min(limit, size - 1) for size in spatial]
 
     def relative_embeddings(self, spatial: Tuple[int, ...], device: torch.device) -> torch.Tensor:

@@ -24,7 +24,7 @@ from lambda_det.modeling.mixers import MIXERS, mixer_options_from_config
 
 __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
            "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config",
-           "backbone_setting", "check_training_recipe", "check_c4_head_channels",
+           "backbone_setting", "check_c4_head_channels", "STOCK_IMAGENET_WEIGHTS",
            "has_c4_heads", "LAMBDA_DET_BACKBONES"]
 
 # Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
@@ -111,39 +111,6 @@ def list_or_value(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def check_training_recipe(cfg) -> None:
-    """Refuse to train a lambda_det backbone in a way that cannot work: detectron2's ImageNet
-    ResNet weights (stock configs load them; they fit no LambdaResNet), or, from scratch, a
-    frozen norm or frozen stages (random weights that never train).
-
-    Raises:
-        ValueError: naming the key and the value that fixes it.
-    """
-    if cfg.MODEL.BACKBONE.NAME not in LAMBDA_DET_BACKBONES:
-        return
-    weights = cfg.MODEL.WEIGHTS
-    if STOCK_IMAGENET_WEIGHTS in weights:
-        raise ValueError(
-            f"MODEL.WEIGHTS {weights!r} is a detectron2 ImageNet ResNet, which does not fit a "
-            f"LambdaResNet, and no pretrained LambdaResNet weights exist: train from scratch "
-            f"with MODEL.WEIGHTS \"\" MODEL.BACKBONE.FREEZE_AT 0 and a trainable norm (e.g. "
-            f"MODEL.LAMBDA_RESNET.NORM SyncBN), or convert a classifier you pretrained with "
-            f"tools/convert_timm_checkpoint.py")
-    if weights:
-        return
-    norm = backbone_setting(cfg, "NORM")
-    if norm == "FrozenBN":
-        source = ("MODEL.RESNETS.NORM" if cfg.MODEL.LAMBDA_RESNET.NORM is None
-                  else "MODEL.LAMBDA_RESNET.NORM")
-        raise ValueError(f"{source} 'FrozenBN' freezes randomly initialised statistics when "
-                         f"training from scratch (MODEL.WEIGHTS is empty): set "
-                         f"MODEL.LAMBDA_RESNET.NORM to SyncBN (several GPUs), BN or GN")
-    if cfg.MODEL.BACKBONE.FREEZE_AT > 0:
-        raise ValueError(f"MODEL.BACKBONE.FREEZE_AT {cfg.MODEL.BACKBONE.FREEZE_AT} freezes "
-                         f"randomly initialised stages when training from scratch (MODEL.WEIGHTS "
-                         f"is empty): set MODEL.BACKBONE.FREEZE_AT 0")
-
-
 def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     """A LambdaResNet from ``cfg.MODEL.LAMBDA_RESNET`` (DEPTH, NORM and OUT_FEATURES left None
     follow ``MODEL.RESNETS``) and ``cfg.MODEL.BACKBONE.FREEZE_AT``."""
@@ -191,30 +158,23 @@ def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     return backbone
 
 
+def _fpn(cfg, bottom_up: LambdaResNet, top_block) -> FPN:
+    """detectron2's FPN over ``bottom_up`` with ``cfg.MODEL.FPN``'s settings."""
+    return FPN(bottom_up=bottom_up, in_features=_fpn_in_features(cfg, bottom_up),
+               out_channels=cfg.MODEL.FPN.OUT_CHANNELS, norm=cfg.MODEL.FPN.NORM,
+               top_block=top_block, fuse_type=cfg.MODEL.FPN.FUSE_TYPE)
+
+
 @BACKBONE_REGISTRY.register()
 def build_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6 by max-pooling: the R-CNN family's backbone."""
-    bottom_up = lambda_resnet_from_config(cfg, input_shape)
-    return FPN(
-        bottom_up=bottom_up,
-        in_features=_fpn_in_features(cfg, bottom_up),
-        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
-        norm=cfg.MODEL.FPN.NORM,
-        top_block=LastLevelMaxPool(),
-        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
-    )
+    return _fpn(cfg, lambda_resnet_from_config(cfg, input_shape), LastLevelMaxPool())
 
 
 @BACKBONE_REGISTRY.register()
 def build_retinanet_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6/P7 from res5: RetinaNet's backbone."""
     bottom_up = lambda_resnet_from_config(cfg, input_shape)
-    return FPN(
-        bottom_up=bottom_up,
-        in_features=_fpn_in_features(cfg, bottom_up),
-        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
-        norm=cfg.MODEL.FPN.NORM,
-        top_block=LastLevelP6P7(bottom_up.output_shape()["res5"].channels,
-                                cfg.MODEL.FPN.OUT_CHANNELS),
-        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
-    )
+    top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels,
+                              cfg.MODEL.FPN.OUT_CHANNELS)
+    return _fpn(cfg, bottom_up, top_block)

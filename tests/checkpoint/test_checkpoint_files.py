@@ -10,7 +10,8 @@ from lambda_det.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, WeightsMismatchError)
 from lambda_det.checkpoint import checkpointer as checkpoint_module
 from lambda_det.checkpoint import load_weights
-from lambda_det.engine import evaluation_weights
+from lambda_det.checkpoint import evaluation_weights as _evaluation_weights
+from lambda_det.engine.run_settings import yaml_run_settings
 from lambda_det.modeling import lambda_resnet
 
 
@@ -57,6 +58,11 @@ def test_killed_mid_write_keeps_last_checkpoint_valid(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.tmp"))  # no full-size leftovers
     loaded = AtomicCheckpointer(model, save_dir=str(tmp_path)).resume_or_load("", resume=True)
     assert loaded["iteration"] == 4
+
+
+def evaluation_weights(cfg, resume: bool) -> str:
+    settings = yaml_run_settings(cfg)
+    return _evaluation_weights(settings.output_dir, settings.training.weights, resume)
 
 
 def test_evaluation_loads_every_weight_or_refuses(tmp_path):

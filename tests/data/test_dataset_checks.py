@@ -18,11 +18,11 @@ import lambda_det
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
-from lambda_det.cli import lazyconfig_train_net as lazy
+from lambda_det.cli.train_net import lazyconfig_main
 from lambda_det.config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
 from lambda_det.data.checks import (
-    check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets,
+    check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets, yaml_data_settings, yaml_num_classes,
     load_checked_dataset_dicts, load_dataset)
 from lambda_det.engine import Trainer
 
@@ -99,11 +99,11 @@ def test_annotation_file_that_is_not_json_names_file_and_position(tmp_path, regi
     with pytest.raises(ValueError, match=rf"annotation file {re.escape(str(path))} \(dataset "
                                          r"'lambda_det_test_own'\) is not valid JSON \(Expecting "
                                          r".*: line 2 column 3 \(char 17\)\): fix the file"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
     path.write_bytes(b"\x89PNG\r\n\x1a\n")  # an image given in place of the JSON
     with pytest.raises(ValueError, match=rf"{re.escape(str(path))} .* is not valid JSON \(byte 0 "
                                          r"is not UTF-8 text\)"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
 
 
 def test_unknown_category_id_names_file_and_id(tmp_path, register):
@@ -112,7 +112,7 @@ def test_unknown_category_id_names_file_and_id(tmp_path, register):
     with pytest.raises(ValueError, match=r"instances.json\): an annotation has category_id=7, "
                                          r"which is not among the ids of the file's categories "
                                          r"\[1, 2\]"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
 
 
 def test_annotation_file_without_categories_or_images_says_so(tmp_path, register):
@@ -122,11 +122,11 @@ def test_annotation_file_without_categories_or_images_says_so(tmp_path, register
     cfg = one_dataset(register, tmp_path)
     with pytest.raises(ValueError, match=r"instances.json\) has no categories: list them under "
                                          r"\"categories\""):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
     path.write_text(json.dumps({**data, "images": [], "annotations": []}))
     cfg = register(("lambda_det_test_no_images", path, tmp_path / "images"))  # fresh metadata
     with pytest.raises(ValueError, match=r"instances.json\) has no images"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
 
 
 @pytest.mark.parametrize("problem,reason", [
@@ -161,14 +161,14 @@ def test_class_count_mismatch_names_both_numbers_and_the_override(tmp_path, regi
     with pytest.raises(ValueError, match=r"MODEL.ROI_HEADS.NUM_CLASSES is 3, but dataset "
                                          r"'lambda_det_test_own' .* has 2 categories: add "
                                          r"'MODEL.ROI_HEADS.NUM_CLASSES 2' to the command line"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
     cfg.MODEL.ROI_HEADS.NUM_CLASSES = 2
-    check_run_datasets(cfg)
+    check_run_datasets(yaml_data_settings(cfg))
     cfg.MODEL.META_ARCHITECTURE = "RetinaNet"  # RetinaNet counts its classes elsewhere
     cfg.MODEL.RETINANET.NUM_CLASSES = 80
     with pytest.raises(ValueError, match=r"MODEL.RETINANET.NUM_CLASSES is 80, but .* has 2 "
                                          r"categories"):
-        check_num_classes(cfg, cfg.DATASETS.TRAIN)
+        check_num_classes(yaml_num_classes(cfg), cfg.DATASETS.TRAIN)
 
 
 def test_a_name_registered_twice_with_other_files_is_refused(tmp_path, register):
@@ -204,7 +204,7 @@ def test_config_and_overrides_register_coco_datasets(tmp_path, register):
                                            str(tmp_path / "images")]]
     assert MetadataCatalog.get("lambda_det_test_from_config").json_file == str(
         tmp_path / "instances.json")
-    check_run_datasets(cfg)
+    check_run_datasets(yaml_data_settings(cfg))
     assert len(DatasetCatalog.get("lambda_det_test_from_config")) == 3
 
 
@@ -228,10 +228,10 @@ def test_an_image_id_given_twice_is_named_with_both_files(tmp_path, register):
     with pytest.raises(ValueError, match=rf"annotation file {re.escape(str(path))}\): image id 1 "
                                          r"is used twice, by images '001.png' and '002.png': "
                                          r"give each image its own id"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
     cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
     with pytest.raises(ValueError, match=r"image id 1 is used twice"):  # a test set as well
-        check_run_datasets(cfg, training=False)
+        check_run_datasets(yaml_data_settings(cfg), training=False)
 
 
 @pytest.mark.parametrize("file_name", ["instances.json", "minival.json"])
@@ -246,15 +246,15 @@ def test_an_annotation_or_category_id_given_twice_is_named(tmp_path, register, f
     with pytest.raises(ValueError, match=rf"{file_name}\): annotation id 2 is used twice, by "
                                          r"annotations of image ids 2 and 3: give each "
                                          r"annotation its own id"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
     edit_json(path, lambda data: data["annotations"][2].update(id=3))
-    check_run_datasets(cfg)
+    check_run_datasets(yaml_data_settings(cfg))
     edit_json(path, lambda data: data["categories"][1].update(id=1))
     cfg = register(("lambda_det_test_category_ids", path, tmp_path / "images"),  # new metadata
                    **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
     with pytest.raises(ValueError, match=r"category id 1 is used twice, by categories 'box' and "
                                          r"'disc'"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
 
 
 def test_check_dataset_tool_names_a_repeated_image_id(tmp_path, register, capsys):
@@ -289,11 +289,11 @@ def test_a_bad_box_is_named_with_dataset_image_and_annotation_in_test_sets_too(
     named = (rf"dataset 'lambda_det_test_own', image id 2 \(.*images/002.png\), annotation 1 of "
              rf"1 has {message}: fix or remove the annotation")
     with pytest.raises(ValueError, match=named):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
     cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
     assert len(load_dataset("lambda_det_test_own")) == 3  # what evaluation reads, unchecked
     with pytest.raises(ValueError, match=named):
-        check_run_datasets(cfg, training=False)
+        check_run_datasets(yaml_data_settings(cfg), training=False)
 
 
 def test_eval_only_refuses_a_nan_box_in_its_test_set_before_it_starts(tmp_path, register,
@@ -327,11 +327,11 @@ def test_lazyconfig_tool_checks_its_test_set_boxes(tmp_path, register, capsys):
                 str(tmp_path / "test/images")]]
     register(*triples)
     with pytest.raises(SystemExit) as caught:
-        lazy.main(["--config", "lambda_r26_shapes",
-                   *[item for triple in triples for item in ("--coco-dataset", *triple)],
-                   "dataloader.train.dataset.names=[lambda_det_test_lazy_train]",
-                   "dataloader.test.dataset.names=lambda_det_test_lazy_test",
-                   "model.roi_heads.num_classes=2", f"train.output_dir={tmp_path / 'run'}"])
+        lazyconfig_main(["--config", "lambda_r26_shapes",
+                         *[item for triple in triples for item in ("--coco-dataset", *triple)],
+                         "dataloader.train.dataset.names=[lambda_det_test_lazy_train]",
+                         "dataloader.test.dataset.names=lambda_det_test_lazy_test",
+                         "model.roi_heads.num_classes=2", f"train.output_dir={tmp_path / 'run'}"])
     assert caught.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.match(r"error: dataset 'lambda_det_test_lazy_test', image id 1 "
@@ -530,12 +530,12 @@ def test_a_run_checks_its_images_by_config(tmp_path, register):
     image.write_bytes(image.read_bytes()[:200])
     cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
     with pytest.raises(ValueError, match=rf"image file {re.escape(str(image))} is truncated"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
     cfg.DATALOADER.CHECK_IMAGES = "none"
-    check_run_datasets(cfg)
+    check_run_datasets(yaml_data_settings(cfg))
     cfg.DATALOADER.CHECK_IMAGES = "full"
     with pytest.raises(ValueError, match=rf"{re.escape(str(image))} is not a readable image"):
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
 
 
 def test_an_image_that_fails_to_decode_during_training_is_named(tmp_path, register):
@@ -543,7 +543,7 @@ def test_an_image_that_fails_to_decode_during_training_is_named(tmp_path, regist
     cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2,
                                              "DATALOADER.DETERMINISTIC": True, "SEED": 3,
                                              "OUTPUT_DIR": str(tmp_path / "out")})
-    check_run_datasets(cfg)
+    check_run_datasets(yaml_data_settings(cfg))
     trainer = Trainer(cfg)
     for image in (tmp_path / "images").iterdir():  # damaged after the pre-flight
         image.write_bytes(image.read_bytes()[:300])
@@ -579,7 +579,7 @@ def test_shapes_pre_flight_is_cheap(datasets_root, monkeypatch):
     try:
         cfg = load_config("lambda_r26_shapes")
         start = time.perf_counter()
-        check_run_datasets(cfg)
+        check_run_datasets(yaml_data_settings(cfg))
         assert time.perf_counter() - start < 0.02 * 14 * 60 / 2
     finally:
         monkeypatch.undo()

@@ -20,6 +20,7 @@ from detectron2.modeling import build_model
 from lambda_det.data import build_lsj_augmentations, build_mapper
 from lambda_det.data.shapes import SHAPES_CLASSES, generate_split
 from lambda_det.config import adapt_norms_to_device, resolve_config_file
+from lambda_det.config.lazy import load_lazy_config
 from lambda_det.evaluation import load_results
 
 SHIPPED_CONFIGS = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml"))
@@ -152,8 +153,15 @@ def test_config_names_resolve():
 def test_cpu_runs_replace_syncbn():
     cfg = load_config("COCO-InstanceSegmentation/lambda_r101_mask_rcnn.yaml")
     cfg.MODEL.DEVICE = "cpu"
-    assert adapt_norms_to_device(cfg) == ["MODEL.LAMBDA_RESNET.NORM", "MODEL.FPN.NORM"]
-    assert cfg.MODEL.LAMBDA_RESNET.NORM == "naiveSyncBN"
+    assert sorted(adapt_norms_to_device(cfg)) == ["MODEL.FPN.NORM", "MODEL.LAMBDA_RESNET.NORM"]
+    assert cfg.MODEL.LAMBDA_RESNET.NORM == cfg.MODEL.FPN.NORM == "naiveSyncBN"
+    assert adapt_norms_to_device(cfg) == []  # nothing left to change
+    # The same function on a LazyConfig recipe, whose keys are its own.
+    recipe = load_lazy_config("lambda_r101_mask_rcnn")
+    recipe.train.device = "cpu"
+    assert sorted(adapt_norms_to_device(recipe)) == ["model.backbone.bottom_up.norm",
+                                                     "model.backbone.norm"]
+    assert recipe.model.backbone.bottom_up.norm == "naiveSyncBN"
 
 
 def test_lsj_crops_pads_and_recomputes_boxes(tmp_path):

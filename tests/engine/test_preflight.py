@@ -13,14 +13,15 @@ from conftest import load_tool
 from test_untrusted_inputs import CONFIG, TINY
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
-from lambda_det.cli import lazyconfig_train_net as lazy
 from lambda_det.cli import train_net as cli
 from lambda_det.cli.output_dir import prepare_output_dir
 from lambda_det.cli.train_net import check_model
 from lambda_det.config import load_config
+from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import preflight
 from lambda_det.engine.preflight import (
-    GIB, Setting, check_device, training_memory_lower_bound, yaml_training_settings)
+    GIB, Setting, check_device, training_memory_lower_bound)
+from lambda_det.engine.run_settings import lazy_training_settings, yaml_training_settings
 from lambda_det.layers import LambdaLayer
 
 train_net = load_tool("train_net")
@@ -119,7 +120,7 @@ def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
     output = tmp_path / "fresh"
     for tool, argv in ((train_net.main, ["--config-file", CONFIG, *TINY, "MODEL.DEVICE", "cuda",
                                          "OUTPUT_DIR", str(output)]),
-                       (lazy.main, ["--config", "lambda_r26_shapes", *LAZY_TINY,
+                       (cli.lazyconfig_main, ["--config", "lambda_r26_shapes", *LAZY_TINY,
                                     "train.device=cuda", f"train.output_dir={output}"])):
         assert exit_status(tool, argv) == 2
         assert "needs a CUDA GPU, and torch finds none" in one_error_line(capsys)
@@ -154,7 +155,7 @@ def test_a_bad_setting_stops_lazyconfig_train_net_before_output_dir_is_touched(
     flags = [item for item in arguments if item.startswith("--") or item.isdigit()]
     overrides = [item for item in arguments if item not in flags]
     output = tmp_path / "fresh"
-    status = exit_status(lazy.main, ["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
+    status = exit_status(cli.lazyconfig_main, ["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
                                      *overrides, f"train.output_dir={output}"])
     assert status == 2
     error = one_error_line(capsys)
@@ -167,8 +168,8 @@ def test_the_shipped_settings_pass():
     """The negative control of the settings checks: the demo and the paper recipe pass."""
     for name in ("lambda_r26_shapes", "lambda_r152_mask_rcnn"):
         preflight.check_training_settings(yaml_training_settings(load_config(name)))
-    recipe = lazy.load_lazy_config("lambda_r152_mask_rcnn")
-    preflight.check_training_settings(preflight.lazy_training_settings(recipe))
+    recipe = load_lazy_config("lambda_r152_mask_rcnn")
+    preflight.check_training_settings(lazy_training_settings(recipe))
 
 
 def test_check_device_counts_the_gpus(monkeypatch):
@@ -250,7 +251,7 @@ def test_the_paper_recipe_fits_an_80_gb_gpu(monkeypatch):
     cfg = load_config("lambda_r152_mask_rcnn")  # REFERENCE_WORLD_SIZE 64: 4 images per GPU
     properties = type("Properties", (), {"total_memory": 80 * 10 ** 9})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
-    scaled = yaml_training_settings(cli.scale_to_world_size(cfg, 8))
+    scaled = yaml_training_settings(cli.scale_yaml_to_world_size(cfg, 8))
     assert (scaled.batch.value, scaled.input_size.value) == (32, 1024)
     estimate = preflight.check_training_memory(check_model(cfg), scaled, "cuda", num_gpus=8,
                                                world_size=8)
@@ -310,8 +311,8 @@ def test_another_machine_leaves_the_moving_to_machine_0(killed_run):
 def _run_tool(tool, flags, folder):
     if tool == "train_net":
         return train_net.main(["--config-file", CONFIG, *flags, *TINY, "OUTPUT_DIR", str(folder)])
-    return lazy.main(["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
-                      f"train.output_dir={folder}"])
+    return cli.lazyconfig_main(["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
+                                f"train.output_dir={folder}"])
 
 
 @pytest.fixture
@@ -319,8 +320,7 @@ def launches(monkeypatch) -> list:
     """The tools' own flow up to the launch (the datasets' checks and the training stubbed)."""
     launched = []
     monkeypatch.setattr(cli, "launch", lambda *args, **kwargs: launched.append(args))
-    monkeypatch.setattr(cli, "check_run_datasets", lambda cfg, training=True: None)
-    monkeypatch.setattr(lazy, "check_datasets", lambda cfg, training=True: None)
+    monkeypatch.setattr(cli, "check_run_datasets", lambda data, training=True: None)
     return launched
 
 

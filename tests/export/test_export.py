@@ -1,13 +1,17 @@
-"""Export (lambda_det.export, tools/export_model.py): TorchScript and ONNX outputs match eager mode.
+"""Export (lambda_det.export, tools/export_model.py): TorchScript, ONNX and torch.export outputs
+match eager mode.
 
 One small LambdaResNet-26 Mask R-CNN (random weights, every detection kept) is checkpointed, then
 exported once per format on a 64 x 96 sample: ONNX by the tool from an image file, TorchScript
-through the library. Both run images of other sizes (DYNAMIC_SIZES). ONNX tests need onnx and
-onnxruntime (the "dev" extra) and skip without them.
+through the library; torch.export by the tool on its default 96 x 96 sample (it takes sizes from
+65, one more than the FPN's largest stride). All run images of other sizes (DYNAMIC_SIZES). ONNX
+tests need onnx and onnxruntime (the "dev" extra) and skip without them.
 """
 
 import json
 import math
+import pickle
+import zipfile
 from pathlib import Path
 
 import cv2
@@ -21,8 +25,8 @@ from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.config import load_config
 from lambda_det.export import (
-    ExportedModel, class_table, eager_outputs, export_model, max_differences, metadata_path,
-    outputs_to_instances, sample_image)
+    FILE_SUFFIXES, ExportedModel, class_table, eager_outputs, export_model, max_differences,
+    metadata_path, outputs_to_instances, sample_image)
 from lambda_det.inference import build_trained_model
 from lambda_det.layers import LambdaLayer
 
@@ -44,16 +48,20 @@ DETECTIONS = 20
 # TorchScript traces the lambda layers' "conv" form where eager "auto" runs "einsum" at these
 # sizes: the same sums in another order (measured: boxes 4.4e-4 px); onnxruntime has its own
 # RoIAlign and convolutions too (measured: boxes 3.5e-4 px, scores 1e-5, mask probabilities
-# 1.7e-4).
+# 1.7e-4). torch.export runs the "conv" form too (measured: boxes 1e-4 px, masks 4e-5).
 TOLERANCES = {
     "torchscript": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
     "onnx": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
+    "torch_export": {"pred_boxes": 2e-3, "scores": 1e-4, "pred_masks": 1e-3},
 }
+TORCH_EXPORT_MIN_SIZE = 65  # the FPN's largest stride (P6: 64) + 1
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-# The ONNX cases read the file tools/export_model.py writes (a tool run, seconds).
+# The ONNX and torch.export cases read the file tools/export_model.py writes (a tool run,
+# seconds).
 ONNX = pytest.param("onnx", marks=[pytest.mark.slow, pytest.mark.e2e])
+TORCH_EXPORT = pytest.param("torch_export", marks=[pytest.mark.slow, pytest.mark.e2e])
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +138,17 @@ def onnx_file(cfg, weights, image_file, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def torch_export_file(cfg, weights, tmp_path_factory):
+    """The tool's torch.export of the test model, on its default sample (96 x 96)."""
+    path = tmp_path_factory.mktemp("export") / "model.pt2"
+    status = load_tool("export_model").main([
+        "--config-file", CONFIG, "--format", "torch_export", "--output", str(path),
+        *OVERRIDES, "MODEL.WEIGHTS", weights])
+    assert status == 0
+    return path
+
+
 def assert_matches_eager(model, exported: ExportedModel, image, tolerances) -> None:
     expected, actual = eager_outputs(model, image), exported(image)
     assert sorted(actual) == sorted(expected) == [
@@ -170,7 +189,125 @@ def test_onnx_matches_eager(model, onnx_file, images, other_sizes):
         assert_matches_eager(model, exported, image, TOLERANCES["onnx"])
 
 
-@pytest.mark.parametrize("format", ["torchscript", ONNX])
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
+    """The ExportedProgram, exported at 96 x 96, equals eager at sizes it was not exported at
+    (square, landscape, portrait), and at the smallest it takes."""
+    exported = ExportedModel(torch_export_file)
+    assert exported.input_shape == (3, None, None)
+    assert exported.min_size == (TORCH_EXPORT_MIN_SIZE, TORCH_EXPORT_MIN_SIZE)
+    smallest = sample_image(cfg, size=(TORCH_EXPORT_MIN_SIZE, 96), seed=3)
+    assert smallest.shape == (3, TORCH_EXPORT_MIN_SIZE, 96)
+    for image in other_sizes + [smallest]:
+        assert_matches_eager(model, exported, image, TOLERANCES["torch_export"])
+    # The file holds no pickle (torch.export.save's sample inputs are left out: the sample may
+    # be a user's image).
+    with zipfile.ZipFile(torch_export_file) as archive:
+        assert not [name for name in archive.namelist()
+                    if archive.read(name).startswith((b"PK\x03\x04", b"\x80"))]
+    # torch.export.load alone runs it too: a tuple in output_names' order.
+    program = torch.export.load(str(torch_export_file))
+    with torch.no_grad():
+        outputs = program.module()(other_sizes[1])
+    assert [tuple(output.shape) for output in outputs] == [
+        (DETECTIONS, 4), (DETECTIONS,), (DETECTIONS, 1, 28, 28), (DETECTIONS,), (2,)]
+    with pytest.raises(ValueError, match=r"at least 65 x 65 pixels, got \(64, 96\)"):
+        exported(torch.zeros(3, *SIZE, dtype=torch.uint8))
+
+
+@pytest.mark.slow
+def test_torch_export_runs_images_with_no_detection(weights, tmp_path):
+    """The number of detections is data-dependent, 0 included (torchvision's NMS fake kernel
+    would have the program assert 2 or more boxes): no score passes a threshold of 1."""
+    strict_cfg = load_config(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights,
+                                                  "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"])
+    model = build_trained_model(strict_cfg)
+    path = tmp_path / "model.pt2"
+    export_model(model, sample_image(strict_cfg, size=(96, 96)), path, "torch_export")
+    exported = ExportedModel(path)
+    for size in [(96, 96), (80, 120)]:
+        image = torch.randint(0, 256, (3, *size), dtype=torch.uint8)
+        actual = exported(image)
+        assert actual["pred_boxes"].shape == (0, 4) and actual["pred_masks"].shape == (0, 1, 28, 28)
+        assert max(max_differences(eager_outputs(model, image), actual).values()) == 0
+
+
+def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
+    cfg = load_config(CONFIG, OVERRIDES)
+    model = build_model(cfg).eval()
+    with pytest.raises(ValueError, match=r"at least 65 x 65 pixels.*\(64, 96\)"):
+        export_model(model, torch.zeros(3, *SIZE, dtype=torch.uint8), tmp_path / "model.pt2",
+                     "torch_export")
+    tiled = build_model(load_config(CONFIG, OVERRIDES + ["MODEL.LAMBDA_RESNET.IMPL", "tiled"]))
+    with pytest.raises(ValueError, match="impl 'tiled'"):
+        export_model(tiled.eval(), torch.zeros(3, 96, 96, dtype=torch.uint8),
+                     tmp_path / "model.pt2", "torch_export")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_torch_export_names_a_model_that_holds_for_some_sizes_only(tmp_path):
+    """AFT-conv windows are cut to the input's size: torch.export's constraint violation comes
+    back as one ValueError naming the guard."""
+    cfg = load_config("aft_conv_r26_shapes", [
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.DEVICE", "cpu",
+        "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96"])
+    model = build_model(cfg).eval()
+    with pytest.raises(ValueError, match="cannot take this model at every size from 65: Not all "
+                                         "values of .* torchscript or onnx"):
+        export_model(model, sample_image(cfg, size=(96, 96)), tmp_path / "model.pt2",
+                     "torch_export")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_export_friendly_detectron2_computes_the_same_numbers(model, images, other_sizes):
+    """Run eagerly, the export-only replacements give detectron2's outputs bit for bit, and
+    leaving the block puts detectron2's own functions back (after an error too)."""
+    from detectron2.modeling.roi_heads import fast_rcnn
+    from detectron2.structures import Boxes, ImageList
+    from lambda_det.export._torch_export import export_friendly_detectron2
+
+    originals = (ImageList.__dict__["from_tensors"], Boxes.clip, torch.nn.functional.batch_norm,
+                 fast_rcnn.fast_rcnn_inference_single_image)
+    for image in images[:1] + other_sizes:
+        expected = eager_outputs(model, image)
+        with export_friendly_detectron2():
+            assert Boxes.clip is not originals[1]
+            actual = eager_outputs(model, image)
+        assert sorted(actual) == sorted(expected)
+        for name in expected:
+            assert torch.equal(actual[name], expected[name]), name
+    with pytest.raises(RuntimeError, match="inside"):
+        with export_friendly_detectron2():
+            raise RuntimeError("inside")
+    assert (ImageList.__dict__["from_tensors"], Boxes.clip, torch.nn.functional.batch_norm,
+            fast_rcnn.fast_rcnn_inference_single_image) == originals
+
+
+class _WritesAFile:
+    """Unpickling it would create ``path``: what a crafted archive could run."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return Path.touch, (self.path,)
+
+
+def test_torch_export_file_with_code_in_a_pickle_is_refused(tmp_path):
+    marker = tmp_path / "code_ran"
+    path = tmp_path / "model.pt2"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data/sample_inputs/model.pt",
+                         pickle.dumps(_WritesAFile(marker), protocol=2))
+    with pytest.raises(ValueError, match="sample_inputs/model.pt holds objects other than"):
+        ExportedModel(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("format", ["torchscript", ONNX, TORCH_EXPORT])
 def test_metadata_maps_classes_to_category_ids(format, request):
     """<output>.json: the test dataset's category ids and names, the input and its resize."""
     if format == "onnx":
@@ -182,6 +319,11 @@ def test_metadata_maps_classes_to_category_ids(format, request):
     assert metadata["dynamic_size"] is True and metadata["input_shape"] == [3, None, None]
     assert metadata["input_format"] == "BGR" and metadata["input_dtype"] == "uint8"
     assert metadata["test_resize"]["min_size"] == metadata["test_resize"]["max_size"] == 96
+    if format == "torch_export":
+        assert metadata["min_size"] == [TORCH_EXPORT_MIN_SIZE, TORCH_EXPORT_MIN_SIZE]
+        assert "H >= 65 and W >= 65" in metadata["input_note"]
+    else:
+        assert "min_size" not in metadata
     assert metadata["output_names"] == ["pred_boxes", "pred_classes", "pred_masks", "scores",
                                         "image_size"]
     exported = ExportedModel(path)
@@ -268,15 +410,17 @@ def test_lambda_layer_exports_to_onnx(impl, scope, stride, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("format", ["torchscript", "onnx"])
+@pytest.mark.parametrize("format", ["torchscript", "onnx", "torch_export"])
 def test_retinanet_exports(format, tmp_path):
     if format == "onnx":
         pytest.importorskip("onnx")
         pytest.importorskip("onnxruntime")
+    # torch.export takes sizes from 129 (P7's stride 128, + 1): a larger test size.
+    size = (160, 160) if format == "torch_export" else SIZE
     cfg = load_config("lambda_r101_retinanet", [
         "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.FPN.OUT_CHANNELS", "32", "MODEL.DEVICE", "cpu",
-        "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96",
+        "INPUT.MIN_SIZE_TEST", str(min(size)), "INPUT.MAX_SIZE_TEST", str(max(size)),
         "MODEL.RETINANET.SCORE_THRESH_TEST", "0.0",
         "TEST.DETECTIONS_PER_IMAGE", str(DETECTIONS)])
     torch.manual_seed(0)
@@ -284,10 +428,11 @@ def test_retinanet_exports(format, tmp_path):
     with torch.no_grad():  # distinct scores: tied ones may come out in either order
         model.head.cls_score.weight.normal_(std=0.1)
         model.head.bbox_pred.weight.normal_(std=0.05)
-    path = tmp_path / f"retinanet.{'ts' if format == 'torchscript' else 'onnx'}"
-    traced = export_model(model, sample_image(cfg, size=SIZE), path, format)
+    path = tmp_path / f"retinanet{FILE_SUFFIXES[format]}"
+    traced = export_model(model, sample_image(cfg, size=size), path, format)
     assert traced.output_names == ("pred_boxes", "pred_classes", "scores", "image_size")
-    image = sample_image(cfg, size=SIZE, seed=1)
+    image = sample_image(cfg, size=(size[0] - 20, size[1]), seed=1)  # another size
+    assert image.shape[1:] != traced.sample.shape[1:]
     expected, actual = eager_outputs(model, image), ExportedModel(path)(image)
     assert actual["scores"].shape == (DETECTIONS,)
     assert torch.equal(actual["pred_classes"], expected["pred_classes"])
@@ -308,9 +453,12 @@ def test_bad_format_and_opset_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["format", "missing weights", "empty weights", "wrong weights",
-                                  "truncated weights", "missing sample"])
+                                  "truncated weights", "missing sample",
+                                  "small torch_export sample"])
 def test_tool_names_bad_input(case, weights, tmp_path, capsys):
-    arguments = {"format": ["--format", "savedmodel"]}.get(case, ["--format", "torchscript"])
+    arguments = {"format": ["--format", "savedmodel"],
+                 "small torch_export sample": ["--format", "torch_export", "--sample-size", "64",
+                                               "96"]}.get(case, ["--format", "torchscript"])
     arguments += ["--output", str(tmp_path / "model.ts")]
     if case == "missing sample":
         arguments += ["--sample-image", str(tmp_path / "no_such_image.png")]
@@ -331,7 +479,8 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
                 "empty weights": "MODEL.WEIGHTS is empty",
                 "wrong weights": "trained for 3 classes, but the model built from the config has 5",
                 "truncated weights": "truncated.pth is truncated or corrupt",
-                "missing sample": "no_such_image.png"}[case]
+                "missing sample": "no_such_image.png",
+                "small torch_export sample": "must be at least 65 x 65 pixels"}[case]
     assert expected in error
     if case == "wrong weights":
         assert weights in error and "roi_heads.box_predictor.cls_score.weight" in error

@@ -1,4 +1,5 @@
-"""LambdaResNets (impl "auto") as one torch.compile graph, one torch.fx trace, and TorchScript."""
+"""LambdaResNets (impl "auto") as one torch.compile graph, one torch.fx trace, TorchScript, and
+a lambda layer under torch.export."""
 import io
 
 import pytest
@@ -127,3 +128,23 @@ def test_torchscript_checks_its_input():
         scripted(torch.randn(1, 4, 9, 9))
     with pytest.raises(Exception, match="context_mask in eager mode only"):
         scripted(torch.randn(1, 8, 3, 3), torch.ones(9, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_torch_export_takes_the_conv_form_at_any_size(stride, monkeypatch):
+    """Under torch.export, impl "auto" is the "conv" form with full-radius windows: one program
+    for every height and width (from 3: a pooled size of 1 specialises), equal to eager (which
+    picks "einsum" or "tiled" by size)."""
+    layer = LambdaLayer(8, heads=2, dim_k=4, dim_u=2, scope=5, stride=stride).eval()
+    forms = []
+    conv_form = LambdaLayer._position_output_conv
+    monkeypatch.setattr(LambdaLayer, "_position_output_conv",
+                        lambda self, *args: forms.append("conv") or conv_form(self, *args))
+    height, width = torch.export.Dim("height", min=3), torch.export.Dim("width", min=3)
+    program = torch.export.export(layer, (torch.randn(1, 8, 12, 10),),
+                                  dynamic_shapes=({2: height, 3: width},), strict=False)
+    assert forms == ["conv"]
+    for size in [(12, 10), (9, 16), (16, 16), (5, 3)]:
+        x = torch.randn(1, 8, *size)
+        with torch.no_grad():
+            torch.testing.assert_close(program.module()(x), layer(x), rtol=1e-5, atol=1e-5)

@@ -12,7 +12,8 @@ from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling import build_model
 from lambda_det.config import load_config
 from lambda_det.modeling import LambdaResNet
-from lambda_det.modeling.build import check_training_recipe
+from lambda_det.engine.preflight import check_training_recipe
+from lambda_det.engine.run_settings import yaml_training_settings
 
 # Minimal equivalents of detectron2's model-zoo files (the installed detectron2 ships none), laid
 # out as detectron2 lays them out: a Base file and one file per model with _BASE_.
@@ -96,15 +97,15 @@ def test_a_stock_config_keeps_its_depth_norm_and_outputs(tmp_path, kind, depth):
     with pytest.raises(ValueError, match=r"MODEL.WEIGHTS 'detectron2://ImageNetPretrained/MSRA/"
                                          rf"R-{depth}.pkl' is a detectron2 ImageNet ResNet.*"
                                          r"MODEL.WEIGHTS \"\""):
-        check_training_recipe(cfg)
+        check_training_recipe(yaml_training_settings(cfg))
     cfg.MODEL.WEIGHTS = ""
     with pytest.raises(ValueError, match="MODEL.RESNETS.NORM 'FrozenBN' freezes randomly"):
-        check_training_recipe(cfg)
+        check_training_recipe(yaml_training_settings(cfg))
     cfg.MODEL.LAMBDA_RESNET.NORM = "SyncBN"
     with pytest.raises(ValueError, match="MODEL.BACKBONE.FREEZE_AT 2 freezes randomly"):
-        check_training_recipe(cfg)
+        check_training_recipe(yaml_training_settings(cfg))
     cfg.MODEL.BACKBONE.FREEZE_AT = 0
-    check_training_recipe(cfg)
+    check_training_recipe(yaml_training_settings(cfg))
 
 
 def test_lambda_resnet_keys_win_over_resnets(tmp_path, caplog):

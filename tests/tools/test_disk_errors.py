@@ -445,11 +445,11 @@ LAZY_TRAINING = ["--config-file", LAZY_CONFIG, "train.max_iter=2", "train.checkp
 @pytest.mark.e2e
 def test_a_full_disk_stops_lazy_training_without_a_final_evaluation(tmp_path, monkeypatch,
                                                                    capsys, shapes):
-    from lambda_det.cli import lazyconfig_train_net as lazy
+    from lambda_det.engine import lazy_training
 
     output = tmp_path / "run"
     evaluations = []
-    monkeypatch.setattr(lazy, "evaluate", lambda cfg, model: evaluations.append(1) or {})
+    monkeypatch.setattr(lazy_training, "evaluate", lambda cfg, model: evaluations.append(1) or {})
     full_after(1, monkeypatch)
     status, stderr = exit_status(load_tool("lazyconfig_train_net").main,
                                  [*LAZY_TRAINING, f"train.output_dir={output}"], capsys)

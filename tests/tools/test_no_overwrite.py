@@ -16,7 +16,7 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.config import instantiate
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
-from lambda_det.cli import lazyconfig_train_net as lazy
+from lambda_det.cli.train_net import lazyconfig_main
 from lambda_det.cli.output_dir import EVALUATION_PREFIX, evaluation_output_dir
 from lambda_det.cli.train_net import main as train_net_main
 from lambda_det.config import load_config
@@ -323,8 +323,8 @@ def test_lazy_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, 
     run = tmp_path / "run"
     fake_training_run(run, instantiate(load_lazy_config(CONFIG, overrides).model))
     before = hashes(run)
-    assert lazy.main(["--config", CONFIG, "--eval-only", "--resume",
-                      "--coco-dataset", *dataset, *overrides]) == 0
+    assert lazyconfig_main(["--config", CONFIG, "--eval-only", "--resume",
+                            "--coco-dataset", *dataset, *overrides]) == 0
     assert_evaluated_beside_the_run(run, before, capsys.readouterr().out)
 
 

@@ -1,4 +1,5 @@
-"""Export a trained detectron2 model (e.g. a LambdaResNet Mask R-CNN) to TorchScript or ONNX.
+"""Export a trained detectron2 model (e.g. a LambdaResNet Mask R-CNN) to TorchScript, ONNX or
+torch.export.
 
 The model is traced with detectron2's :class:`~detectron2.export.TracingAdapter`, which flattens
 its ``[{"image": ...}] -> [{"instances": Instances}]`` interface into tensors in and tensors out:
@@ -22,26 +23,41 @@ it: the input's channel order and the config's test-time resize, whether sizes a
 output names, and ``classes``: for each ``pred_classes`` index the dataset's category ``id`` (the
 COCO ``category_id``) and ``name`` (:func:`class_table`). :class:`ExportedModel` reads it.
 
-ONNX goes through torch's TorchScript-based exporter (``dynamo=False``). ``torch.export``, and the
-ONNX exporter built on it (``dynamo=True``), cannot take the whole detector with a dynamic size
-(torch 2.14): detectron2's ``ImageList`` turns the padded size into Python numbers
-(``.item()``), and ``detectron2.layers.Conv2d`` then asks ``if x.numel() == 0`` of that
-data-dependent size (``GuardOnDataDependentSymNode``); after NMS the box count is unknown too.
-The LambdaResNet backbone alone exports with a dynamic H and W. Opset 16 or newer is needed for
-``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum", "conv",
+``torch_export`` (:func:`export_program`) runs ``torch.export.export(strict=False)`` on the same
+TracingAdapter with the image's height and width as ``torch.export.Dim``s, and saves the
+ExportedProgram with ``torch.export.save`` (``.pt2``). As is, detectron2 0.6 cannot be exported
+so: its ``ImageList`` turns the padded size into Python numbers (``.item()``),
+``detectron2.layers.Conv2d`` asks ``if x.numel() == 0`` of that data-dependent size
+(``GuardOnDataDependentSymNode``), and after NMS the box count is unknown. While exporting, and
+only then, :func:`~lambda_det.export._torch_export.export_friendly_detectron2` swaps those few
+functions for equivalents that compute the same numbers without asking questions of tensor
+values (that module lists each and why it is equal). The program takes any H, W from
+:func:`torch_export_min_size` (65 for an FPN with P6: torch.export specialises feature maps of
+size 1), and any number of detections, 0 included. The lambda layers take their "conv" form
+under ``torch.compiler.is_exporting()``; impl "tiled" is refused. The ``.pt2`` files written here
+hold no pickle (torch.export.save's sample inputs are left out), and :class:`ExportedModel`
+loads a ``.pt2`` only if every pickle in it loads with ``weights_only=True``
+(``torch.export.load`` would otherwise fall back to a full unpickle).
+
+ONNX goes through torch's TorchScript-based exporter (``dynamo=False``); the ONNX exporter built
+on torch.export (``dynamo=True``) is not wired to the replacements above. Opset 16 or newer is
+needed for ``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum", "conv",
 "tiled", so "auto" too) exports to both formats; under a trace the tiled form gathers its halos
 with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced sizes.
 """
 import importlib.util
+import io
 import json
 import os
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
+import torch.fx.experimental._config  # noqa: F401  (backed_size_oblivious, for export_program)
 from torch import nn
 import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 from detectron2.config import CfgNode
@@ -54,15 +70,17 @@ from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
 from lambda_det.inference import metadata_of
 from lambda_det.layers import LambdaLayer
+from lambda_det.export._torch_export import export_friendly_detectron2
 from lambda_det.utils.atomic import atomic_path
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "sample_image", "eager_outputs", "check_export_output", "metadata_path",
            "class_table", "export_metadata", "fixed_size_reason",
-           "trace_model", "export_model", "outputs_to_instances", "max_differences"]
+           "trace_model", "export_program", "torch_export_min_size", "export_model",
+           "outputs_to_instances", "max_differences"]
 
-EXPORT_FORMATS = ("torchscript", "onnx")
-FILE_SUFFIXES = {"torchscript": ".ts", "onnx": ".onnx"}
+EXPORT_FORMATS = ("torchscript", "onnx", "torch_export")
+FILE_SUFFIXES = {"torchscript": ".ts", "onnx": ".onnx", "torch_export": ".pt2"}
 ONNX_OPSET = 17
 # Stored in the TorchScript archive (ONNX files carry the same facts in their graph).
 METADATA_NAME = "lambda_det_export.json"
@@ -140,10 +158,14 @@ def eager_outputs(model: nn.Module, image: torch.Tensor) -> Dict[str, torch.Tens
 class TracedModel:
     """A traced model and what it was traced with."""
 
-    module: torch.jit.ScriptModule  # image -> flattened outputs (a tuple of tensors)
+    # image -> flattened outputs (a tuple of tensors): a torch.jit.ScriptModule, or for
+    # "torch_export" a torch.export.ExportedProgram
+    module: Union[torch.jit.ScriptModule, torch.export.ExportedProgram]
     sample: torch.Tensor  # the (3, H, W) example: every input must have its dtype
     output_names: Tuple[str, ...]
     fixed_size_reason: Optional[str] = None  # why only the sample's size runs; None: any size
+    # The smallest (H, W) that a dynamic-size export takes (torch.export); None: any.
+    min_size: Optional[Tuple[int, int]] = None
 
     @property
     def dynamic_size(self) -> bool:
@@ -156,9 +178,12 @@ class TracedModel:
         return (channels, None, None) if self.dynamic_size else (channels, height, width)
 
     def metadata(self) -> dict:
-        return {"input_name": "image", "input_shape": list(self.input_shape),
-                "input_dtype": str(self.sample.dtype).replace("torch.", ""),
-                "dynamic_size": self.dynamic_size, "output_names": list(self.output_names)}
+        metadata = {"input_name": "image", "input_shape": list(self.input_shape),
+                    "input_dtype": str(self.sample.dtype).replace("torch.", ""),
+                    "dynamic_size": self.dynamic_size, "output_names": list(self.output_names)}
+        if self.min_size is not None:
+            metadata["min_size"] = list(self.min_size)
+        return metadata
 
 
 def fixed_size_reason(model: nn.Module) -> Optional[str]:
@@ -190,6 +215,77 @@ def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
         # Equality is checked on outputs (tools/export_model.py, tests), not on re-traced graphs.
         module = torch.jit.trace(adapter, adapter.flattened_inputs, check_trace=False)
     return TracedModel(module, image, _output_names(adapter), fixed_size_reason(model))
+
+
+class _ImageToOutputs(nn.Module):
+    """TracingAdapter with one named input, ``image``, for torch.export's dynamic shapes."""
+
+    def __init__(self, adapter: TracingAdapter):
+        super().__init__()
+        self.adapter = adapter
+
+    def forward(self, image: torch.Tensor):
+        return self.adapter(image)
+
+
+def torch_export_min_size(model: nn.Module) -> int:
+    """The smallest image height and width a ``torch.export`` of ``model`` takes: one more than
+    its largest feature stride (64 for a Mask R-CNN FPN's P6), so that every feature map is at
+    least 2 x 2. torch.export specialises a size of 1 (convolution algorithms, views), so an
+    export from a larger sample does not cover maps of size 1."""
+    backbone = getattr(model, "backbone", None)
+    strides = [shape.stride for shape in backbone.output_shape().values()] if backbone else []
+    return max(strides, default=1) + 1
+
+
+def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
+    """``torch.export`` ``model`` (eval mode) on one (3, H, W) image, with a symbolic height and
+    width: the program runs at any H, W >= :func:`torch_export_min_size`.
+
+    Non-strict export, under :func:`~lambda_det.export._torch_export.export_friendly_detectron2`
+    (export-only equivalents of the few detectron2 functions that ask questions of tensor values;
+    that module says which and why) and ``backed_size_oblivious`` (sizes are not specialised for
+    being 0 or 1 in the sample). The lambda layers take their "conv" form (as under a trace).
+
+    Raises:
+        ValueError: the model's lambda layers use impl "tiled" (laid out for one size), the
+            sample is smaller than :func:`torch_export_min_size`, or a layer holds for some sizes
+            only (torch.export's constraint violations: e.g. AFT-conv mixers).
+    """
+    if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != 3:
+        shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+        raise ValueError(f"the sample must be a (3, H, W) image tensor, got {shape}")
+    if model.training:
+        raise ValueError("export the model in eval mode (model.eval()): training mode needs "
+                         "ground truth and returns losses")
+    reason = fixed_size_reason(model)
+    if reason is not None:
+        raise ValueError(f"torch.export takes the model at a dynamic size only, and {reason}")
+    min_size = torch_export_min_size(model)
+    if min(image.shape[1:]) < min_size:
+        raise ValueError(
+            f"the torch.export sample must be at least {min_size} x {min_size} pixels (every "
+            f"feature map at least 2 x 2; the export then takes any size from there), got "
+            f"{tuple(image.shape[1:])}: pass a larger --sample-image or --sample-size")
+    adapter = TracingAdapter(model, [{"image": image}], _inference)
+    height = torch.export.Dim(SIZE_NAMES[0], min=min_size)
+    width = torch.export.Dim(SIZE_NAMES[1], min=min_size)
+    with export_friendly_detectron2(), torch.no_grad(), \
+            torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        try:
+            program = torch.export.export(_ImageToOutputs(adapter), (image,),
+                                          dynamic_shapes={"image": {1: height, 2: width}},
+                                          strict=False)
+        except torch._dynamo.exc.UserError as error:
+            # Constraints violated: some layer holds only for some sizes (e.g. AFT-conv's
+            # windows, a global lambda layer's max_size).
+            violations = [line.strip(" -") for line in str(error).splitlines()
+                          if line.strip().startswith("- ")]
+            raise ValueError(
+                f"torch.export cannot take this model at every size from {min_size}: "
+                f"{violations[0] if violations else str(error).splitlines()[0]}; try the "
+                f"torchscript or onnx format") from error
+    return TracedModel(program, image, _output_names(adapter), min_size=(min_size, min_size))
 
 
 def _save_onnx(traced: TracedModel, path: Path, opset: int) -> None:
@@ -273,7 +369,9 @@ def export_metadata(cfg: CfgNode, traced: TracedModel, format: str) -> dict:
     if (dataset in DatasetCatalog.list()
             and "thing_dataset_id_to_contiguous_id" not in metadata.as_dict()):
         DatasetCatalog.get(dataset)  # detectron2's COCO loader sets the category ids
-    size_note = ("any (3, H, W) image: sizes are dynamic" if traced.dynamic_size else
+    smallest = "" if traced.min_size is None else \
+        f" with H >= {traced.min_size[0]} and W >= {traced.min_size[1]}"
+    size_note = (f"any (3, H, W) image{smallest}: sizes are dynamic" if traced.dynamic_size else
                  f"only (3, {traced.sample.shape[1]}, {traced.sample.shape[2]}) images: "
                  f"{traced.fixed_size_reason}")
     return {
@@ -316,7 +414,8 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
             raise ValueError(f"ONNX opset must be >= 16 (RoIAlign with aligned=True), got {opset}")
         if importlib.util.find_spec("onnx") is None:
             raise ImportError("ONNX export needs the onnx package (pip install onnx)")
-    traced = trace_model(model, image)
+    traced = export_program(model, image) if format == "torch_export" else \
+        trace_model(model, image)
     metadata = export_metadata(cfg, traced, format) if cfg is not None else \
         {"format": format, **traced.metadata()}
     output = Path(output)
@@ -330,6 +429,13 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
                 # Through a Python file, whose write errors (a full disk) are OSErrors.
                 with open(temporary, "wb") as f:
                     torch.jit.save(traced.module, f, _extra_files=extra_files)
+        elif format == "torch_export":
+            # Not the sample in the file: it may be a user's image, and it is the archive's one
+            # pickle (what _check_pickles_hold_only_tensors guards against).
+            traced.module.example_inputs = None
+            with open(temporary, "wb") as f:
+                torch.export.save(traced.module, f,
+                                  extra_files={METADATA_NAME: json.dumps(traced.metadata())})
         else:
             _save_onnx(traced, Path(temporary), opset)
     with atomic_path(metadata_path(output)) as temporary:
@@ -340,15 +446,42 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
 _ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
 
 
+def _check_pickles_hold_only_tensors(path: str) -> None:
+    """Refuse a .pt2 archive with a pickle that ``torch.load(weights_only=True)`` refuses.
+
+    ``torch.export.load`` reads the program (JSON) and weights (raw bytes) without running code,
+    but unpickles a few artifacts (the sample inputs) with ``weights_only=True`` and, where that
+    fails, again without it, which may run code. Checking every pickle first rules that out.
+    """
+    try:
+        archive = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as error:
+        raise ValueError(f"{path!r} is not a torch.export (.pt2) archive: {error}") from None
+    with archive:
+        for name in archive.namelist():
+            data = archive.read(name)
+            if not (data.startswith(b"PK\x03\x04") or data.startswith(b"\x80")):
+                continue  # not a torch.save zip nor a pickle: JSON, raw weights, text
+            try:
+                torch.load(io.BytesIO(data), weights_only=True)
+            except Exception as error:
+                raise ValueError(
+                    f"{path!r}: {name} holds objects other than tensors and plain containers, "
+                    f"which loading would unpickle by running code; refusing to load it "
+                    f"({type(error).__name__})") from None
+
+
 class ExportedModel:
     """An exported file loaded for inference: TorchScript on the device it was traced on (the
-    trace holds that device as a constant), ONNX on the CPU through onnxruntime.
+    trace holds that device as a constant), ONNX on the CPU through onnxruntime, a torch.export
+    ``.pt2`` on the device it was exported on (:func:`_check_pickles_hold_only_tensors` first).
 
     Calling it with a (3, H, W) image of its dtype (and of the exported size, for an export
     fixed to one) returns the outputs by name, on the CPU.
 
     Attributes:
         input_shape: (3, H, W), None for a dynamic size.
+        min_size: the smallest (H, W) a torch.export file takes; None for the other formats.
         metadata: the contents of :func:`metadata_path`, or None where that file is missing.
         classes: ``metadata["classes"]`` (or None): ``classes[i]["id"]`` and
             ``classes[i]["name"]`` are the dataset's category id and name of
@@ -374,23 +507,35 @@ class ExportedModel:
             self.input_dtype = _ONNX_TYPES.get(model_input.type)
             self.output_names = tuple(output.name for output in self._session.get_outputs())
             self._module = None
+            self.min_size = None
+        elif path.endswith(FILE_SUFFIXES["torch_export"]):
+            extra_files = {METADATA_NAME: ""}
+            _check_pickles_hold_only_tensors(path)
+            program = torch.export.load(path, extra_files=extra_files)
+            self._read_metadata(path, extra_files[METADATA_NAME], "a torch.export")
+            self._module = program.module()
         else:
             extra_files = {METADATA_NAME: ""}
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated",
                                         category=FutureWarning)
                 self._module = torch.jit.load(path, _extra_files=extra_files)
-            if not extra_files[METADATA_NAME]:
-                raise ValueError(f"{path!r} is not a TorchScript file written by lambda_det.export "
-                                 f"(it has no {METADATA_NAME})")
-            metadata = json.loads(extra_files[METADATA_NAME])
-            self.input_shape = tuple(metadata["input_shape"])
-            self.input_dtype = getattr(torch, metadata["input_dtype"])
-            self.output_names = tuple(metadata["output_names"])
+            self._read_metadata(path, extra_files[METADATA_NAME], "a TorchScript")
         self.path = path
         sidecar = metadata_path(path)
         self.metadata = json.loads(sidecar.read_text()) if sidecar.is_file() else None
         self.classes = self.metadata.get("classes") if self.metadata else None
+
+    def _read_metadata(self, path: str, text: str, kind: str) -> None:
+        """The input and outputs, from the metadata stored in the file itself."""
+        if not text:
+            raise ValueError(f"{path!r} is not {kind} file written by lambda_det.export (it has "
+                             f"no {METADATA_NAME})")
+        metadata = json.loads(text)
+        self.input_shape = tuple(metadata["input_shape"])
+        self.input_dtype = getattr(torch, metadata["input_dtype"])
+        self.output_names = tuple(metadata["output_names"])
+        self.min_size = tuple(metadata["min_size"]) if metadata.get("min_size") else None
 
     def __call__(self, image: torch.Tensor) -> Dict[str, torch.Tensor]:
         if image.dim() != len(self.input_shape) or any(
@@ -400,6 +545,11 @@ class ExportedModel:
                 f"{self.path!r} was traced for images of shape {self.input_shape}, got "
                 f"{tuple(image.shape)}: resize or pad the image, or export again with a sample "
                 f"of this size")
+        if self.min_size is not None and any(size < smallest for size, smallest in
+                                             zip(image.shape[1:], self.min_size)):
+            raise ValueError(f"{self.path!r} takes images of at least {self.min_size[0]} x "
+                             f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} "
+                             f"(TorchScript and ONNX exports take any size)")
         if self.input_dtype is not None and image.dtype != self.input_dtype:
             raise ValueError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
         if self._module is not None:
