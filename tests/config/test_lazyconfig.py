@@ -298,7 +298,7 @@ def test_yaml_and_lazy_configs_are_told_apart():
     (["dataloader.train.total_batch_size=3", "--num-gpus", "2"],
      "error: dataloader.train.total_batch_size 3 does not split over 2 processes"),
 ])
-def test_bad_inputs_stop_the_tool_before_it_starts(arguments, message, tmp_path, capsys):
+def test_bad_inputs_stop_the_tool_before_it_starts(arguments, message, tmp_path, capsys, shapes):
     options = [item for item in arguments if item.startswith("--") or item.isdigit()]
     overrides = [item for item in arguments if item not in options]
     with pytest.raises(SystemExit) as exit_info:

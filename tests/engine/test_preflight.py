@@ -325,7 +325,7 @@ def launches(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("tool", ["train_net", "lazyconfig_train_net"])
-def test_both_tools_restart_a_run_without_checkpoint(tool, killed_run, launches, capsys):
+def test_both_tools_restart_a_run_without_checkpoint(tool, killed_run, launches, capsys, shapes):
     assert _run_tool(tool, ["--restart"], killed_run) == 0 and len(launches) == 1
     (previous,) = [path for path in killed_run.iterdir() if path.name.startswith("previous_")]
     assert_moved_aside(killed_run, previous)
