@@ -4,6 +4,8 @@ import hashlib
 import importlib.util
 import logging
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -202,3 +204,85 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# ---- the demo config at tool size, and weights files whose loading would run code ----
+
+DEMO_CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
+# The demo config at a quarter width, 2 iterations of 2 images, no test set (tool command lines).
+TINY_OVERRIDES = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
+                  "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2",
+                  "SOLVER.MAX_ITER", "2", "SOLVER.STEPS", "(1,)", "SOLVER.WARMUP_ITERS", "1",
+                  "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", "()"]
+
+
+class Payload:
+    """Unpickling this runs code: it creates the marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').close()",)
+
+
+def tiny_model():
+    """The Mask R-CNN of DEMO_CONFIG with TINY_OVERRIDES, seeded."""
+    from detectron2.modeling import build_model
+    from lambda_det.config import load_config
+
+    torch.manual_seed(0)
+    return build_model(load_config(DEMO_CONFIG, TINY_OVERRIDES))
+
+
+def write_payload(path: Path, kind: str, marker: Path) -> Path:
+    """A weights file of ``kind`` ("pkl", "pth" zip, "pth-legacy") whose loading would run code."""
+    weights = {key: value.numpy() for key, value in tiny_model().state_dict().items()}
+    if kind == "pkl":
+        data = {"model": weights, "__author__": "someone", "evil": Payload(marker)}
+        path.write_bytes(pickle.dumps(data, protocol=2))
+    else:
+        data = {"model": {key: torch.from_numpy(value) for key, value in weights.items()},
+                "evil": Payload(marker)}
+        torch.save(data, path, _use_new_zipfile_serialization=(kind == "pth"))
+    return path
+
+
+# ---- the README's commands (and those of the docs/ pages it links) ----
+
+README = REPO_ROOT / "README.md"
+VENV_PYTHON = ".venv/bin/python "  # the README's other way to run a tool: as "python " here
+ACTIVATE = "source .venv/bin/activate"
+
+
+def linked_docs() -> list:
+    """The docs/ pages the README links, in order of first link."""
+    names = re.findall(r"\]\((docs/[\w-]+\.md)[)#]", README.read_text())
+    return [REPO_ROOT / name for name in dict.fromkeys(names)]
+
+
+def bash_commands(path) -> list:
+    return bash_commands_of(path.read_text())
+
+
+def bash_commands_of(text: str) -> list:
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()  # a trailing comment
+            if line.startswith(VENV_PYTHON):
+                line = "python " + line[len(VENV_PYTHON):]
+            if line and not line.startswith("#"):
+                commands.append(line)
+    return commands
+
+
+def readme_commands():
+    """The commands of the README's bash blocks and of the docs/ pages it links."""
+    return [command for path in [README, *linked_docs()] for command in bash_commands(path)]
+
+
+COMMANDS = readme_commands()
+
+
+COMMANDS = readme_commands()

@@ -22,8 +22,8 @@ from lambda_det.cli.train_net import lazyconfig_main
 from lambda_det.config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
 from lambda_det.data.checks import (
-    check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets, yaml_data_settings, yaml_num_classes,
-    load_checked_dataset_dicts, load_dataset)
+    check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets,
+    load_checked_dataset_dicts, load_dataset, yaml_data_settings, yaml_num_classes)
 from lambda_det.engine import Trainer
 
 TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,

@@ -9,42 +9,11 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, load_tool, subprocess_env
+from conftest import (
+    ACTIVATE, COMMANDS, README, REPO_ROOT, bash_commands, bash_commands_of, linked_docs, load_tool,
+    subprocess_env)
 from lambda_det.config import load_config
 
-README = REPO_ROOT / "README.md"
-VENV_PYTHON = ".venv/bin/python "  # the README's other way to run a tool: as "python " here
-ACTIVATE = "source .venv/bin/activate"
-
-
-def linked_docs() -> list:
-    """The docs/ pages the README links, in order of first link."""
-    names = re.findall(r"\]\((docs/[\w-]+\.md)[)#]", README.read_text())
-    return [REPO_ROOT / name for name in dict.fromkeys(names)]
-
-
-def bash_commands(path) -> list:
-    return bash_commands_of(path.read_text())
-
-
-def bash_commands_of(text: str) -> list:
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split(" #")[0].strip()  # a trailing comment
-            if line.startswith(VENV_PYTHON):
-                line = "python " + line[len(VENV_PYTHON):]
-            if line and not line.startswith("#"):
-                commands.append(line)
-    return commands
-
-
-def readme_commands():
-    """The commands of the README's bash blocks and of the docs/ pages it links."""
-    return [command for path in [README, *linked_docs()] for command in bash_commands(path)]
-
-
-COMMANDS = readme_commands()
 TOOL_COMMANDS = [command for command in COMMANDS if command.startswith("python tools/")]
 
 

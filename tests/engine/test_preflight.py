@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import load_tool
-from test_untrusted_inputs import CONFIG, TINY
+from conftest import DEMO_CONFIG as CONFIG, TINY_OVERRIDES as TINY, load_tool
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
 from lambda_det.cli import train_net as cli

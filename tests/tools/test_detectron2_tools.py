@@ -11,10 +11,9 @@ import pytest
 
 import detectron2.config
 import detectron2.data.build
-from conftest import REPO_ROOT, load_tool, subprocess_env
+from conftest import COMMANDS, REPO_ROOT, load_tool, subprocess_env
 from detectron2.data import transforms as T
 from lambda_det.d2tool import detectron2_tool_path, lambda_det_in_detectron2, main
-from test_readme_commands import COMMANDS
 
 build_detectron2 = load_tool("build_detectron2")
 

@@ -13,8 +13,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, load_tool
-from test_untrusted_inputs import TINY, tiny_model
+from conftest import CONFIGS, TINY_OVERRIDES as TINY, load_tool, tiny_model, write_payload
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.engine.hooks import EvalHook
 from lambda_det.checkpoint import (
@@ -388,7 +387,6 @@ def test_refused_torch_files_get_only_safe_advice(tmp_path, extra, refused, advi
 # ---- the demo reusing a finished run, predict's drawings, MODEL.DEVICE in the tools ----
 
 def test_the_demo_reusing_a_run_with_refused_weights_is_one_line(tmp_path, capsys, shapes):
-    from test_untrusted_inputs import write_payload
 
     output = tmp_path / "demo"
     output.mkdir()

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from conftest import DEMO_CONFIG as CONFIG, REPO_ROOT, TINY_OVERRIDES as TINY, subprocess_env
+from conftest import tiny_model, write_payload
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import (
@@ -20,41 +21,6 @@ from lambda_det.checkpoint import (
 from lambda_det.cli.output_dir import OutputDirBusyError, OutputDirLock
 from lambda_det.config import load_config
 from lambda_det.inference import Predictor
-
-CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
-TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-        "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "2",
-        "SOLVER.STEPS", "(1,)", "SOLVER.WARMUP_ITERS", "1", "DATALOADER.NUM_WORKERS", "0",
-        "DATASETS.TEST", "()"]
-
-
-class Payload:
-    """Unpickling this runs code: it creates the marker file."""
-
-    def __init__(self, marker: Path):
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return exec, (f"open({self.marker!r}, 'w').close()",)
-
-
-def tiny_model():
-    torch.manual_seed(0)
-    return build_model(load_config(CONFIG, TINY))
-
-
-def write_payload(path: Path, kind: str, marker: Path) -> Path:
-    """A weights file of ``kind`` ("pkl", "pth" zip, "pth-legacy") whose loading would run code."""
-    weights = {key: value.numpy() for key, value in tiny_model().state_dict().items()}
-    if kind == "pkl":
-        data = {"model": weights, "__author__": "someone", "evil": Payload(marker)}
-        path.write_bytes(pickle.dumps(data, protocol=2))
-    else:
-        data = {"model": {key: torch.from_numpy(value) for key, value in weights.items()},
-                "evil": Payload(marker)}
-        torch.save(data, path, _use_new_zipfile_serialization=(kind == "pth"))
-    return path
-
 
 PAYLOAD_KINDS = {"pkl": "payload.pkl", "pth": "payload.pth", "pth-legacy": "legacy.pth"}
 # The global each file is refused for, as named by the restricted unpickler (protocol-2 pickles
