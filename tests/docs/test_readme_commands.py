@@ -2,7 +2,6 @@
 config name, keys and values that load; the short ones run."""
 import argparse
 import os
-import re
 import shlex
 import subprocess
 import sys

@@ -1,6 +1,5 @@
 """AP tables and charts (lambda_det.evaluation, tools/ap_table.py): the table's layout and deltas,
-results read from a run's files, two runs of one name, bars without missing metrics.
-(From tests/engine/test_pipeline.py.)"""
+results read from a run's files, two runs of one name, bars without missing metrics."""
 import json
 from pathlib import Path
 
