@@ -196,15 +196,20 @@ def fixed_size_reason(model: nn.Module) -> Optional[str]:
     return None
 
 
-def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
-    """Trace ``model`` (eval mode) on one (3, H, W) image; the trace runs at any H x W unless
-    :func:`fixed_size_reason` says otherwise."""
+def _check_sample(model: nn.Module, image: torch.Tensor, verb: str) -> None:
+    """A (3, H, W) image tensor and a model in eval mode, or a ValueError that says so."""
     if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != 3:
         shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
         raise ValueError(f"the sample must be a (3, H, W) image tensor, got {shape}")
     if model.training:
-        raise ValueError("trace the model in eval mode (model.eval()): training mode needs "
-                         "ground truth and returns losses")
+        raise ValueError(f"{verb} the model in eval mode (model.eval()): training mode needs "
+                         f"ground truth and returns losses")
+
+
+def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
+    """Trace ``model`` (eval mode) on one (3, H, W) image; the trace runs at any H x W unless
+    :func:`fixed_size_reason` says otherwise."""
+    _check_sample(model, image, "trace")
     adapter = TracingAdapter(model, [{"image": image}], _inference)
     with warnings.catch_warnings():
         # Python-side sizes becoming constants is exactly the specialisation documented above.
@@ -252,12 +257,7 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
             sample is smaller than :func:`torch_export_min_size`, or a layer holds for some sizes
             only (torch.export's constraint violations: e.g. AFT-conv mixers).
     """
-    if not isinstance(image, torch.Tensor) or image.dim() != 3 or image.shape[0] != 3:
-        shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
-        raise ValueError(f"the sample must be a (3, H, W) image tensor, got {shape}")
-    if model.training:
-        raise ValueError("export the model in eval mode (model.eval()): training mode needs "
-                         "ground truth and returns losses")
+    _check_sample(model, image, "export")
     reason = fixed_size_reason(model)
     if reason is not None:
         raise ValueError(f"torch.export takes the model at a dynamic size only, and {reason}")
