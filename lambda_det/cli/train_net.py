@@ -168,13 +168,13 @@ def plan_evaluation(args: argparse.Namespace, output_dir: str, weights: str) -> 
     args.evaluation = Evaluation(folder, weights)
 
 
-def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, cfg) -> nn.Module:
+def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, cfg,
+                               run: RunSettings) -> nn.Module:
     """What the config alone decides, checked before the output folder is touched: the device,
     the model (built on the meta device, returned for the weights' checks) and, for training,
     every setting that would fail after launch (as the user wrote it) and, for the batch
     scaled to the processes, whether it splits over them and the memory a process needs at
-    least (:mod:`lambda_det.engine.preflight`)."""
-    run = system.settings(cfg)
+    least (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``."""
     preflight.check_device(run.device, args.num_gpus)
     with torch.device("meta"):
         model = system.build_model(cfg)
@@ -289,8 +289,8 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
     with reporting_user_errors(args.debug):
         check_launch_arguments(args)
         cfg = system.load(args)
-        model = check_config_before_launch(args, system, cfg)
         run = system.settings(cfg)
+        model = check_config_before_launch(args, system, cfg, run)
     cpu = torch.device(run.device.value).type == "cpu"
     return launch_checked(system.run, args, run.output_dir.value,
                           lambda: check_before_launch(args, run, model), cpu=cpu,

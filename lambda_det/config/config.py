@@ -313,7 +313,7 @@ def _sync_bn_norms(node, path: str = "") -> Iterator[Tuple[object, str, str]]:
     OmegaConf node: mappings and lists)."""
     if hasattr(node, "items"):
         items = node.items()
-    elif isinstance(node, (list, tuple)) or type(node).__name__ == "ListConfig":
+    elif isinstance(node, Sequence) and not isinstance(node, str):  # lists, OmegaConf's too
         items = enumerate(node)
     else:
         return
