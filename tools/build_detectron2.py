@@ -17,7 +17,10 @@ source patches below, and installs the result as ``pb1-detectron2 0.6+lambdadet`
 * ``np.int``/``np.float``/``np.bool``/``np.str`` (removed in numpy 1.24) become the builtins they
   aliased; ``np.percentile(..., interpolation=)`` (gone in numpy 2.x) becomes ``method=``;
   ``Image.LINEAR`` (removed in Pillow 10) becomes ``Image.BILINEAR`` (the same filter).
-* ``model_zoo``: no ``pkg_resources`` (removed from setuptools 82).
+* ``model_zoo``: no ``pkg_resources`` (removed from setuptools 82), and its configs installed:
+  the sdist carries them in ``detectron2/model_zoo/configs``, but its ``setup.py`` lists them from
+  a top-level ``configs/`` that the sdist lacks, so none was installed and
+  ``model_zoo.get_config_file`` failed offline.
 * ``COCOEvaluator``: the C++ "fast" COCOeval is unavailable, so pycocotools' own COCOeval is used.
 * ``export``: the caffe2 exporter is skipped (caffe2 left torch); tracing and scripting remain.
 
@@ -59,6 +62,9 @@ SOURCE_PATCHES: List[Tuple[str, str, str]] = [
         "interp=Image.LINEAR,",
         "interp=Image.BILINEAR,",
     ),
+    ("setup.py",
+     '    package_data={"detectron2.model_zoo": get_model_zoo_configs()},\n',
+     '    package_data={"detectron2.model_zoo": ["configs/**/*.yaml", "configs/**/*.py"]},\n'),
     ("detectron2/model_zoo/model_zoo.py", "import pkg_resources\n", ""),
     (
         "detectron2/model_zoo/model_zoo.py",

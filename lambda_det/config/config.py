@@ -2,9 +2,12 @@
 (:func:`load_config`) that training, evaluation, export and the demo share.
 
 Config files run no code: yaml is read with yaml's safe loader only (detectron2's
-``merge_from_file`` falls back to ``yaml.unsafe_load``, which runs ``!!python/...`` tags), and a
-file that is not a plain yaml mapping, or whose ``_BASE_`` chain is missing a file or loops, is a
-:class:`ConfigFileError` that names the file (:func:`check_config_file`).
+``merge_from_file`` falls back to ``yaml.unsafe_load``, which runs ``!!python/...`` tags). The one
+tag detectron2's own configs use, ``!!python/object/apply:eval [EXPRESSION]`` (RetinaNet's anchor
+sizes), is evaluated by :func:`lambda_det.config.expressions.evaluate_expression` (arithmetic,
+lists and comprehensions; no other names or calls). A file with any other tag, that is not a
+yaml mapping, or whose ``_BASE_`` chain is missing a file or loops, is a :class:`ConfigFileError`
+that names the file (:func:`check_config_file`).
 """
 import difflib
 import logging
@@ -18,6 +21,7 @@ from lambda_det.compat import import_detectron2
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from fvcore.common.config import BASE_KEY  # noqa: E402
+from lambda_det.config.expressions import ExpressionError, evaluate_expression  # noqa: E402
 from detectron2.config import CfgNode as CN  # noqa: E402
 from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
 
@@ -167,12 +171,34 @@ class _RefusedTag(yaml.YAMLError):
         self.line = node.start_mark.line + 1
 
 
+class _RefusedExpression(yaml.YAMLError):
+    """An ``!!python/object/apply:eval`` expression that is not plain arithmetic."""
+
+    def __init__(self, node: yaml.Node, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+        self.line = node.start_mark.line + 1
+
+
 def _refuse_tag(loader, node):
     raise _RefusedTag(node)
 
 
+def _evaluate_expression_tag(loader, node):
+    """``!!python/object/apply:eval ["EXPRESSION"]``, as detectron2's configs write it."""
+    if not (isinstance(node, yaml.SequenceNode) and len(node.value) == 1
+            and isinstance(node.value[0], yaml.ScalarNode)):
+        raise _RefusedTag(node)
+    try:
+        return evaluate_expression(loader.construct_scalar(node.value[0]))
+    except ExpressionError as error:
+        raise _RefusedExpression(node, str(error)) from None
+
+
 # A tag the safe loader has no constructor for: refused, with its name and line.
 _PlainYamlLoader.add_constructor(None, _refuse_tag)
+_PlainYamlLoader.add_constructor("tag:yaml.org,2002:python/object/apply:eval",
+                                 _evaluate_expression_tag)
 
 
 def _load_plain_yaml(stream, where: str):
@@ -185,6 +211,10 @@ def _load_plain_yaml(stream, where: str):
             f"{where}, line {refused.line}: the yaml tag {refused.tag} is refused (a config "
             f"holds plain values: mappings, lists, strings, numbers; a tag could run code): "
             f"remove the tag") from None
+    except _RefusedExpression as refused:
+        raise ConfigFileError(
+            f"{where}, line {refused.line}: !!python/object/apply:eval: {refused.reason}: "
+            f"write the value itself") from None
     except yaml.YAMLError as error:
         raise ConfigFileError(f"{where}: {' '.join(str(error).split())}") from None
 
@@ -200,18 +230,38 @@ def _base_path(base: str, config_file: str) -> str:
 
 def check_config_file(path: str) -> None:
     """Check a yaml config and its ``_BASE_`` chain before detectron2 merges it: every file
-    exists, is a yaml mapping of plain values (no tags: they would run code), names its bases
-    as a path or a list of paths, and no chain comes back to a file it passed.
+    exists, is a yaml mapping of plain values (no tags: they would run code; detectron2's
+    arithmetic tag is evaluated, see the module docstring), names its bases as a path or a list
+    of paths, and no chain comes back to a file it passed.
 
     Raises:
         FileNotFoundError: the file or a ``_BASE_`` does not exist.
         ConfigFileError: anything else above; the message names the file.
     """
-    _check_config_chain(path, ())
+    load_yaml_with_base(path)
 
 
-def _check_config_chain(path: str, chain: Tuple[str, ...]) -> None:
-    """:func:`check_config_file` of ``path``, reached through the ``_BASE_`` keys of ``chain``."""
+def load_yaml_with_base(path: str) -> dict:
+    """The yaml config ``path`` merged over its ``_BASE_`` chain, as fvcore's
+    ``CfgNode.load_yaml_with_base`` merges it, after the checks of :func:`check_config_file`."""
+    return _load_config_chain(path, ())
+
+
+def _merge_into(values: dict, base: dict, where: str) -> None:
+    """fvcore's merge of a file over its base: mappings merge key by key, other values replace."""
+    for key, value in values.items():
+        if isinstance(value, dict) and key in base:
+            if not isinstance(base[key], dict):
+                raise ConfigFileError(f"{where}: {key} is a mapping, but its _BASE_ gives it "
+                                      f"{base[key]!r}: make both mappings or neither")
+            _merge_into(value, base[key], where)
+        else:
+            base[key] = value
+
+
+def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
+    """:func:`load_yaml_with_base` of ``path``, reached through the ``_BASE_`` keys of
+    ``chain``."""
     where = f"config file {path}" + (f" (a _BASE_ of {chain[-1]})" if chain else "")
     if os.path.realpath(path) in map(os.path.realpath, chain):
         loop = " -> ".join([*chain, path])
@@ -224,6 +274,9 @@ def _check_config_chain(path: str, chain: Tuple[str, ...]) -> None:
         raise FileNotFoundError(f"{where} does not exist or is not a readable file"
                                 + (" (a relative _BASE_ is relative to the file naming it)"
                                    if chain else "")) from None
+    except UnicodeDecodeError:
+        raise ConfigFileError(f"{where} is not a text file (not UTF-8): a config is a yaml "
+                              f"mapping of KEY: value") from None
     if data is None:
         raise ConfigFileError(f"{where} is empty: a config is a yaml mapping of KEY: value")
     if not isinstance(data, dict):
@@ -234,18 +287,29 @@ def _check_config_chain(path: str, chain: Tuple[str, ...]) -> None:
     if not (isinstance(bases, list) and all(isinstance(base, str) for base in bases)):
         raise ConfigFileError(f"{where}: {BASE_KEY} is {data[BASE_KEY]!r}: give a config path "
                               f"or a list of them")
+    if BASE_KEY not in data:
+        return data
+    merged: dict = {}
     for base in bases:
-        _check_config_chain(_base_path(base, path), (*chain, path))
+        _merge_into(_load_config_chain(_base_path(base, path), (*chain, path)), merged, where)
+    values = {key: value for key, value in data.items() if key != BASE_KEY}
+    _merge_into(values, merged, where)
+    return merged
 
 
 class CfgNode(CN):
-    """Detectron2's CfgNode, whose ``merge_from_file`` runs no code from the file: it checks the
-    file and its ``_BASE_`` chain (:func:`check_config_file`), then merges with the safe loader
-    only (detectron2's default, ``allow_unsafe=True``, falls back to ``yaml.unsafe_load``)."""
+    """Detectron2's CfgNode, whose ``merge_from_file`` runs no code from the file: the file and
+    its ``_BASE_`` chain are checked and read by :func:`load_yaml_with_base` (detectron2's
+    default, ``allow_unsafe=True``, falls back to ``yaml.unsafe_load``); detectron2 then merges
+    the values as usual (version upgrade included)."""
 
-    def merge_from_file(self, cfg_filename: str) -> None:
-        check_config_file(cfg_filename)
+    def merge_from_file(self, cfg_filename: str, allow_unsafe: bool = False) -> None:
+        # allow_unsafe is accepted for detectron2's signature and ignored: nothing is unsafe here.
         super().merge_from_file(cfg_filename, allow_unsafe=False)
+
+    @classmethod
+    def load_yaml_with_base(cls, filename: str, allow_unsafe: bool = False) -> dict:
+        return load_yaml_with_base(filename)
 
 
 def get_cfg() -> CfgNode:
