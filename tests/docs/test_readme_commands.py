@@ -171,3 +171,18 @@ def test_the_quick_start_smoke_run_trains_predicts_and_prints_its_table(tmp_path
     assert (tmp_path / "output/smoke/model_final.pth").is_file()
     assert (tmp_path / "output/smoke_predictions/predictions.json").is_file()
     assert "| smoke |" in result.stdout
+
+
+@pytest.mark.slow
+def test_the_swap_in_example_builds_a_lambda_resnet_from_the_model_zoo():
+    """README's "In your own Detectron2 pipeline" snippet, as written: a stock config of the
+    installed detectron2's model zoo, offline, with only the backbone's name changed."""
+    from lambda_det.modeling import LambdaResNet
+
+    section = README.read_text().split("\n## In your own Detectron2 pipeline\n", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "model_zoo.get_config_file(" in snippet
+    names = {}
+    exec(snippet, names)  # the README's own lines, as a user runs them
+    backbone = names["model"].backbone.bottom_up
+    assert isinstance(backbone, LambdaResNet) and backbone.depth == 101
