@@ -19,8 +19,18 @@ from setuptools import find_packages, setup
 PACKAGE_INIT = Path(__file__).with_name("lambda_det") / "__init__.py"  # holds __version__
 
 
+NO_DETECTRON2 = (
+    "lambda_det: no detectron2 is visible to this build. With pip's default build isolation the "
+    "build cannot see the detectron2 of your environment: install with `pip install "
+    "--no-build-isolation -e .`; with no detectron2 installed, run `python "
+    "tools/build_detectron2.py` first (or `make venv`, which does both)")
+
+
 def detectron2_requirement() -> str:
-    """Require whichever detectron2 distribution is installed, so pip never replaces a user's own."""
+    """Require whichever detectron2 distribution is installed, so pip never replaces a user's own.
+
+    With none visible, stop: pip's isolated build would otherwise ask for pb1-detectron2, whose
+    sdist cannot build there (it imports torch) and which would shadow a user's own build."""
     for distribution, minimum in (("detectron2", "detectron2>=0.6"),
                                   ("pb1-detectron2", "pb1-detectron2>=0.6")):
         try:
@@ -28,7 +38,7 @@ def detectron2_requirement() -> str:
             return minimum
         except importlib.metadata.PackageNotFoundError:
             pass
-    return "pb1-detectron2>=0.6"
+    raise SystemExit(NO_DETECTRON2)
 
 
 setup(

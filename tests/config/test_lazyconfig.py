@@ -193,9 +193,17 @@ def recipe_values_of_lazy(cfg) -> dict:
     }
 
 
+# How torch runs the update, not what it computes: upstream detectron2's build_optimizer passes
+# foreach=True, 0.6's leaves torch's default.
+IMPLEMENTATION_FLAGS = ("params", "foreach", "fused", "differentiable")
+
+
 def optimizer_settings(optimizer, model) -> dict:
+    """Each parameter's optimizer type and hyperparameters (learning rate, momentum, decay...)."""
     names = {id(parameter): name for name, parameter in model.named_parameters()}
-    return {names[id(parameter)]: {key: value for key, value in group.items() if key != "params"}
+    return {names[id(parameter)]: {"type": type(optimizer).__name__,
+                                   **{key: value for key, value in group.items()
+                                      if key not in IMPLEMENTATION_FLAGS}}
             for group in optimizer.param_groups for parameter in group["params"]}
 
 
