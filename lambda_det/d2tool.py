@@ -53,7 +53,7 @@ __all__ = ["main", "detectron2_tool_path", "lambda_det_in_detectron2"]
 
 USAGE = "usage: python -m lambda_det.d2tool [--debug] SCRIPT [SCRIPT'S ARGUMENTS ...]"
 # The errors of a script's input (not of the script): one line each, without --debug.
-USER_ERRORS = (FileNotFoundError, ConfigFileError, UnsafeCheckpointError, CorruptCheckpointError)
+INPUT_ERRORS = (FileNotFoundError, ConfigFileError, UnsafeCheckpointError, CorruptCheckpointError)
 # Distributions whose files may include detectron2's tools/ (pb1-detectron2 installs them).
 DETECTRON2_DISTRIBUTIONS = ("pb1-detectron2", "detectron2")
 
@@ -158,13 +158,13 @@ def lambda_det_in_detectron2() -> Iterator[None]:
 
 def run_script(path: str, args: Sequence[str], debug: bool = False) -> None:
     """Run the script at ``path`` as ``__main__`` with command line ``args``; an error of its
-    input (:data:`USER_ERRORS`) is one line (with ``debug``, its traceback)."""
+    input (:data:`INPUT_ERRORS`) is one line (with ``debug``, its traceback)."""
     from lambda_det.cli.arguments import reporting_user_errors
 
     argv = sys.argv
     sys.argv = [path, *args]
     try:
-        with reporting_user_errors(debug, USER_ERRORS), lambda_det_in_detectron2():
+        with reporting_user_errors(debug, INPUT_ERRORS), lambda_det_in_detectron2():
             runpy.run_path(path, run_name="__main__")
     finally:
         sys.argv = argv

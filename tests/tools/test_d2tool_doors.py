@@ -119,12 +119,17 @@ def fire_unguarded(payload) -> None:
     DetectionCheckpointer(nn.Module())._load_file(str(payload))
 
 
+def loaded_unguarded(self, checkpoint):
+    raise AssertionError("the checkpoint was read without the guard")
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("script", ["train_net.py", "analyze_model.py", "benchmark.py",
                                     "lazyconfig_train_net.py"])
 def test_a_payload_given_to_a_detectron2_script_is_one_error_line(script, tmp_path, capsys,
-                                                                 shapes, one_torch_thread):
+                                                                 monkeypatch, shapes,
+                                                                 one_torch_thread):
     script_or_skip(script)
     if script == "benchmark.py":
         pytest.importorskip("psutil", reason="detectron2's benchmark.py imports psutil")
@@ -142,6 +147,8 @@ def test_a_payload_given_to_a_detectron2_script_is_one_error_line(script, tmp_pa
             "--eval-only", "--config-file", LAZY_DEMO, f"train.init_checkpoint={payload}",
             f"train.output_dir={tmp_path / 'out'}", "model.backbone.bottom_up.norm=BN"],
     }[script]
+    # Without the guard the file would load and the script go on with its work: stop it there.
+    monkeypatch.setattr(DetectionCheckpointer, "_load_model", loaded_unguarded)
     with pytest.raises(SystemExit) as exit_status:
         main([script, *argv])
     one_error_line(capsys, exit_status, f"checkpoint {payload} refers to", "refused")
@@ -218,14 +225,14 @@ def test_a_scripts_own_error_keeps_its_traceback(tmp_path):
 
 
 def test_a_pkl_of_another_layout_is_one_line_naming_it(tmp_path):
-    """{"model": weights} without "__author__" is read as Caffe2's layout, as detectron2 reads it,
-    where fvcore fails with "Unsupported type"; so is any value that is not an array."""
+    """{"model": weights} without "__author__": detectron2 reads it as Caffe2's layout and fvcore
+    fails with "Unsupported type"; d2tool's error names the file and the layouts that load."""
     weights = {"conv.weight": np.zeros((2, 2), np.float32)}
     path = tmp_path / "no_author.pkl"
     path.write_bytes(pickle.dumps({"model": weights}, protocol=2))
     with pytest.raises(ValueError, match="Unsupported type"):  # detectron2's own
         DetectionCheckpointer(nn.Module()).load(str(path))
     with lambda_det_in_detectron2(), pytest.raises(
-            CorruptCheckpointError, match=f"checkpoint {path}: 'model' is of type dict, not a numpy array "
-                              f"\\(without '__author__' .* add '__author__'"):
+            CorruptCheckpointError, match=f"checkpoint {path}: 'model' is of type dict, not a "
+                                          f"numpy array \\(without '__author__' .* add"):
         DetectionCheckpointer(nn.Module()).load(str(path))
