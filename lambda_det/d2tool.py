@@ -13,7 +13,13 @@ after lambda_det has become part of detectron2:
   (registers ``DATASETS.COCO_INSTANCES``; on the CPU, SyncBN becomes naiveSyncBN);
 * a data loader built from a config without a mapper gets lambda_det's
   (:func:`lambda_det.data.build_mapper`): the large-scale-jitter crops that training uses when
-  ``INPUT.LSJ.ENABLED``, and detectron2's test resize for evaluation.
+  ``INPUT.LSJ.ENABLED``, and detectron2's test resize for evaluation;
+* no file the script is given runs code: detectron2's checkpointers read weights with
+  :func:`lambda_det.checkpoint.load_checkpoint_file` (a restricted unpickler for ``.pkl``,
+  ``weights_only`` for torch files; what loads, loads as detectron2 loads it), and
+  ``LazyConfig.load`` reads a ``.yaml`` with yaml's safe loader (a ``.py`` recipe is Python: it
+  runs, as in detectron2). A refused file, a missing one or a yaml tag is one ``error:`` line
+  with exit status 2 (``--debug`` before SCRIPT: its traceback).
 
 SCRIPT is a path, or the name of a script of the installed detectron2 distribution (the
 pb1-detectron2 that tools/build_detectron2.py builds installs detectron2's tools/ as the package
@@ -33,13 +39,21 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
-from detectron2.config import CfgNode  # noqa: E402
+from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
+from detectron2.config import CfgNode, LazyConfig  # noqa: E402
 from detectron2.data import DatasetMapper as Detectron2DatasetMapper  # noqa: E402
+from fvcore.common.checkpoint import Checkpointer  # noqa: E402
+from lambda_det.checkpoint import (CorruptCheckpointError, UnsafeCheckpointError,  # noqa: E402
+                                   load_checkpoint_file)
 from lambda_det.config import CfgNode as SafeCfgNode  # noqa: E402
+from lambda_det.config import ConfigFileError  # noqa: E402
+from lambda_det.config.lazy import load_lazy_config_file  # noqa: E402
 
 __all__ = ["main", "detectron2_tool_path", "lambda_det_in_detectron2"]
 
-USAGE = "usage: python -m lambda_det.d2tool SCRIPT [SCRIPT'S ARGUMENTS ...]"
+USAGE = "usage: python -m lambda_det.d2tool [--debug] SCRIPT [SCRIPT'S ARGUMENTS ...]"
+# The errors of a script's input (not of the script): one line each, without --debug.
+INPUT_ERRORS = (FileNotFoundError, ConfigFileError, UnsafeCheckpointError, CorruptCheckpointError)
 # Distributions whose files may include detectron2's tools/ (pb1-detectron2 installs them).
 DETECTRON2_DISTRIBUTIONS = ("pb1-detectron2", "detectron2")
 
@@ -108,24 +122,49 @@ def _mapper(*args, **kwargs):
     return Detectron2DatasetMapper(*args, **kwargs)
 
 
+def _load_checkpoint_file(self, filename: str):
+    """A checkpointer's ``_load_file``: safely (:func:`load_checkpoint_file`)."""
+    return load_checkpoint_file(filename)
+
+
+_detectron2_checkpointer_load = DetectionCheckpointer.load
+
+
+def _load_checkpoint(self, path: str, *args, **kwargs):
+    """``DetectionCheckpointer.load``, with a missing local file named (fvcore asserts)."""
+    if path and "://" not in path and not os.path.isfile(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist: pass the path or URL of a "
+                                f"weights file (MODEL.WEIGHTS, or a LazyConfig's "
+                                f"train.init_checkpoint), or '' for none")
+    return _detectron2_checkpointer_load(self, path, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def lambda_det_in_detectron2() -> Iterator[None]:
-    """Within: detectron2's ``get_cfg`` has lambda_det's keys and its loaders lambda_det's mapper
-    (see the module docstring); the backbones and datasets are registered."""
+    """Within: detectron2's ``get_cfg`` has lambda_det's keys and its loaders lambda_det's mapper,
+    its checkpointers and ``LazyConfig.load`` run no code from a file (see the module docstring);
+    the backbones and datasets are registered."""
     import lambda_det.data  # noqa: F401  (registers the bundled datasets)
     import lambda_det.modeling  # noqa: F401  (registers the backbones)
 
     with mock.patch("detectron2.config.get_cfg", _get_cfg), \
-            mock.patch("detectron2.data.build.DatasetMapper", _mapper):
+            mock.patch("detectron2.data.build.DatasetMapper", _mapper), \
+            mock.patch.object(Checkpointer, "_load_file", _load_checkpoint_file), \
+            mock.patch.object(DetectionCheckpointer, "_load_file", _load_checkpoint_file), \
+            mock.patch.object(DetectionCheckpointer, "load", _load_checkpoint), \
+            mock.patch.object(LazyConfig, "load", staticmethod(load_lazy_config_file)):
         yield
 
 
-def run_script(path: str, args: Sequence[str]) -> None:
-    """Run the script at ``path`` as ``__main__`` with command line ``args``."""
+def run_script(path: str, args: Sequence[str], debug: bool = False) -> None:
+    """Run the script at ``path`` as ``__main__`` with command line ``args``; an error of its
+    input (:data:`INPUT_ERRORS`) is one line (with ``debug``, its traceback)."""
+    from lambda_det.cli.arguments import reporting_user_errors
+
     argv = sys.argv
     sys.argv = [path, *args]
     try:
-        with lambda_det_in_detectron2():
+        with reporting_user_errors(debug, INPUT_ERRORS), lambda_det_in_detectron2():
             runpy.run_path(path, run_name="__main__")
     finally:
         sys.argv = argv
@@ -135,12 +174,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from lambda_det.cli.arguments import reporting_user_errors
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = argv[:1] == ["--debug"]
+    argv = argv[debug:]
     if not argv or argv[0] in ("-h", "--help"):
         print(f"{USAGE}\n\n{__doc__}")
         return 0 if argv else 2
-    with reporting_user_errors():
+    with reporting_user_errors(debug):
         path = detectron2_tool_path(argv[0])
-    run_script(path, argv[1:])
+    run_script(path, argv[1:], debug)
     return 0
 
 

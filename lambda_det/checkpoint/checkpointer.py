@@ -119,12 +119,27 @@ def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError
 _NUMBERS = (bool, int, float, np.bool_, np.integer, np.floating)
 
 
-def _numeric_weights(weights: Dict[str, Any], filename: str) -> Dict[str, Any]:
+# The layouts of a .pkl that detectron2 loads (its DetectionCheckpointer._load_file).
+_PICKLE_LAYOUTS = ("a .pkl of weights is detectron2's {'model': {name: numpy array}, "
+                   "'__author__': source} or Caffe2's {name: numpy array} (or under 'blobs')")
+
+
+def _numeric_weights(weights: Dict[str, Any], filename: str,
+                     author_missing: bool = False) -> Dict[str, Any]:
     """``weights`` with numpy object arrays of plain numbers turned into numeric arrays (what
-    the model's weights are); an object array of anything else is refused by name."""
+    the model's weights are); an object array of anything else, or a value that is no array
+    (which detectron2 cannot load either), is refused by name. ``author_missing``: the file has
+    a "model" but no "__author__", so it is read as Caffe2's layout (as detectron2 reads it)."""
     converted = dict(weights)
     for key, value in weights.items():
-        if not (isinstance(value, np.ndarray) and value.dtype == object):
+        if not isinstance(value, np.ndarray):
+            read_as = (" (without '__author__' the file is read as Caffe2's layout: add "
+                       "'__author__' if its weights are under 'model')" if author_missing
+                       else "")
+            raise CorruptCheckpointError(
+                f"checkpoint {filename}: {key!r} is of type {type(value).__name__}, not a numpy "
+                f"array{read_as}; {_PICKLE_LAYOUTS}")
+        if value.dtype != object:
             continue
         types = set(map(type, value.flat))
         try:
@@ -170,9 +185,13 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
             if not isinstance(data, dict):
                 raise CorruptCheckpointError(f"checkpoint {filename} holds a "
                                              f"{type(data).__name__}, not a dict of weights")
+            author_missing = "model" in data and "__author__" not in data
             data = _from_pickle(data)
-            if isinstance(data["model"], dict):
-                data["model"] = _numeric_weights(data["model"], filename)
+            if not isinstance(data["model"], dict):
+                raise CorruptCheckpointError(
+                    f"checkpoint {filename}: its 'model' is a {type(data['model']).__name__}, "
+                    f"not a dict of weights; {_PICKLE_LAYOUTS}")
+            data["model"] = _numeric_weights(data["model"], filename, author_missing)
             return data
         # timm's train.py stores its arguments (an argparse.Namespace of plain values) in its
         # checkpoints; allowed for this load only.

@@ -17,10 +17,12 @@ from lambda_det.compat import import_detectron2
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import LazyConfig  # noqa: E402
+from detectron2.utils.file_io import PathManager  # noqa: E402
 from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean  # noqa: E402
+from lambda_det.config.config import _load_plain_yaml  # noqa: E402
 
 __all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
-           "scale_to_world_size", "use_mixer", "REQUIRED_KEYS"]
+           "scale_to_world_size", "use_mixer", "load_lazy_config_file", "REQUIRED_KEYS"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +179,28 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
     if changed:
         logger.info("train.device is cpu: SyncBN -> naiveSyncBN for %s", ", ".join(changed))
     return cfg
+
+
+# Detectron2's own, for the .py recipes (LazyConfig.load may be patched with the function below).
+_detectron2_lazy_config_load = LazyConfig.load
+
+
+def load_lazy_config_file(filename: str, keys=None):
+    """Detectron2's ``LazyConfig.load(filename, keys)``, but a ``.yaml``/``.yml`` config is read
+    with yaml's safe loader (detectron2 reads it with ``yaml.unsafe_load``, which runs
+    ``!!python/...`` tags); a ``.py`` recipe is Python and runs as detectron2 runs it.
+
+    Raises:
+        ConfigFileError: a yaml config with a tag (or a yaml syntax error); names the file.
+    """
+    if os.path.splitext(filename)[1] not in (".yaml", ".yml"):
+        return _detectron2_lazy_config_load(filename, keys)
+    with PathManager.open(filename) as f:
+        cfg = OmegaConf.create(_load_plain_yaml(f, f"LazyConfig {filename}"),
+                               flags={"allow_objects": True})
+    if keys is None:
+        return cfg
+    return cfg[keys] if isinstance(keys, str) else tuple(cfg[key] for key in keys)
 
 
 def use_mixer(arguments: MutableMapping, name: str, **options) -> None:

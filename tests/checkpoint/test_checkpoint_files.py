@@ -1,6 +1,9 @@
 """Checkpoint files over a long job: a truncated or pickled checkpoint is named, a job killed
 mid-write keeps the last checkpoint valid, evaluation loads every weight or refuses.
 (From tests/test_reliability.py.)"""
+import pickle
+
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_cfg
@@ -9,7 +12,7 @@ import lambda_det.data  # noqa: F401
 from lambda_det.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, WeightsMismatchError)
 from lambda_det.checkpoint import checkpointer as checkpoint_module
-from lambda_det.checkpoint import load_weights
+from lambda_det.checkpoint import load_checkpoint_file, load_weights
 from lambda_det.checkpoint import evaluation_weights as _evaluation_weights
 from lambda_det.engine.run_settings import yaml_run_settings
 from lambda_det.modeling import lambda_resnet
@@ -87,3 +90,21 @@ def test_evaluation_loads_every_weight_or_refuses(tmp_path):
     cfg.MODEL.WEIGHTS = str(tmp_path / "heads_only.pth")
     with pytest.raises(WeightsMismatchError, match="does not fit the model .* missing weights"):
         load_weights(build_model(cfg), evaluation_weights(cfg, resume=False))
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"model": {"conv.weight": np.zeros(2)}},  # no "__author__": detectron2 reads it as Caffe2's
+     r"'model' is of type dict, not a numpy array \(without '__author__' .* add '__author__'"),
+    ({"conv.weight": np.zeros(2), "epoch": 3}, r"'epoch' is of type int, not a numpy array; a"),
+    ({"model": [np.zeros(2)], "__author__": "me"}, r"its 'model' is a list, not a dict of"),
+])
+def test_a_pkl_detectron2_cannot_load_is_named_with_the_layouts_it_can(tmp_path, content,
+                                                                       message):
+    path = tmp_path / "weights.pkl"
+    path.write_bytes(pickle.dumps(content, protocol=2))
+    with pytest.raises(CorruptCheckpointError, match=f"checkpoint {path}: {message}"):
+        load_checkpoint_file(str(path))
+    with pytest.raises(CorruptCheckpointError, match=r"detectron2's \{'model': \{name: numpy "
+                                                     r"array\}, '__author__': source\} or "
+                                                     r"Caffe2's \{name: numpy array\}"):
+        load_checkpoint_file(str(path))
