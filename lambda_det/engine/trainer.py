@@ -21,7 +21,7 @@ from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
-from lambda_det.compat import ddp_without_buffer_sync
+from lambda_det.compat import ddp_without_buffer_sync, without_cuda_home_warning
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_training_dicts, yaml_data_settings
@@ -64,7 +64,8 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
     highlight = engine_defaults._highlight
     engine_defaults._highlight = lambda code, filename: code
     try:
-        default_setup(cfg, args)
+        with without_cuda_home_warning():
+            default_setup(cfg, args)
     finally:
         engine_defaults._highlight = highlight
     _log_write_errors_without_traceback()
