@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Callable, Iterator, Optional, Sequence
 
+from detectron2.utils import comm
 from lambda_det.engine.interrupt import Interrupted, stopping_on_signals
 
 __all__ = ["Interrupted", "reporting_interrupts", "rerun_command", "run_child",
@@ -38,6 +39,10 @@ def reporting_interrupts(line: Callable[[Interrupted], Optional[str]]) -> Iterat
         message = line(interrupt)
         if message:
             print(message, file=sys.stderr, flush=True)
+        if interrupt.iteration is not None:
+            # Every process of a launch stopped after this iteration: none exits before the
+            # main one has said so (the launcher ends the others when one exits).
+            comm.synchronize()
         raise SystemExit(interrupt.status) from None
 
 

@@ -3,9 +3,9 @@ checkpoint of that iteration, one line naming it and the command that resumes, e
 / 143, no traceback; ``--resume`` finishes the run as if it had not stopped; a second signal
 ends the run at once. The demo, the comparison and predict stop in one line too.
 
-The trainings run as children of a wrapper that holds the loop after a given iteration until
-the child has the signal (a file tells the test when to send it): the iteration the signal
-lands in is fixed, with no sleep to tune."""
+The trainings run as children whose loop a hook holds after a given iteration until the child
+has the signal (a file tells the test when to send it): the iteration the signal lands in is
+fixed, with no sleep to tune."""
 import json
 import os
 import shlex
@@ -27,11 +27,11 @@ TRAINING = ["--config-file", DEMO_CONFIG, *TINY_OVERRIDES, "SOLVER.MAX_ITER", "4
             "SOLVER.STEPS", "(2,)", "SOLVER.LOG_PERIOD", "1", "SOLVER.CHECKPOINT_PERIOD", "100",
             "DATALOADER.DETERMINISTIC", "True", "SEED", "7"]
 
-# The child: the tool, with InterruptCheckpoint held after iteration STOP_AT until a signal
-# came (to this process or, for a launched worker, to its launcher); with GOT set, it says so
-# and waits for the next one.
-HOLDING_WRAPPER = """
-import os, runpy, sys, time
+# Imported by every child interpreter (sitecustomize; the launcher's workers too):
+# InterruptCheckpoint held after iteration STOP_AT until a signal came (to this process or,
+# for a launched worker, to its launcher); with GOT set, it says so and waits for the next one.
+HOLDING_HOOK = """
+import os, time
 from lambda_det.engine import interrupt
 
 def wait_for(condition):
@@ -55,8 +55,6 @@ def after_step(self):
     original(self)
 
 interrupt.InterruptCheckpoint.after_step = after_step
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
@@ -73,14 +71,19 @@ def interrupted_run(tool: str, argv, tmp_path: Path, datasets_root: Path, stop_a
     """(exit status, stderr) of ``tools/TOOL argv`` sent ``signals`` after iteration
     ``stop_at``, each once the child has the one before."""
     ready, got, err = tmp_path / "ready", tmp_path / "got", tmp_path / "stderr.txt"
-    env = {**subprocess_env(), "DETECTRON2_DATASETS": str(datasets_root), "STOP_AT": str(stop_at),
-           "READY": str(ready), "OMP_NUM_THREADS": "1"}
+    hook = tmp_path / "holding_hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLDING_HOOK)
+    env = subprocess_env()
+    path = [str(hook), *filter(None, [env.get("PYTHONPATH")])]
+    env.update(PYTHONPATH=os.pathsep.join(path), DETECTRON2_DATASETS=str(datasets_root),
+               STOP_AT=str(stop_at), READY=str(ready), OMP_NUM_THREADS="1")
     if len(signals) > 1:
         env["GOT"] = str(got)
     with open(tmp_path / "stdout.txt", "w") as out, open(err, "w") as error:
-        process = subprocess.Popen(
-            [sys.executable, "-c", HOLDING_WRAPPER, str(REPO_ROOT / "tools" / tool),
-             *map(str, argv)], stdout=out, stderr=error, env=env, cwd=REPO_ROOT)
+        process = subprocess.Popen([sys.executable, str(REPO_ROOT / "tools" / tool),
+                                    *map(str, argv)], stdout=out, stderr=error, env=env,
+                                   cwd=REPO_ROOT)
     try:
         for index, signum in enumerate(signals):
             wait_for_file(got if index else ready, process, err)
