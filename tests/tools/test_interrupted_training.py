@@ -6,6 +6,7 @@ ends the run at once. The demo, the comparison and predict stop in one line too.
 The trainings run as children whose loop a hook holds after a given iteration until the child
 has the signal (a file tells the test when to send it): the iteration the signal lands in is
 fixed, with no sleep to tune."""
+import argparse
 import json
 import os
 import shlex
@@ -146,7 +147,8 @@ def test_sigint_saves_the_iteration_in_flight_and_resume_finishes_the_run(
 @pytest.mark.e2e
 def test_sigterm_stops_lazy_training_with_143(tmp_path, datasets_root):
     output = tmp_path / "run"
-    argv = ["--config-file", LAZY_CONFIG, "train.max_iter=3", "train.checkpointer.period=100",
+    # The periodic checkpoint saves iteration 0 too: it is not saved twice.
+    argv = ["--config-file", LAZY_CONFIG, "train.max_iter=3", "train.checkpointer.period=1",
             "model.backbone.bottom_up.width_multiplier=0.25", "model.backbone.bottom_up.scope=3",
             "dataloader.train.total_batch_size=2", "dataloader.train.num_workers=0",
             "train.device=cpu", f"train.output_dir={output}"]
@@ -160,6 +162,7 @@ def test_sigterm_stops_lazy_training_with_143(tmp_path, datasets_root):
                            f"--config-file {LAZY_CONFIG}")
     assert (output / "last_checkpoint").read_text() == "model_0000000.pth"
     assert load_checkpoint_file(str(output / "model_0000000.pth"))["iteration"] == 0
+    assert (output / "log.txt").read_text().count("Saving checkpoint to") == 1
 
 
 @pytest.mark.slow
@@ -192,6 +195,23 @@ def test_a_signal_to_the_launcher_alone_stops_every_process(tmp_path, datasets_r
     assert line.startswith(f"interrupted by SIGTERM after iteration 1: saved "
                            f"{output / 'model_0000001.pth'}; continue with: ")
     assert load_checkpoint_file(str(output / "model_0000001.pth"))["iteration"] == 1
+
+
+@pytest.mark.parametrize("saved, argv, line", [
+    ("", ["--config-file", "c.yaml", "--resume"],
+     "interrupted by SIGTERM before the run's first checkpoint: start again with: python "
+     "tools/train_net.py --restart --config-file c.yaml"),
+    ("model_0000199.pth", ["--config-file", "c.yaml", "--restart"],
+     "interrupted by SIGTERM: the run's last checkpoint is {output}/model_0000199.pth; "
+     "continue with: python tools/train_net.py --resume --config-file c.yaml")])
+def test_a_signal_outside_the_loop_names_the_last_checkpoint(tmp_path, saved, argv, line):
+    from lambda_det.cli.train_net import interrupted_line
+
+    if saved:
+        (tmp_path / "last_checkpoint").write_text(saved)
+    args = argparse.Namespace(eval_only=False, command=("tools/train_net.py", argv))
+    assert interrupted_line(interrupt.Interrupted(signal.SIGTERM), args,
+                            [str(tmp_path)]) == line.format(output=tmp_path)
 
 
 # ---- the tools around training: the handler is there, and an interrupt is one line ----
