@@ -7,13 +7,13 @@ the CPU, evaluate it with COCO AP by object size, print the table and draw its p
     python tools/demo.py --config configs/Demo/aft_conv_r26_shapes.yaml
 
 Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.json,
-ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued. A finished
+ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued (Ctrl-C or
+SIGTERM saves the iteration in flight: docs/training.md, "Running long jobs"). A finished
 run made with another config (other overrides) is not reused: --force trains again (the
 finished run is moved to OUTPUT_DIR/previous_<date-time>/), or set another OUTPUT_DIR.
 """
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +29,7 @@ from detectron2.data.detection_utils import read_image
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.cli.arguments import (
     add_debug_argument, parse_command_line, reporting_user_errors)
+from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command, run_child
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
 from lambda_det.cli.train_net import check_device
 from lambda_det.config import config_differences, load_config, resolve_config_file
@@ -68,8 +69,13 @@ def main(argv=None) -> int:
     parser.add_argument("--name", default=None, help="row name in the AP table")
     add_debug_argument(parser)
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
-    with reporting_user_errors(args.debug):
+    # --force again would move the interrupted run aside and start over.
+    args.command = rerun_command("tools/demo.py", argv, drop=["--force"])
+    with reporting_interrupts(lambda interrupt: f"interrupted by {interrupt.name}: run "
+                                                f"{args.command} to continue"), \
+            reporting_user_errors(args.debug):
         return demo(args)
 
 
@@ -109,7 +115,15 @@ def demo(args: argparse.Namespace) -> int:
         command = [sys.executable, str(REPO / "tools/train_net.py"), "--config-file", config_file,
                    "--resume" if last_checkpoint(str(output)) else "--restart", *args.opts]
         print("+", " ".join(command), flush=True)
-        status = subprocess.run(command).returncode
+        try:
+            status = run_child(command)
+        except Interrupted as interrupt:  # train_net.py saved the iteration in flight
+            latest = last_checkpoint(str(output))
+            saved = (f"its last checkpoint is {output / latest}" if latest
+                     else "it had saved no checkpoint")
+            print(f"interrupted by {interrupt.name}: the training stopped and {saved}; "
+                  f"{args.command} continues it", file=sys.stderr, flush=True)
+            return interrupt.status
         if status:  # train_net.py said why
             return status
 

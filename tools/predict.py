@@ -33,6 +33,7 @@ import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
+from lambda_det.cli.interrupts import reporting_interrupts
 from lambda_det.cli.train_net import check_device
 from lambda_det.config import load_config
 from lambda_det.data.checks import check_prediction_classes
@@ -74,6 +75,13 @@ def config_overrides(args) -> list:
 def main(argv=None) -> int:
     args = parse_command_line(argument_parser(), argv)
     output = Path(args.output)
+    with reporting_interrupts(lambda interrupt: (
+            f"interrupted by {interrupt.name}: {output} holds the drawings finished so far, "
+            f"without {RESULTS_FILE}; run the command again with --overwrite to redo them")):
+        return predict(args, output)
+
+
+def predict(args, output: Path) -> int:
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")

@@ -38,13 +38,23 @@ def write_error(path: Union[str, os.PathLike], error: OSError,
 def reporting_write_errors(path: Union[str, os.PathLike], option: str = "the output folder",
                            errnos: Optional[Container[int]] = None) -> Iterator[None]:
     """Raise an ``OSError`` of the block (of ``errnos`` only, if given) as an
-    :class:`OutputWriteError` naming ``path`` and ``option``."""
+    :class:`OutputWriteError` naming ``path`` and ``option``; also one that a writer wrapped
+    in a RuntimeError (:func:`_wrapped_os_error`). Other RuntimeErrors pass unchanged."""
     try:
         yield
-    except OSError as error:
-        if errnos is not None and error.errno not in errnos:
+    except (OSError, RuntimeError) as error:
+        cause = error if isinstance(error, OSError) else _wrapped_os_error(error)
+        if cause is None or (errnos is not None and cause.errno not in errnos):
             raise
-        raise write_error(path, error, option) from error
+        raise write_error(path, cause, option) from cause
+
+
+def _wrapped_os_error(error: RuntimeError) -> Optional[OSError]:
+    """The OSError that ``error`` was raised while handling: torch.save into a file object
+    raises RuntimeError ("unexpected pos", "PytorchStreamWriter failed writing file") when the
+    file's write raised, e.g. ENOSPC on a full disk."""
+    context = error.__context__
+    return context if isinstance(context, OSError) and not error.__suppress_context__ else None
 
 
 def check_writable_folder(folder: Union[str, os.PathLike],

@@ -146,6 +146,48 @@ def test_a_failed_save_names_the_last_complete_checkpoint(tmp_path, monkeypatch)
                                                                 "model_0000004.pth"]
 
 
+class FillingDisk:
+    """A file on a disk that fills after its first kilobyte: a write beyond raises ENOSPC."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        if self.file.tell() + len(data) > 1024:
+            raise ENOSPC
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+
+def test_torch_saving_onto_a_full_disk_is_one_error_naming_the_checkpoint(tmp_path,
+                                                                         monkeypatch):
+    """torch.save into a file whose write fails raises RuntimeError ("unexpected pos") while
+    the file's OSError is handled (two tracebacks): the save names the file and the fix."""
+    real_save = torch.save
+    with pytest.raises(RuntimeError, match="unexpected pos") as raised, \
+            open(tmp_path / "plain.pth", "wb") as f:
+        real_save({"weights": torch.zeros(100_000)}, FillingDisk(f))  # torch alone
+    assert isinstance(raised.value.__context__, OSError)
+    (tmp_path / "plain.pth").unlink()
+    monkeypatch.setattr(checkpoint_module.torch, "save",
+                        lambda data, f: real_save(data, FillingDisk(f)))
+    checkpointer = AtomicCheckpointer(tiny_model(), save_dir=str(tmp_path))
+    with pytest.raises(OutputWriteError, match=(
+            f"saving checkpoint {tmp_path / 'model_0000001.pth'} failed \\(No space left on "
+            f"device\\): the run stopped and it has saved no checkpoint; free space on that "
+            f"disk")) as raised:
+        checkpointer.save("model_0000001", iteration=1)
+    assert isinstance(raised.value.__cause__, OSError)
+    assert list(tmp_path.iterdir()) == []
+    # Another RuntimeError of torch.save is not a write error: it goes on as it is.
+    monkeypatch.setattr(checkpoint_module.torch, "save",
+                        lambda data, f: torch.zeros(2) @ torch.zeros(3))
+    with pytest.raises(RuntimeError, match="inconsistent tensor size"):
+        checkpointer.save("model_0000001", iteration=1)
+
+
 TRAINING = ["--config-file", CONFIG, *TINY, "SOLVER.CHECKPOINT_PERIOD", "1"]
 
 
