@@ -16,7 +16,7 @@ import sys
 
 import torch
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
-from lambda_det.checkpoint import load_checkpoint_file
+from lambda_det.checkpoint import counted_weights, load_checkpoint_file
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
 from lambda_det.cli.train_net import check_model
@@ -42,7 +42,9 @@ def main(argv=None) -> int:
         os.makedirs(folder, exist_ok=True)
         with atomic_path(args.output) as temporary, open(temporary, "wb") as f:
             torch.save({"model": weights, "__author__": f"timm classifier {args.classifier}"}, f)
-    print(f"wrote {args.output}: {len(weights)} backbone weights for {args.config_file}")
+    # Counted as training's "loaded N of M backbone weights" line counts them.
+    print(f"wrote {args.output}: {len(counted_weights(weights))} backbone weights for "
+          f"{args.config_file}")
     return 0
 
 

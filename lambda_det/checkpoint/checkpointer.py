@@ -31,7 +31,7 @@ from lambda_det.utils.setting import Setting, override
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
            "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
            "WeightsMismatchError", "last_checkpoint", "checkpoint_to_resume",
-           "evaluation_weights"]
+           "evaluation_weights", "counted_weights"]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -345,6 +345,12 @@ def _backbone_prefix(model) -> str:
     return "backbone.bottom_up." if hasattr(backbone, "bottom_up") else "backbone."
 
 
+def counted_weights(keys) -> list:
+    """The keys of ``keys`` that the weight counts count: parameters and buffers, BatchNorm's
+    ``num_batches_tracked`` counters aside (they hold no weight)."""
+    return [key for key in keys if not key.endswith("num_batches_tracked")]
+
+
 def _loaded_counts(model, missing_keys, path: str) -> str:
     """"loaded 231 of 231 backbone weights and 40 of 120 other weights from PATH": the
     model's weights (parameters and buffers, without BatchNorm's counters) that ``path``
@@ -352,11 +358,10 @@ def _loaded_counts(model, missing_keys, path: str) -> str:
     prefix = _backbone_prefix(model)
     missing = set(missing_keys)
     counts = {True: [0, 0], False: [0, 0]}  # in the backbone: [loaded, all]
-    for key in model.state_dict():
-        if not key.endswith("num_batches_tracked"):
-            count = counts[key.startswith(prefix)]
-            count[0] += key not in missing
-            count[1] += 1
+    for key in counted_weights(model.state_dict()):
+        count = counts[key.startswith(prefix)]
+        count[0] += key not in missing
+        count[1] += 1
     if not prefix:  # a model without a backbone: all of it
         return f"loaded {counts[True][0]} of {counts[True][1]} weights from {path}"
     return (f"loaded {counts[True][0]} of {counts[True][1]} backbone weights and "
