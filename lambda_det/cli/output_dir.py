@@ -11,7 +11,7 @@ from lambda_det.checkpoint import last_checkpoint
 from lambda_det.utils.atomic import reporting_write_errors
 
 __all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir",
-           "holds_run_files", "evaluation_output_dir", "RUN_FILES",
+           "holds_run_files", "run_files_in", "evaluation_output_dir", "RUN_FILES",
            "PREVIOUS_RUN_PREFIX", "EVALUATION_PREFIX", "LOCK_FILE"]
 
 PREVIOUS_RUN_PREFIX = "previous_"
@@ -114,7 +114,7 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
             continue) nor ``restart`` is set.
     """
     latest = last_checkpoint(output_dir)
-    names = _run_files_in(output_dir, run_files)
+    names = run_files_in(output_dir, run_files)
     if not names or (resume and latest is not None):
         return None
     if not restart:
@@ -141,7 +141,7 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
 def holds_run_files(output_dir: str) -> bool:
     """Whether ``output_dir`` holds any of a run's files (:data:`RUN_FILES`): a training run's,
     or an earlier evaluation's."""
-    return bool(_run_files_in(output_dir, RUN_FILES))
+    return bool(run_files_in(output_dir, RUN_FILES))
 
 
 def evaluation_output_dir(output_dir: str) -> str:
@@ -157,7 +157,7 @@ def evaluation_output_dir(output_dir: str) -> str:
     return _new_dated_folder(output_dir, EVALUATION_PREFIX)
 
 
-def _run_files_in(output_dir: str, run_files: Sequence[str]) -> List[str]:
+def run_files_in(output_dir: str, run_files: Sequence[str] = RUN_FILES) -> List[str]:
     """The names in ``output_dir`` that match one of ``run_files``, sorted."""
     if not os.path.isdir(output_dir):
         return []
