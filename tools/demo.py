@@ -36,6 +36,7 @@ from lambda_det.data.checks import check_prediction_classes
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.inference import Predictor, draw, write_image
 from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporting_write_errors
+from lambda_det.utils.text import read_text
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 # What the demo adds to a training run's files; --force moves them aside with the run.
@@ -88,7 +89,9 @@ def demo(args: argparse.Namespace) -> int:
 
     weights, record = output / "model_final.pth", output / "eval_results.json"
     if not args.force and weights.is_file() and record.is_file():
-        differences = config_differences(json.loads(record.read_text())["config"],
+        text = read_text(record, "pass --force (FORCE=1 with make) to train again, or set "
+                                 "another OUTPUT_DIR")
+        differences = config_differences(json.loads(text)["config"],
                                          cfg.dump(), saved_in=str(record))
         if differences:
             raise ValueError(
