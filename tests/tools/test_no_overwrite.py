@@ -445,6 +445,7 @@ def test_the_lock_never_writes_a_file_it_did_not_make(kind, tmp_path):
         assert lock.read_text().startswith(f"pid {os.getpid()} on ")
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_training_with_a_linked_run_lock_is_one_line(tmp_path, capsys):
     output = tmp_path / "run"
