@@ -150,7 +150,7 @@ def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
         raise FileExistsError(f"--output {str(output)!r} holds the input {held[0]!r}: pass "
                               f"another --output, or --overwrite to write beside the inputs "
                               f"(an input is never written over)")
-    existing = [path.name for path in written if path.exists()]
+    existing = [path.name for path in written if os.path.lexists(path)]  # a link too
     if existing:
         more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
         raise FileExistsError(f"--output {str(output)!r} already holds "
