@@ -418,6 +418,29 @@ def test_convert_never_writes_over_what_it_reads_and_an_existing_file_only_with_
     assert hashes(tmp_path) == before
 
 
+# ---- the benchmarks' result folders ----
+
+@pytest.mark.parametrize("tool, option, name", [("benchmark_lambda", "--out", "results.md"),
+                                                ("benchmark_detector", "--output", "table.md")])
+def test_a_benchmark_replaces_earlier_results_only_with_overwrite(tool, option, name, tmp_path,
+                                                                  capsys):
+    """Refused before any measurement (the measuring function would fail the test)."""
+    (tmp_path / name).write_text("an earlier run's results")
+    before = hashes(tmp_path)
+    module = load_tool(tool)
+    for function in ("run", "benchmark_detector"):
+        if hasattr(module, function):
+            setattr(module, function, model_not_loaded)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([option, str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys, f"{option} '{tmp_path / name}' exists",
+                          f"pass another {option}, or --overwrite")
+    assert hashes(tmp_path) == before
+    with pytest.raises(AssertionError, match="before refusing"):  # --overwrite goes on to measure
+        module.main([option, str(tmp_path), "--overwrite"])
+
+
 # ---- OUTPUT_DIR/run.lock and the files detectron2 writes in place ----
 
 @pytest.mark.parametrize("kind", ["link", "foreign file", "hard link"])
