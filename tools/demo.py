@@ -36,7 +36,8 @@ from lambda_det.config import config_differences, load_config, resolve_config_fi
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.inference import Predictor, draw, write_image
-from lambda_det.utils.atomic import check_writable_folder, reporting_write_errors
+from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporting_write_errors
+from lambda_det.utils.text import read_text
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 # What the demo adds to a training run's files; --force moves them aside with the run.
@@ -94,7 +95,9 @@ def demo(args: argparse.Namespace) -> int:
 
     weights, record = output / "model_final.pth", output / "eval_results.json"
     if not args.force and weights.is_file() and record.is_file():
-        differences = config_differences(json.loads(record.read_text())["config"],
+        text = read_text(record, "pass --force (FORCE=1 with make) to train again, or set "
+                                 "another OUTPUT_DIR")
+        differences = config_differences(json.loads(text)["config"],
                                          cfg.dump(), saved_in=str(record))
         if differences:
             raise ValueError(
@@ -133,7 +136,7 @@ def demo(args: argparse.Namespace) -> int:
     # The pictures first: they load the weights, which a reused run may hold refused ones of.
     picture = draw_predictions(cfg, str(weights), cfg.DATASETS.TEST[0], output / "predictions.png")
     with reporting_write_errors(output, "OUTPUT_DIR"):
-        (output / "ap_table.md").write_text(table + "\n")
+        atomic_write(output / "ap_table.md", table + "\n", "OUTPUT_DIR")
         plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
     print("\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):")
     print(table)

@@ -15,8 +15,10 @@ names come from DATASETS.TEST's metadata. Inputs of one name from different fold
 b/x.png) are drawn as x.png, x_2.png, in input order.
 
 It refuses, before loading the model, an ``--output`` that holds an input or a file it would
-write (a drawing's name, predictions.json); ``--overwrite`` replaces such files, but an input is
-never written over.
+write (a drawing's name, predictions.json); ``--overwrite`` replaces such files, but a file it
+reads (an input, the config, MODEL.WEIGHTS) is never written over. Each file is written to a
+temporary file beside it and renamed into place, so a link in ``--output`` is replaced, never
+written through.
 
 Pass the config the run saved (OUTPUT_DIR/config.yaml): it holds the run's classes and
 datasets. Trailing ``KEY VALUE`` pairs override it; MODEL.WEIGHTS must fit the model, and the
@@ -35,12 +37,12 @@ from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
 from lambda_det.cli.interrupts import reporting_interrupts
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import load_config
+from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import (
     Predictor, build_trained_model, check_output_folder, collect_inputs, dataset_image_ids,
     drawing_names, metadata_of, predict_files)
-from lambda_det.utils.atomic import atomic_path, check_writable_folder
+from lambda_det.utils.atomic import atomic_write, check_writable_folder
 
 RESULTS_FILE = "predictions.json"
 
@@ -86,8 +88,9 @@ def predict(args, output: Path) -> int:
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
         files = collect_inputs(args.input)
-        check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE])
         cfg = load_config(args.config_file, config_overrides(args))
+        check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE], reads={
+            "--config": resolve_config_file(args.config_file), "MODEL.WEIGHTS": cfg.MODEL.WEIGHTS})
         check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
         check_writable_folder(output, "--output")
         check_prediction_classes(cfg)
@@ -100,8 +103,7 @@ def predict(args, output: Path) -> int:
     with reporting_user_errors(args.debug):
         results, drawn = predict_files(predictor, files, output, metadata, cfg.INPUT.FORMAT,
                                        known_ids, args.batch_size, overwrite=args.overwrite)
-        with atomic_path(str(output / RESULTS_FILE)) as temporary, open(temporary, "w") as f:
-            json.dump(results, f)
+        atomic_write(output / RESULTS_FILE, json.dumps(results), "--output")
     print(f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
           f"and {len(drawn)} drawn files to {output}")
     return 0

@@ -27,6 +27,7 @@ from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 from lambda_det.utils.setting import Setting, override
+from lambda_det.utils.text import read_text
 
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
            "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
@@ -421,12 +422,16 @@ def load_weights(model, weights: str, require: str = "all") -> None:
 
 
 def last_checkpoint(output_dir: str) -> Optional[str]:
-    """The file name ``output_dir/last_checkpoint`` points at, or None without one."""
+    """The file name ``output_dir/last_checkpoint`` points at, or None without one.
+
+    Raises:
+        NotTextError: last_checkpoint is not text.
+    """
     path = os.path.join(output_dir, "last_checkpoint")
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        return f.read().strip()
+    return read_text(path, "write the name of one of the run's checkpoints (model_*.pth) into "
+                           "it, or pass another OUTPUT_DIR").strip()
 
 
 def checkpoint_to_resume(output_dir: str) -> Optional[str]:

@@ -97,6 +97,12 @@ def parse_command_line(parser: argparse.ArgumentParser,
                            if word.split("=", 1)[0] in parser._option_string_actions), None)
             if option is None:
                 break
+            if option == 0:  # right after a tool's positionals, which argparse ended opts at
+                action = parser._option_string_actions[opts[0].split("=", 1)[0]]
+                taken = 1 + (action.nargs if isinstance(action.nargs, int) else
+                             int(action.nargs is None and "=" not in opts[0]))
+                argv = opts[:taken] + argv[:len(argv) - len(opts)] + opts[taken:]
+                continue
             overrides += opts[:option]
             argv = argv[:len(argv) - len(opts)] + opts[option:]
     finally:

@@ -71,7 +71,7 @@ from lambda_det.data.mapper import build_mapper
 from lambda_det.inference import metadata_of
 from lambda_det.layers import LambdaLayer
 from lambda_det.export._torch_export import export_friendly_detectron2
-from lambda_det.utils.atomic import atomic_path
+from lambda_det.utils.atomic import atomic_path, check_output_file
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "sample_image", "eager_outputs", "check_export_output", "metadata_path",
@@ -314,10 +314,13 @@ def metadata_path(output: PathLike) -> Path:
     return Path(f"{os.fspath(output)}.json")
 
 
-def check_export_output(output: PathLike, weights: str, overwrite: bool) -> None:
-    """Refuse an export path that would lose a file: never the checkpoint being exported
-    (``weights``, compared as files: ``os.path.samefile`` sees through links and spellings), and
-    another existing file only with ``overwrite``. The same for its :func:`metadata_path`.
+def check_export_output(output: PathLike, reads: Mapping[str, Optional[str]],
+                        overwrite: bool) -> None:
+    """Refuse an export path that would lose a file (the output rule,
+    :func:`~lambda_det.utils.atomic.check_output_file`): never a file the export reads
+    (``reads``: e.g. "MODEL.WEIGHTS" -> the checkpoint, "--config" -> the config; compared as
+    files, through links and spellings), another existing file only with ``overwrite``. The
+    same for its :func:`metadata_path`.
 
     Raises:
         IsADirectoryError: ``output`` (or its metadata path) is a folder.
@@ -329,14 +332,7 @@ def check_export_output(output: PathLike, weights: str, overwrite: bool) -> None
         if os.path.isdir(path):
             raise IsADirectoryError(f"{what} is a folder: pass another file path, e.g. "
                                     f"{os.path.join(output, 'model.ts')!r}")
-        if not os.path.exists(path):
-            continue
-        if os.path.isfile(weights) and os.path.samefile(path, weights):
-            raise FileExistsError(f"{what} is MODEL.WEIGHTS, the checkpoint being exported: pass "
-                                  f"another --output")
-        if not overwrite:
-            raise FileExistsError(f"{what} exists: pass another --output, or --overwrite to "
-                                  f"replace it")
+        check_output_file(path, overwrite, reads, "--output", what)
 
 
 def class_table(metadata, num_classes: int) -> List[dict]:

@@ -310,6 +310,23 @@ def test_a_last_checkpoint_that_names_no_checkpoint_is_named(tmp_path, problem):
     assert checkpoint_to_resume(str(folder)) == str(folder / "model_0000000.pth")
 
 
+@pytest.mark.parametrize("tool", ["checkpoint_to_resume", pytest.param(
+    "train_net", marks=[pytest.mark.slow, pytest.mark.e2e])])
+def test_a_binary_last_checkpoint_is_named(tool, tmp_path, capsys, request):
+    folder = broken_pointer(tmp_path / "run", "missing")
+    (folder / "last_checkpoint").write_bytes(b"\x80\x04 a pickle, not a file name")
+    if tool == "checkpoint_to_resume":
+        with pytest.raises(ValueError, match=f"'{folder / 'last_checkpoint'}' is not utf-8 text "
+                                             f"\\(byte 0 is 0x80.*write the name of one of "
+                                             f"the run's checkpoints"):
+            checkpoint_to_resume(str(folder))
+        return
+    request.getfixturevalue("shapes")  # train_net checks its datasets first
+    status, stderr = exit_status(load_tool("train_net").main, [
+        "--resume", "--config-file", CONFIG, *TINY, "OUTPUT_DIR", folder], capsys)
+    assert_one_line_error(status, stderr, f"'{folder / 'last_checkpoint'}' is not utf-8 text")
+
+
 @pytest.mark.parametrize("problem", [
     "missing", pytest.param("empty", marks=pytest.mark.slow),
     pytest.param("folder", marks=pytest.mark.slow)])
