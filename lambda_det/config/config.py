@@ -277,9 +277,6 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
         raise FileNotFoundError(f"{where} does not exist or is not a readable file"
                                 + (" (a relative _BASE_ is relative to the file naming it)"
                                    if chain else "")) from None
-    except UnicodeDecodeError:
-        raise ConfigFileError(f"{where} is not a text file (not UTF-8): a config is a yaml "
-                              f"mapping of KEY: value") from None
     if data is None:
         raise ConfigFileError(f"{where} is empty: a config is a yaml mapping of KEY: value")
     if not isinstance(data, dict):
