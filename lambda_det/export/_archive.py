@@ -9,11 +9,13 @@ refuses an archive whose loading could run code from it. It follows the layout t
 ``package_pt2`` and ``load_pt2``; ``torch/_export/serde/serialize.py``):
 
 * the program ``models/model.json`` and the configs of weights and constants are JSON, and
-  ``extra/*`` is text. torch evaluates two kinds of strings of the program as Python: each
-  ``expr_str`` (``sympy.sympify``, an ``eval``, while loading) and each ``guards_code`` entry
-  (``exec``, by ``ExportedProgram.module()``). Each must be an expression of the kind torch
-  writes (:func:`_check_expression`): sympy constructors of numbers and size symbols; arithmetic
-  and comparisons of the input's sizes.
+  ``extra/*`` is text. Strings of the program become Python code: each ``expr_str`` is
+  evaluated (``sympy.sympify``, an ``eval``, while loading), each ``guards_code`` entry run
+  (``exec``, by ``ExportedProgram.module()``), and the names of inputs, nodes and attributes are
+  written into the source of the program's ``forward`` (torch.fx), run while loading. Each
+  expression must be of the kind torch writes (:func:`_check_expression`: sympy constructors of
+  numbers and size symbols; arithmetic and comparisons of the input's sizes), and every other
+  string a dotted name, but for the free text torch only keeps (:data:`TEXT_KEYS`).
 * a weight or constant marked ``use_pickle: false`` is raw storage bytes, read as such and never
   unpickled, whatever its first bytes;
 * one marked ``use_pickle: true``, and ``data/sample_inputs/model.pt`` (empty in lambda_det's
@@ -34,7 +36,7 @@ import io
 import json
 import re
 import zipfile
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Tuple
 
 import sympy
 import torch
@@ -214,19 +216,30 @@ def _check_expression(text, guard: bool, path: str) -> None:
                             f"torch would run as Python code")
 
 
-def _expressions(tree) -> Iterator:
-    """Every value under an "expr_str" key of the program's JSON."""
-    stack = [tree]
+# The program's strings that torch keeps as data (messages, stack traces, module paths, pytree
+# specs parsed as JSON), not as code. Strings under every other key must be _NAME.
+TEXT_KEYS = {"as_string", "as_strings", "stack_trace", "nn_module_stack", "torch_fn",
+             "torch_version", "in_spec", "out_spec"}
+_NAME = re.compile(r"([A-Za-z_][\w.]*)?")
+
+
+def _check_program(program, path: str) -> None:
+    """The strings of the program (its JSON) that torch turns into code: expressions and names."""
+    stack = [("", program)]
     while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            for key, value in item.items():
-                if key == "expr_str":
-                    yield value
-                else:
-                    stack.append(value)
-        elif isinstance(item, list):
-            stack.extend(item)
+        key, value = stack.pop()
+        if key == "expr_str":
+            _check_expression(value, False, path)
+        elif key == "guards_code":
+            for text in value if isinstance(value, list) else [value]:
+                _check_expression(text, True, path)
+        elif isinstance(value, dict):
+            stack.extend(value.items())
+        elif isinstance(value, list):
+            stack.extend((key, item) for item in value)
+        elif isinstance(value, str) and key not in TEXT_KEYS and not _NAME.fullmatch(value):
+            raise _refuse(path, f"its {MODEL} has the {key} {value[:80]!r}, not a name (torch "
+                                f"writes names into Python code that it runs)")
 
 
 def check_archive(data: bytes, path: str) -> None:
@@ -262,13 +275,9 @@ def check_archive(data: bytes, path: str) -> None:
                              f"refusing to load it ({EXPORT_AGAIN})")
     try:
         program = json.loads(reader.read_string(MODEL))
-        guards = program.get("guards_code") or []
-    except (ValueError, AttributeError):
-        raise _refuse(path, f"its {MODEL} is not a JSON object") from None
-    for text in guards if isinstance(guards, list) else [guards]:
-        _check_expression(text, True, path)
-    for text in _expressions(program):
-        _check_expression(text, False, path)
+    except ValueError:
+        raise _refuse(path, f"its {MODEL} is not JSON") from None
+    _check_program(program, path)
 
 
 def load_program(path: str) -> Tuple[torch.export.ExportedProgram, Dict[str, str]]:

@@ -3,8 +3,9 @@ raw weights whatever their first bytes, and never code from the file.
 
 A tiny detector-shaped model is exported once per module (export_model, torch_export) with
 weights whose raw bytes begin like pickles and zips; crafted archives are copies of that file
-with members rewritten. Each crafted payload has its negative control: plain
-``torch.export.load`` of the same archive runs it (the marker file appears).
+with members rewritten (the tests that read it are marked slow: the export takes seconds).
+Each crafted payload has its negative control: plain ``torch.export.load`` of the same archive
+runs it (the marker file appears).
 """
 import contextlib
 import io
@@ -184,10 +185,11 @@ def test_opaque_constants_are_refused(exported, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("where", ["guards_code", "expr_str"])
+@pytest.mark.parametrize("where", ["guards_code", "expr_str", "name"])
 def test_program_strings_that_torch_evaluates_are_checked(where, exported, tmp_path):
     """guards_code is exec'd by ExportedProgram.module() (and run by the module), expr_str
-    sympify'd (eval) at load."""
+    sympify'd (eval) at load, and the input's name written into forward's source (torch.fx):
+    image=<code> is a default value, evaluated at load."""
     marker = tmp_path / "code_ran"
     code = f"__import__('pathlib').Path({str(marker)!r}).touch() is None"
     program = json.loads(read_members(exported)["models/model.json"])
@@ -198,14 +200,20 @@ def test_program_strings_that_torch_evaluates_are_checked(where, exported, tmp_p
         buffer = io.BytesIO()
         torch.save(((torch.zeros(3, 8, 8, dtype=torch.uint8),), {}), buffer)
         changes["data/sample_inputs/model.pt"] = buffer.getvalue()
-    else:
+    elif where == "expr_str":
         text = json.dumps(program)
         symbol = "Symbol('s62', positive=True, integer=True)"
         assert symbol in text
         program = json.loads(text.replace(symbol, code, 1))
+    else:
+        text = json.dumps(program)
+        assert '"image"' in text
+        program = json.loads(text.replace('"image"', json.dumps(f"image={code}")))
     changes["models/model.json"] = json.dumps(program).encode()
     crafted = rewrite(exported, tmp_path / "model.pt2", changes)
-    with pytest.raises(ValueError, match=f"its {where}.* is not an expression of sizes"):
+    message = r"has the \w+ .* not a name" if where == "name" else \
+        f"its {where} .* is not an expression of sizes"
+    with pytest.raises(ValueError, match=message):
         ExportedModel(crafted)
     assert not marker.exists()
     assert torch_export_load_runs_code(crafted, marker)
@@ -231,6 +239,7 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(LAYOUTS))
 def test_unknown_layouts_are_refused(case, exported, tmp_path):
     changes, message = LAYOUTS[case]
