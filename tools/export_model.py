@@ -112,7 +112,8 @@ def main(argv=None) -> int:
           f"{', '.join(traced.output_names)}")
 
     try:
-        exported = ExportedModel(output)
+        with reporting_user_errors(args.debug):  # the written file refused on reading it back
+            exported = ExportedModel(output)
     except ImportError as error:
         print(f"not verified: {error}")
         return 0
