@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.checkpoint import checkpoint_to_resume, last_checkpoint
+from lambda_det.cli.checks import check_model
 from lambda_det.cli.interrupts import run_child
 from lambda_det.config import config_differences, get_cfg, load_config, resolve_config_file
 from lambda_det.data.coco import coco_dataset_overrides
@@ -136,7 +137,7 @@ def parse_variant(spec: str) -> Variant:
 def count_parameters(cfg) -> Dict[str, int]:
     """Parameters of the model and of its image network (the ResNet without FPN), counted on a
     model built on the meta device (no memory, no random numbers)."""
-    from lambda_det.cli.train_net import check_model
+    from lambda_det.cli.checks import check_model
 
     model = check_model(cfg)
     backbone = getattr(model.backbone, "bottom_up", model.backbone)

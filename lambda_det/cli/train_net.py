@@ -12,11 +12,8 @@ its traceback.
 """
 import argparse
 import copy
-import functools
-import logging
 import os
 import sys
-import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
@@ -25,7 +22,6 @@ from torch import nn
 from torch.multiprocessing import ProcessExitedException
 from detectron2.config import instantiate
 from detectron2.engine import default_argument_parser
-from detectron2.modeling import build_model
 from detectron2.utils import comm
 from lambda_det.checkpoint import (
     AtomicCheckpointer, check_weights, checkpoint_to_resume, evaluation_weights, last_checkpoint,
@@ -33,14 +29,14 @@ from lambda_det.checkpoint import (
 from lambda_det.cli.arguments import (
     USAGE_ERROR_STATUS, add_coco_dataset_argument, add_debug_argument, parse_command_line,
     reporting_user_errors)
+from lambda_det.cli.checks import check_weights_fit, load_run_config, meta_yaml_model
 from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command
 from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.compat import quiet_detectron2_warnings
-from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
 from lambda_det.data.checks import check_run_datasets
-from lambda_det.data.coco import coco_dataset_overrides, register_coco_triples
+from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine import lazy_training, preflight
 from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
@@ -49,14 +45,19 @@ from lambda_det.engine.preflight import (
 from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_run_settings
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
-from lambda_det.utils.setting import Setting
 
 __all__ = ["ConfigSystem", "YAML_CONFIGS", "LAZY_CONFIGS", "argument_parser", "main",
-           "lazyconfig_main", "load_run_config", "load_lazy_run_config", "scale_yaml_to_world_size", "launch_checked", "check_model",
-           "check_config_before_launch", "check_weights_fit", "check_device", "plan_evaluation",
-           "Evaluation", "prepare_training_output_dir", "interrupted_line"]
+           "load_lazy_run_config", "scale_yaml_to_world_size", "launch_checked",
+           "check_config_before_launch", "plan_evaluation", "Evaluation",
+           "prepare_training_output_dir", "interrupted_line"]
 
 INTERRUPTED_STATUSES = tuple(128 + signum for signum in SIGNALS)  # 130, 143
+
+
+class Evaluation(NamedTuple):
+    """Where an ``--eval-only`` run writes and what it evaluates (see :func:`plan_evaluation`)."""
+    output_dir: str
+    weights: str
 
 
 class ConfigSystem(NamedTuple):
@@ -68,7 +69,9 @@ class ConfigSystem(NamedTuple):
     settings: Callable[[Any], RunSettings]  # what the run reads, with its keys
     scale: Callable[[Any, int], Any]  # the config for a number of processes
     build_model: Callable[[Any], nn.Module]  # the model (built under a device context)
-    run: Callable[[argparse.Namespace], Any]  # what every process runs
+    # What every process runs: (args, the --eval-only plan or None, the config when the
+    # process that loaded it runs it, else None).
+    run: Callable[[argparse.Namespace, Optional[Evaluation], Any], Any]
     tool: str = "tools/train_net.py"  # the script, for the command that resumes a run
 
 
@@ -91,13 +94,16 @@ def argument_parser(output_dir: str = "OUTPUT_DIR",
     return parser
 
 
-def run(args: argparse.Namespace):
-    """What every process of tools/train_net.py runs (detectron2's ``main(args)``)."""
+def run(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=None):
+    """What every process of tools/train_net.py runs (detectron2's ``main(args)``):
+    ``evaluation``, where an ``--eval-only`` run writes and what it loads (decided before
+    launch: :func:`plan_evaluation`); ``cfg``, the config as :func:`main` loaded it, when this
+    is the process that loaded it (None: load it)."""
     quiet_detectron2_warnings()
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
-            cfg = setup_cfg(args)
+            cfg = setup_cfg(args, evaluation, cfg)
             output_dir.append(cfg.OUTPUT_DIR)
             if args.eval_only:
                 model = Trainer.build_model(cfg)
@@ -112,15 +118,15 @@ def run(args: argparse.Namespace):
             return trainer.train()
 
 
-def run_lazy(args: argparse.Namespace):
-    """What every process of tools/lazyconfig_train_net.py runs."""
+def run_lazy(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=None):
+    """What every process of tools/lazyconfig_train_net.py runs (arguments as :func:`run`)."""
     quiet_detectron2_warnings()
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
-            register_coco_triples(args.coco_dataset, source="--coco-dataset")
-            cfg = load_lazy_config(args.config_file, args.opts)
-            evaluation = getattr(args, "evaluation", None)  # set before launch: plan_evaluation
+            if cfg is None:
+                register_coco_triples(args.coco_dataset, source="--coco-dataset")
+                cfg = load_lazy_config(args.config_file, args.opts)
             if evaluation is not None:
                 cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
             output_dir.append(cfg.train.output_dir)
@@ -160,49 +166,17 @@ def interrupted_line(interrupt: Interrupted, args: argparse.Namespace,
     return f"{stopped} before the run's first checkpoint: start again with: {restart}"
 
 
-def check_model(cfg) -> nn.Module:
-    """The model of a yaml config built on the meta device: the backbone's and heads' checks
-    of the config (depth, placement, scope, norms, features) in a fraction of a second, with
-    no memory and no random numbers drawn."""
-    with torch.device("meta"):
-        return _meta_yaml_model(cfg)
-
-
-def check_device(cfg, key: str = "MODEL.DEVICE") -> None:
-    """``cfg.MODEL.DEVICE`` names a device that this machine has, for the tools that run one
-    process (predict, export, the demo's pictures); ``key``: where the user set it, for the
-    message (:func:`lambda_det.engine.preflight.check_device`)."""
-    preflight.check_device(Setting(key, cfg.MODEL.DEVICE), num_gpus=1)
-
-
-def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
-    """Read ``weights`` as the run will (safely) and check that it fits ``model`` (a meta-device
-    model: nothing is copied), quietly: the run itself logs what it loads."""
-    checkpointer = AtomicCheckpointer(model, require=require)
-    checkpointer.logger = logging.getLogger("lambda_det.cli.train_net.preflight")
-    checkpointer.logger.disabled = True
-    with warnings.catch_warnings():  # "copying ... to a meta parameter ... is a no-op"
-        warnings.simplefilter("ignore", UserWarning)
-        checkpointer.load(weights, checkpointables=[])
-
-
-class Evaluation(NamedTuple):
-    """Where an ``--eval-only`` run writes and what it evaluates (see :func:`plan_evaluation`)."""
-    output_dir: str
-    weights: str
-
-
-def plan_evaluation(args: argparse.Namespace, output_dir: str, weights: str) -> None:
+def plan_evaluation(output_dir: str, weights: str) -> Evaluation:
     """Decide once, before any process starts, where ``--eval-only`` writes: ``output_dir``, or
     a new ``output_dir/eval_<date-time>/`` when it holds a run (:func:`evaluation_output_dir`),
     so that the evaluation replaces none of the run's files. The weights are resolved here, while
-    ``output_dir``'s last_checkpoint is in sight. Every process reads ``args.evaluation``
-    (tools/train_net.py and tools/lazyconfig_train_net.py set their config from it)."""
+    ``output_dir``'s last_checkpoint is in sight. Every process gets the plan as an argument
+    (:func:`run`, :func:`run_lazy`), and sets its config from it."""
     folder = evaluation_output_dir(output_dir)
     if folder != output_dir:
         print(f"--eval-only: {output_dir} holds a run, which this evaluation leaves as it is: "
               f"it writes into {folder} (weights {weights})", flush=True)
-    args.evaluation = Evaluation(folder, weights)
+    return Evaluation(folder, weights)
 
 
 def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, cfg,
@@ -236,17 +210,18 @@ def prepare_training_output_dir(args: argparse.Namespace, output_dir: str,
               f"run starts at iteration 0 with files of its own", flush=True)
 
 
-def check_before_launch(args: argparse.Namespace, run: RunSettings, model: nn.Module) -> None:
+def check_before_launch(args: argparse.Namespace, run: RunSettings,
+                        model: nn.Module) -> Optional[Evaluation]:
     """What the run reads, checked once before any process starts and before the output folder
     is written (the lock is already held): a mistake found later would leave a log or a config
-    dump in it, or surface hours later at the final evaluation."""
+    dump in it, or surface hours later at the final evaluation. Returns the plan of an
+    ``--eval-only`` run (:func:`plan_evaluation`), None for training."""
     output_dir, weights = run.output_dir, run.training.weights
     if args.eval_only:
         check_run_datasets(run.data, training=False)
         evaluated = evaluation_weights(output_dir, weights, resume=args.resume)
         check_weights_fit(model, evaluated, require="all")
-        plan_evaluation(args, output_dir.value, evaluated)
-        return
+        return plan_evaluation(output_dir.value, evaluated)
     check_run_datasets(run.data)
     latest = checkpoint_to_resume(output_dir.value) if args.resume else None
     if latest is not None:  # as the trainer's resume_or_load will load it
@@ -255,18 +230,7 @@ def check_before_launch(args: argparse.Namespace, run: RunSettings, model: nn.Mo
         check_weights(weights.value, weights.key)
         check_weights_fit(model, weights.value, require="backbone")
     prepare_training_output_dir(args, output_dir.value, key=output_dir.key)
-
-
-def load_run_config(args: argparse.Namespace):
-    """The config of ``--config-file`` and the trailing overrides (``args.opts``), with the
-    ``--coco-dataset`` triples added to ``DATASETS.COCO_INSTANCES`` as an override in
-    ``args.opts``, so that every process registers them."""
-    cfg = load_config(args.config_file, args.opts)
-    if args.coco_dataset:
-        args.opts = [*args.opts, *coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES,
-                                                         args.coco_dataset)]
-        cfg = load_config(args.config_file, args.opts)
-    return cfg
+    return None
 
 
 def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
@@ -292,20 +256,12 @@ def scale_yaml_to_world_size(cfg, world_size: int):
     return Trainer.auto_scale_workers(cfg, world_size)
 
 
-def _meta_yaml_model(cfg) -> nn.Module:
-    """detectron2's ``build_model`` with MODEL.DEVICE meta (under a meta device context)."""
-    meta = cfg.clone()
-    meta.defrost()
-    meta.MODEL.DEVICE = "meta"
-    return build_model(meta)
-
-
 YAML_CONFIGS = ConfigSystem(
     description="Train or evaluate a yaml config (configs/).",
     output_dir_key="OUTPUT_DIR",
     datasets_help="DATASETS.TRAIN / TEST (the run's config keeps it in DATASETS.COCO_INSTANCES)",
     load=load_run_config, settings=yaml_run_settings, scale=scale_yaml_to_world_size,
-    build_model=_meta_yaml_model, run=run)
+    build_model=meta_yaml_model, run=run)
 
 LAZY_CONFIGS = ConfigSystem(
     description="Train or evaluate a LazyConfig recipe (configs/LazyConfigs/).",
@@ -339,30 +295,30 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
         cpu = torch.device(run.device.value).type == "cpu"
         return launch_checked(system.run, args, run.output_dir.value,
                               lambda: check_before_launch(args, run, model), cpu=cpu,
-                              output_dir_key=run.output_dir.key)
-
-
-lazyconfig_main = functools.partial(main, system=LAZY_CONFIGS)
+                              output_dir_key=run.output_dir.key, cfg=cfg)
 
 
 def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
-                   check: Callable[[], None], cpu: bool,
-                   output_dir_key: str = "OUTPUT_DIR") -> int:
+                   check: Callable[[], Optional[Evaluation]], cpu: bool,
+                   output_dir_key: str = "OUTPUT_DIR", cfg=None) -> int:
     """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
-    that the folder can be written), run ``check``, then ``run_function(args)`` in every
-    process (on the CPU, ``--num-gpus N`` starts N gloo processes: detectron2's launch needs
-    CUDA). Returns the exit status: 2 when a check or a
-    worker reported a user error, 130 / 143 when SIGINT / SIGTERM stopped the workers.
-    ``output_dir_key`` names the folder in errors."""
+    that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg)``
+    in every process, ``evaluation`` being what ``check`` returned (on the CPU, ``--num-gpus N``
+    starts N gloo processes: detectron2's launch needs CUDA). ``cfg``, the config this process
+    loaded, goes to a run in this process (one process in all); started processes load their
+    own. Returns the exit status: 2 when a check or a worker reported a user error, 130 / 143
+    when SIGINT / SIGTERM stopped the workers. ``output_dir_key`` names the folder in errors."""
     lock = None
     with reporting_user_errors(args.debug):
         if args.machine_rank == 0:
             lock = OutputDirLock(output_dir, key=output_dir_key).acquire()
     try:
         with reporting_user_errors(args.debug):
-            check()
+            evaluation = check()
+        in_this_process = args.num_gpus * args.num_machines == 1  # as launch decides
         launch(run_function, args.num_gpus, num_machines=args.num_machines,
-               machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,), cpu=cpu)
+               machine_rank=args.machine_rank, dist_url=args.dist_url, cpu=cpu,
+               args=(args, evaluation, cfg if in_this_process else None))
     except ProcessExitedException as error:  # a worker reported a user error or an interrupt
         if error.exit_code not in (USAGE_ERROR_STATUS, *INTERRUPTED_STATUSES):
             raise

@@ -7,7 +7,7 @@ import logging
 import os
 import weakref
 from collections import OrderedDict
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from detectron2.config import CfgNode
@@ -39,17 +39,18 @@ __all__ = ["Trainer", "setup_cfg", "plain_default_setup", "build_step_trainer",
 logger = logging.getLogger(__name__)
 
 
-def setup_cfg(args: argparse.Namespace) -> CfgNode:
+def setup_cfg(args: argparse.Namespace, evaluation: Optional[Tuple[str, str]] = None,
+              cfg: Optional[CfgNode] = None) -> CfgNode:
     """The frozen config of ``--config-file`` and trailing overrides
-    (:func:`lambda_det.config.load_config`), with detectron2's ``default_setup`` (logging, seeds,
-    the config dumped to OUTPUT_DIR). An ``--eval-only`` run takes OUTPUT_DIR and MODEL.WEIGHTS
-    from ``args.evaluation`` when the launching process set it
-    (:func:`lambda_det.cli.train_net.plan_evaluation`)."""
+    (:func:`lambda_det.config.load_config`; ``cfg``: that config when this process has loaded
+    it already), with detectron2's ``default_setup`` (logging, seeds, the config dumped to
+    OUTPUT_DIR). ``evaluation``: the (OUTPUT_DIR, MODEL.WEIGHTS) of an ``--eval-only`` run, as
+    the launching process decided them (:func:`lambda_det.cli.train_net.plan_evaluation`)."""
     args.config_file = resolve_config_file(args.config_file) if args.config_file else ""
-    cfg = load_config(args.config_file, args.opts, freeze=False)
-    evaluation = getattr(args, "evaluation", None)
+    cfg = load_config(args.config_file, args.opts, freeze=False) if cfg is None else cfg.clone()
+    cfg.defrost()
     if evaluation is not None:
-        cfg.OUTPUT_DIR, cfg.MODEL.WEIGHTS = evaluation.output_dir, evaluation.weights
+        cfg.OUTPUT_DIR, cfg.MODEL.WEIGHTS = evaluation
     cfg.freeze()
     plain_default_setup(cfg, args)
     return cfg
