@@ -121,7 +121,9 @@ def tiny_detection_batch(sizes=((64, 96), (96, 64)), with_sem_seg: bool = False)
 
 
 def load_tool(name: str) -> ModuleType:
-    """A script of tools/ (e.g. "benchmark_lambda"), imported as a module to call its functions."""
+    """A stdlib-only script of tools/ (build_detectron2, detectron2_C_stub: they run before
+    lambda_det is installed), imported by path to call its functions; the other tools are the
+    modules lambda_det.cli.<name>."""
     spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "tools" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from conftest import load_tool
 from lambda_det import layers
 from lambda_det.benchmark import candidates as zoo
+from lambda_det.cli import benchmark_lambda, count_kernels
 
 
 def load_benchmark_tool():
-    return load_tool("benchmark_lambda")
+    return benchmark_lambda
 
 
 def test_layer_sizes_are_the_layers_defaults():
@@ -107,7 +107,7 @@ def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
 
 @pytest.mark.e2e
 def test_count_kernels_counts_compute_ops_not_views():
-    tool = load_tool("count_kernels")
+    tool = count_kernels
     layer = layers.LambdaLayer(8, heads=2, dim_k=4, scope=3, impl="conv")
     x = torch.randn(1, 8, 5, 5, requires_grad=True)
     forward, backward, names = tool.count_kernels(layer, x)

@@ -7,9 +7,10 @@ import torch
 
 import lambda_det.data  # noqa: F401
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
-from conftest import CONFIGS, load_tool
+from conftest import CONFIGS
 from detectron2.engine import DefaultTrainer
 from detectron2.modeling import build_model
+from lambda_det.cli import demo
 from lambda_det.config import adapt_norms_to_device, resolve_config_file
 from lambda_det.config.lazy import load_lazy_config
 
@@ -156,7 +157,6 @@ def test_cpu_runs_replace_syncbn():
 
 
 def test_demo_names_the_config_differences_of_a_finished_run():
-    demo = load_tool("demo")
     saved = "SEED: 0\nMODEL:\n  DEVICE: cpu\n  WEIGHTS: ''\n"
     assert demo.config_differences(saved, saved) == []
     wanted = "SEED: 1\nMODEL:\n  DEVICE: cpu\n  WEIGHTS: ''\n  NEW: 2\n"

@@ -1,6 +1,7 @@
 """Users' config files: a yaml config (or a base it names, or a saved run's config) runs no code
 in any tool, and a malformed one (a _BASE_ loop, an empty file, a list) is one error line that
 names the file."""
+import importlib
 import json
 from pathlib import Path
 
@@ -8,8 +9,9 @@ import pytest
 import yaml
 
 import lambda_det.data
-from conftest import CONFIGS, load_tool
+from conftest import CONFIGS
 from detectron2.config import get_cfg as get_detectron2_cfg
+from lambda_det.cli import train_net
 from lambda_det.config import ConfigFileError, config_differences, get_cfg, load_config
 from lambda_det.model_zoo import get_config
 
@@ -43,9 +45,9 @@ def assert_one_error_line(capsys, *fragments: str) -> str:
 
 
 def run_tool(name: str, argv, capsys, *fragments: str) -> str:
-    """``tools/<name>.py``'s main(argv) in this process: exit status 2 and one error line."""
+    """``lambda_det.cli.<name>``'s main(argv) in this process: exit status 2 and one error line."""
     with pytest.raises(SystemExit) as exit_info:
-        load_tool(name).main([str(arg) for arg in argv])
+        importlib.import_module(f"lambda_det.cli.{name}").main([str(arg) for arg in argv])
     assert exit_info.value.code == 2
     return assert_one_error_line(capsys, *fragments)
 
@@ -233,7 +235,7 @@ def test_a_malformed_config_is_one_line_naming_the_file(case, tmp_path, capsys):
 def test_debug_keeps_the_traceback(tmp_path):
     (tmp_path / "self.yaml").write_text("_BASE_: self.yaml\n")
     with pytest.raises(ConfigFileError, match="is a loop"):
-        load_tool("train_net").main(["--config-file", str(tmp_path / "self.yaml"), "--debug"])
+        train_net.main(["--config-file", str(tmp_path / "self.yaml"), "--debug"])
 
 
 def test_shared_bases_and_a_base_named_twice_are_no_loop(tmp_path):

@@ -12,13 +12,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
+from conftest import CONFIGS, REPO_ROOT, subprocess_env
 from PIL import Image
 import lambda_det
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
-from lambda_det.cli.train_net import lazyconfig_main
+from lambda_det.cli import check_dataset, lazyconfig_train_net, train_net
 from lambda_det.config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
 from lambda_det.data.checks import (
@@ -263,7 +263,7 @@ def test_check_dataset_tool_names_a_repeated_image_id(tmp_path, register, capsys
               str(tmp_path / "images")]
     register(triple)  # removed after the test
     with pytest.raises(SystemExit) as caught:
-        load_tool("check_dataset").main(["--coco-dataset", *triple, triple[0]])
+        check_dataset.main(["--coco-dataset", *triple, triple[0]])
     assert caught.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
         f"error: dataset 'lambda_det_test_tool_ids' (annotation file {triple[1]}): image id 2 "
@@ -304,7 +304,7 @@ def test_eval_only_refuses_a_nan_box_in_its_test_set_before_it_starts(tmp_path, 
     register(triple)  # removed after the test
     output_dir = tmp_path / "eval"
     with pytest.raises(SystemExit) as caught:
-        load_tool("train_net").main([
+        train_net.main([
             "--config", "lambda_r26_shapes", "--eval-only", "--coco-dataset", *triple,
             *TINY_ARGS, "MODEL.ROI_HEADS.NUM_CLASSES", "2",
             "DATASETS.TEST", "('lambda_det_test_eval',)",
@@ -327,7 +327,7 @@ def test_lazyconfig_tool_checks_its_test_set_boxes(tmp_path, register, capsys):
                 str(tmp_path / "test/images")]]
     register(*triples)
     with pytest.raises(SystemExit) as caught:
-        lazyconfig_main(["--config", "lambda_r26_shapes",
+        lazyconfig_train_net.main(["--config", "lambda_r26_shapes",
                          *[item for triple in triples for item in ("--coco-dataset", *triple)],
                          "dataloader.train.dataset.names=[lambda_det_test_lazy_train]",
                          "dataloader.test.dataset.names=lambda_det_test_lazy_test",
@@ -351,7 +351,7 @@ def test_check_dataset_with_a_config_requires_what_training_requires(tmp_path, r
            "DATASETS.TEST", "()"]
     missing = (f"dataset '{triple[0]}', image id 1 ({tmp_path}/images/001.png), annotation 1 of "
                f"1 has no 'segmentation': add it, or train without masks (MODEL.MASK_ON False)")
-    tool = load_tool("check_dataset")
+    tool = check_dataset
     with pytest.raises(SystemExit) as caught:
         tool.main(run)  # the demo trains masks
     assert caught.value.code == 2
@@ -559,7 +559,7 @@ def test_an_image_that_fails_to_decode_during_training_is_named(tmp_path, regist
 @pytest.mark.e2e
 def test_check_dataset_tool_reports_the_rate_or_one_error(tmp_path, register, capsys):
     write_dataset(tmp_path, count=4, suffix=".jpg")
-    tool = load_tool("check_dataset")
+    tool = check_dataset
     triple = ["lambda_det_test_tool", str(tmp_path / "instances.json"), str(tmp_path / "images")]
     assert tool.main(["--coco-dataset", *triple, "lambda_det_test_tool"]) == 0
     register(triple)  # removed after the test

@@ -1,6 +1,7 @@
 """Every command in the README's bash blocks names a tool that exists, with flags it takes, and a
 config name, keys and values that load; the short ones run."""
 import argparse
+import importlib
 import os
 import shlex
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import pytest
 import torch
 from conftest import (
-    ACTIVATE, COMMANDS, README, REPO_ROOT, bash_commands, bash_commands_of, linked_docs, load_tool,
+    ACTIVATE, COMMANDS, README, REPO_ROOT, bash_commands, bash_commands_of, linked_docs,
     subprocess_env)
 from lambda_det.config import load_config
 
@@ -76,14 +77,10 @@ def test_each_tool_command_parses_and_its_config_loads(command, parse_only, tmp_
     words = shlex.split(command)
     script = REPO_ROOT / words[1]
     assert script.is_file(), words[1]
-    module = load_tool(script.stem)
+    module = importlib.import_module(f"lambda_det.cli.{script.stem}")
     argv = words[2:]
     with pytest.raises(Parsed) as parsed:
-        if script.stem == "train_net":
-            from lambda_det.cli.train_net import main
-            main(argv)
-        else:
-            module.main(argv)
+        module.main(argv)
     args = parsed.value.args[0]
     config = getattr(args, "config_file", None) or getattr(args, "config", None)
     if config is None:
@@ -115,7 +112,7 @@ def test_each_timm_recipe_converts_into_its_config():
     timm = pytest.importorskip("timm")
     from timm.utils import ParseKwargs
     import lambda_det.modeling.timm_models  # noqa: F401
-    from lambda_det.cli.train_net import check_model
+    from lambda_det.cli.checks import check_model
     from lambda_det.modeling.timm_models import convert_classifier_checkpoint
 
     timm_parser = argparse.ArgumentParser()  # the options of timm's train.py read here

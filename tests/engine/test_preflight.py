@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_CONFIG as CONFIG, TINY_OVERRIDES as TINY, load_tool
+from conftest import DEMO_CONFIG as CONFIG, TINY_OVERRIDES as TINY
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
-from lambda_det.cli import train_net as cli
+from lambda_det.cli import lazyconfig_train_net, train_net as cli
+from lambda_det.cli.checks import check_model
 from lambda_det.cli.output_dir import prepare_output_dir
-from lambda_det.cli.train_net import check_model
 from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import preflight
@@ -23,7 +23,6 @@ from lambda_det.engine.preflight import (
 from lambda_det.engine.run_settings import lazy_training_settings, yaml_training_settings
 from lambda_det.layers import LambdaLayer
 
-train_net = load_tool("train_net")
 LAZY_TINY = ["model.backbone.bottom_up.width_multiplier=0.25", "model.backbone.bottom_up.scope=3",
              "dataloader.train.total_batch_size=2", "dataloader.train.num_workers=0",
              "train.max_iter=2", "train.device=cpu"]
@@ -105,7 +104,7 @@ def test_a_bad_setting_stops_train_net_before_output_dir_is_touched(
         case, earlier_run, machine_memory, capsys):
     flags, overrides, fragments = BAD_YAML_INPUTS[case]
     before = snapshot(earlier_run)
-    status = exit_status(train_net.main, ["--config-file", CONFIG, "--resume", *flags, *TINY,
+    status = exit_status(cli.main, ["--config-file", CONFIG, "--resume", *flags, *TINY,
                                           *overrides, "OUTPUT_DIR", str(earlier_run)])
     assert status == 2
     error = one_error_line(capsys)
@@ -117,9 +116,9 @@ def test_a_bad_setting_stops_train_net_before_output_dir_is_touched(
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
     output = tmp_path / "fresh"
-    for tool, argv in ((train_net.main, ["--config-file", CONFIG, *TINY, "MODEL.DEVICE", "cuda",
+    for tool, argv in ((cli.main, ["--config-file", CONFIG, *TINY, "MODEL.DEVICE", "cuda",
                                          "OUTPUT_DIR", str(output)]),
-                       (cli.lazyconfig_main, ["--config", "lambda_r26_shapes", *LAZY_TINY,
+                       (lazyconfig_train_net.main, ["--config", "lambda_r26_shapes", *LAZY_TINY,
                                     "train.device=cuda", f"train.output_dir={output}"])):
         assert exit_status(tool, argv) == 2
         assert "needs a CUDA GPU, and torch finds none" in one_error_line(capsys)
@@ -154,7 +153,7 @@ def test_a_bad_setting_stops_lazyconfig_train_net_before_output_dir_is_touched(
     flags = [item for item in arguments if item.startswith("--") or item.isdigit()]
     overrides = [item for item in arguments if item not in flags]
     output = tmp_path / "fresh"
-    status = exit_status(cli.lazyconfig_main, ["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
+    status = exit_status(lazyconfig_train_net.main, ["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
                                      *overrides, f"train.output_dir={output}"])
     assert status == 2
     error = one_error_line(capsys)
@@ -309,8 +308,8 @@ def test_another_machine_leaves_the_moving_to_machine_0(killed_run):
 
 def _run_tool(tool, flags, folder):
     if tool == "train_net":
-        return train_net.main(["--config-file", CONFIG, *flags, *TINY, "OUTPUT_DIR", str(folder)])
-    return cli.lazyconfig_main(["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
+        return cli.main(["--config-file", CONFIG, *flags, *TINY, "OUTPUT_DIR", str(folder)])
+    return lazyconfig_train_net.main(["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
                                 f"train.output_dir={folder}"])
 
 

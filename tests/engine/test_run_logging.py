@@ -8,9 +8,9 @@ import re
 
 import pytest
 import torch
-from conftest import load_tool
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
+from lambda_det.cli import train_net
 from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import amp
@@ -55,7 +55,7 @@ def test_the_console_shows_the_run_and_log_txt_keeps_everything(tmp_path, shapes
     weights = tmp_path / "backbone.pth"
     backbone, other = backbone_only_weights(weights, load_config("lambda_r26_shapes", TINY))
     assert backbone > 100 and other > 50
-    assert load_tool("train_net").main(["--config", "lambda_r26_shapes", *TINY, "OUTPUT_DIR",
+    assert train_net.main(["--config", "lambda_r26_shapes", *TINY, "OUTPUT_DIR",
                                         str(output), "MODEL.WEIGHTS", str(weights)]) == 0
     console = capsys.readouterr().out
     log = (output / "log.txt").read_text()

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import load_tool
+from lambda_det.cli import ap_table
 from lambda_det.evaluation import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
 
 
@@ -51,9 +51,9 @@ def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
         (tmp_path / run / "out").mkdir(parents=True)
         (tmp_path / run / "out" / "metrics.json").write_text('{"bbox/AP": 1.0}\n')
     with pytest.raises(SystemExit):
-        load_tool("ap_table").main([str(tmp_path / "a" / "out"), str(tmp_path / "b" / "out")])
+        ap_table.main([str(tmp_path / "a" / "out"), str(tmp_path / "b" / "out")])
     assert "two runs are named 'out'" in capsys.readouterr().err
-    assert load_tool("ap_table").main([f"a={tmp_path / 'a' / 'out'}",
+    assert ap_table.main([f"a={tmp_path / 'a' / 'out'}",
                                      f"b={tmp_path / 'b' / 'out'}"]) == 0
 
 
@@ -98,7 +98,7 @@ def test_ap_table_mistakes_are_one_line_naming_the_file(case, tmp_path, capsys):
         results.write_bytes(b"\xff\xfe\x00 a binary file")
         expected += ["is not utf-8 text (byte 0 is 0xff", "pass a run's folder"]
     with pytest.raises(SystemExit) as exit_info:
-        load_tool("ap_table").main(arguments)
+        ap_table.main(arguments)
     assert exit_info.value.code == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("error: "), errors

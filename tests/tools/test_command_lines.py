@@ -4,9 +4,7 @@ its own keys."""
 import cv2
 import numpy as np
 import pytest
-from conftest import load_tool
-from lambda_det.cli.train_net import lazyconfig_main
-from lambda_det.cli import train_net as cli
+from lambda_det.cli import lazyconfig_train_net, predict, train_net as cli
 from lambda_det.cli.output_dir import OutputDirLock, prepare_output_dir
 from lambda_det.config import did_you_mean, load_config
 
@@ -36,20 +34,20 @@ def test_train_net_takes_debug_after_a_misspelt_override(tmp_path):
 
 def test_the_lazy_tool_takes_debug_after_a_misspelt_override():
     with pytest.raises(ValueError, match=r"did you mean train.max_iter\?"):
-        lazyconfig_main(["--config", "lambda_r26_shapes", "train.max_itr=5", "--debug"])
+        lazyconfig_train_net.main(["--config", "lambda_r26_shapes", "train.max_itr=5", "--debug"])
 
 
 def test_predict_takes_its_required_options_after_the_overrides(tmp_path):
     image = tmp_path / "photo.png"
     cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
     with pytest.raises(ValueError, match=r"did you mean MODEL.WEIGHTS\?"):
-        load_tool("predict").main(["--config", SHAPES, "MODEL.WEIGTHS", "x.pth", "--input",
+        predict.main(["--config", SHAPES, "MODEL.WEIGTHS", "x.pth", "--input",
                                    str(image), "--output", str(tmp_path / "out"), "--debug"])
 
 
 def test_a_missing_required_option_is_still_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.parse_command_line(load_tool("predict").argument_parser(),
+        cli.parse_command_line(predict.argument_parser(),
                                ["--config", SHAPES, "--input", "a.png", "SEED", "3"])
     assert exit_info.value.code == 2 and "--output" in capsys.readouterr().err
 
@@ -72,7 +70,7 @@ def test_a_key_unlike_any_gets_no_guess():
 
 def test_the_lazy_tools_help_names_its_own_keys(capsys):
     with pytest.raises(SystemExit):
-        lazyconfig_main(["--help"])
+        lazyconfig_train_net.main(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "train.output_dir" in help_text and "dataloader.train.dataset.names" in help_text
     assert "OUTPUT_DIR" not in help_text and "DATASETS." not in help_text
@@ -98,6 +96,6 @@ def test_the_lazy_tool_names_its_output_folder_key(tmp_path, capsys):
     (tmp_path / "model_0000001.pth").write_bytes(b"")
     (tmp_path / "last_checkpoint").write_text("model_0000001.pth")
     with OutputDirLock(str(tmp_path)), pytest.raises(SystemExit) as exit_info:
-        lazyconfig_main(["--config", "lambda_r26_shapes", f"train.output_dir={tmp_path}"])
+        lazyconfig_train_net.main(["--config", "lambda_r26_shapes", f"train.output_dir={tmp_path}"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: train.output_dir '{tmp_path}' is in use")

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, load_tool, subprocess_env
+from conftest import REPO_ROOT, subprocess_env
+from lambda_det.cli import compare_backbones
 from lambda_det.cli.compare import (
     RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant, plan_comparison,
     run_comparison, train_command, variant_presets)
@@ -300,7 +301,7 @@ def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
 def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datasets_root):
     shapes = datasets_root / "lambda_det_shapes_v1"
     triple = ["OWN_SHAPES", str(shapes / "train.json"), str(shapes / "train")]
-    options, opts = load_tool("compare_backbones").split_overrides(
+    options, opts = compare_backbones.split_overrides(
         ["--config", "lambda_r26_shapes", "--coco-dataset", *triple, "--seeds", "0", "1",
          "DATASETS.TRAIN", "('OWN_SHAPES',)", "DATASETS.TEST", "('OWN_SHAPES',)"])
     assert options == ["--config", "lambda_r26_shapes", "--coco-dataset", *triple,
@@ -403,7 +404,7 @@ def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_one
 def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
     train_net = tmp_path / "train_net.py"
     train_net.write_text("import sys; print('error: bad dataset', file=sys.stderr); sys.exit(2)")
-    compare = load_tool("compare_backbones")
+    compare = compare_backbones
     comparison = plan(tmp_path)
     with pytest.raises(RunFailedError, match=r"conv seed 0 failed \(exit status 2\)"):
         run_comparison(comparison, str(train_net), log=lambda line: None)
@@ -478,7 +479,7 @@ def _ctrl_c_names_the_run(tmp_path, capfd):
 
 
 def test_the_tool_reports_an_interrupted_run_in_one_line(tmp_path, monkeypatch, capsys):
-    compare = load_tool("compare_backbones")
+    compare = compare_backbones
 
     def interrupted(comparison, *args, **kwargs):
         raise RunInterrupted("conv seed 0 in OUT: the same command continues the comparison")
@@ -491,7 +492,7 @@ def test_the_tool_reports_an_interrupted_run_in_one_line(tmp_path, monkeypatch, 
 
 
 def test_overrides_may_follow_list_options():
-    compare = load_tool("compare_backbones")
+    compare = compare_backbones
     assert compare.split_overrides(
         ["--config", "x", "--seeds", "0", "1", "MODEL.DEVICE", "cpu", "--output", "OUT",
          "SOLVER.MAX_ITER", "4", "--variant", "conv", "k8:DIM_K=8"]) == (

@@ -7,20 +7,23 @@ Tests run as root, which ignores file permissions: a read-only folder is one und
 /proc), where even root cannot create files, and a full disk is /dev/full (a file path) or a
 save that raises ``OSError(ENOSPC)``."""
 import errno
+import importlib
 import json
 import pickle
 
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, TINY_OVERRIDES as TINY, load_tool, tiny_model, write_payload
+from conftest import CONFIGS, TINY_OVERRIDES as TINY, tiny_model, write_payload
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.engine.hooks import EvalHook
 from lambda_det.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, checkpoint_to_resume)
 from lambda_det.checkpoint import checkpointer as checkpoint_module
 from lambda_det.checkpoint import load_checkpoint_file, load_weights
-from lambda_det.cli.train_net import check_device
+from lambda_det.cli import (
+    convert_timm_checkpoint, demo, lazyconfig_train_net, predict, train_net)
+from lambda_det.cli.checks import check_device
 from lambda_det.config import load_config
 from lambda_det.engine.trainer import FinalEvalHook, Trainer
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, check_writable_folder
@@ -29,6 +32,11 @@ CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 LAZY_CONFIG = str(CONFIGS / "LazyConfigs/Demo/lambda_r26_shapes.py")
 READ_ONLY = "/sys/lambda_det_test_output"  # even root cannot create it
 ENOSPC = OSError(errno.ENOSPC, "No space left on device")
+
+
+def tool_main(name: str):
+    """The main(argv) of the tool ``name`` (lambda_det.cli.<name>)."""
+    return importlib.import_module(f"lambda_det.cli.{name}").main
 
 
 def exit_status(main, argv, capsys):
@@ -198,7 +206,6 @@ def test_a_full_disk_stops_training_without_a_final_evaluation(tmp_path, monkeyp
     """Iteration 0's checkpoint is saved, then the disk is full: the run stops at iteration 1
     with one line, last_checkpoint still names iteration 0's file and no evaluation ran; with
     space again, --resume finishes the run and evaluates it."""
-    train_net = load_tool("train_net")
     output = tmp_path / "run"
     evaluations = []
     monkeypatch.setattr(Trainer, "test", classmethod(lambda cls, cfg, model: evaluations.append(
@@ -259,7 +266,7 @@ TOOLS = [
 @pytest.mark.parametrize("tool", TOOLS)
 def test_a_read_only_output_folder_is_one_line(tool, tmp_path, capsys):
     argv, option = tool_runs(tmp_path, READ_ONLY)[tool]
-    status, stderr = exit_status(load_tool(tool).main, argv, capsys)
+    status, stderr = exit_status(tool_main(tool), argv, capsys)
     assert_one_line_error(status, stderr, f"cannot write '{READ_ONLY}'", "Operation not "
                           "permitted", f"pass {option} in a folder you can write to")
 
@@ -275,7 +282,7 @@ def test_a_full_output_disk_is_one_line(tool, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr("os.fsync", full)
     argv, option = tool_runs(tmp_path, folder)[tool]
-    status, stderr = exit_status(load_tool(tool).main, argv, capsys)
+    status, stderr = exit_status(tool_main(tool), argv, capsys)
     assert_one_line_error(status, stderr, f"cannot write '{folder}': No space left on device",
                           f"free space on that disk, or pass {option} on another one")
     assert not folder.exists()  # the check removed the folder it made
@@ -322,7 +329,7 @@ def test_a_binary_last_checkpoint_is_named(tool, tmp_path, capsys, request):
             checkpoint_to_resume(str(folder))
         return
     request.getfixturevalue("shapes")  # train_net checks its datasets first
-    status, stderr = exit_status(load_tool("train_net").main, [
+    status, stderr = exit_status(train_net.main, [
         "--resume", "--config-file", CONFIG, *TINY, "OUTPUT_DIR", folder], capsys)
     assert_one_line_error(status, stderr, f"'{folder / 'last_checkpoint'}' is not utf-8 text")
 
@@ -349,7 +356,7 @@ def test_resuming_from_a_broken_last_checkpoint_is_one_line(tmp_path, problem, c
                               "--output", comparison],
     }
     for name, argv in runs.items():
-        status, stderr = exit_status(load_tool(name.split()[0]).main, argv, capsys)
+        status, stderr = exit_status(tool_main(name.split()[0]), argv, capsys)
         assert_one_line_error(status, stderr, f"{folder / 'last_checkpoint'}",
                               POINTER_ERRORS[problem][1], "model_0000000.pth")
 
@@ -359,7 +366,7 @@ def test_convert_creates_a_missing_output_folder(tmp_path, capsys):
     classifier = tmp_path / "classifier.pth"
     torch.save({"state_dict": tiny_model().backbone.bottom_up.state_dict()}, classifier)
     output = tmp_path / "new" / "folder" / "detector.pth"
-    status, stderr = exit_status(load_tool("convert_timm_checkpoint").main,
+    status, stderr = exit_status(convert_timm_checkpoint.main,
                                  ["--config", CONFIG, classifier, output, *TINY], capsys)
     assert status == 0, stderr[-3000:]
     assert load_checkpoint_file(str(output))["model"]
@@ -418,7 +425,7 @@ def test_pickled_weights_of_python_objects_are_one_line_at_every_entry_point(tmp
                          tmp_path / "model.ts", *TINY, "MODEL.WEIGHTS", path],
     }
     for name, argv in runs.items():
-        status, stderr = exit_status(load_tool(name.split()[0]).main, argv, capsys)
+        status, stderr = exit_status(tool_main(name.split()[0]), argv, capsys)
         assert_one_line_error(status, stderr, f"checkpoint {path}: weight 'backbone.",
                               "numpy array of Python objects (str), not of numbers")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["image.png", "weights.pkl"]
@@ -455,7 +462,7 @@ def test_the_demo_reusing_a_run_with_refused_weights_is_one_line(tmp_path, capsy
     record = {"config": load_config(CONFIG, overrides).dump(),
               "results": {"bbox": {"AP": 1.0, "APs": 1.0, "APm": 1.0, "APl": 1.0}}}
     (output / "eval_results.json").write_text(json.dumps(record))
-    status, stderr = exit_status(load_tool("demo").main, ["--config", CONFIG, *overrides],
+    status, stderr = exit_status(demo.main, ["--config", CONFIG, *overrides],
                                  capsys)
     assert_one_line_error(status, stderr, f"checkpoint {output / 'model_final.pth'} refers to "
                                           f"exec", "do not load it")
@@ -474,7 +481,7 @@ def test_predict_stops_at_a_drawing_it_cannot_write(tmp_path, capsys, monkeypatc
     cv2.imwrite(str(image), np.full((64, 64, 3), 128, np.uint8))
     monkeypatch.setattr(cv2, "imwrite", lambda path, picture: False)  # OpenCV's failure: False
     output = tmp_path / "drawn"
-    status, stderr = exit_status(load_tool("predict").main, [
+    status, stderr = exit_status(predict.main, [
         "--config-file", CONFIG, "--input", image, "--output", output, *TINY,
         "MODEL.WEIGHTS", weights / "model_final.pth"], capsys)
     assert_one_line_error(status, stderr, f"cannot write '{output / 'image.png'}'",
@@ -487,7 +494,7 @@ def test_a_gpu_that_is_not_there_is_one_line_in_the_tools(tool, tmp_path, capsys
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     argv, _ = tool_runs(tmp_path, tmp_path / "out")[tool]
-    status, stderr = exit_status(load_tool(tool).main, [*argv, "MODEL.DEVICE", "cuda"], capsys)
+    status, stderr = exit_status(tool_main(tool), [*argv, "MODEL.DEVICE", "cuda"], capsys)
     assert_one_line_error(status, stderr, "MODEL.DEVICE 'cuda' needs a CUDA GPU")
     assert not (tmp_path / "out").exists()
 
@@ -508,7 +515,7 @@ def test_a_full_disk_stops_lazy_training_without_a_final_evaluation(tmp_path, mo
     evaluations = []
     monkeypatch.setattr(lazy_training, "evaluate", lambda cfg, model: evaluations.append(1) or {})
     full_after(1, monkeypatch)
-    status, stderr = exit_status(load_tool("lazyconfig_train_net").main,
+    status, stderr = exit_status(lazyconfig_train_net.main,
                                  [*LAZY_TRAINING, f"train.output_dir={output}"], capsys)
     assert_one_line_error(status, stderr, f"saving checkpoint {output / 'model_0000001.pth'}",
                           "last complete checkpoint is model_0000000.pth", "--resume")

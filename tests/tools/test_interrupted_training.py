@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_CONFIG, REPO_ROOT, TINY_OVERRIDES, load_tool, subprocess_env
+from conftest import DEMO_CONFIG, REPO_ROOT, TINY_OVERRIDES, subprocess_env
 from lambda_det.checkpoint import load_checkpoint_file
+from lambda_det.cli import compare_backbones, demo, predict, train_net
 from lambda_det.engine import interrupt
 
 LAZY_CONFIG = str(REPO_ROOT / "configs/LazyConfigs/Demo/lambda_r26_shapes.py")
@@ -136,7 +137,7 @@ def test_sigint_saves_the_iteration_in_flight_and_resume_finishes_the_run(
     assert (output / "last_checkpoint").read_text() == "model_final.pth"
 
     straight = tmp_path / "straight"
-    assert load_tool("train_net").main([*TRAINING, "OUTPUT_DIR", str(straight)]) == 0
+    assert train_net.main([*TRAINING, "OUTPUT_DIR", str(straight)]) == 0
     resumed_weights = load_checkpoint_file(str(output / "model_final.pth"))["model"]
     for name, weight in load_checkpoint_file(str(straight / "model_final.pth"))["model"].items():
         assert torch.equal(weight, resumed_weights[name]), name
@@ -228,7 +229,6 @@ def send_to_self(signum):
 
 def test_the_demo_waits_for_its_training_and_says_how_to_continue(tmp_path, capsys,
                                                                   monkeypatch, shapes):
-    demo = load_tool("demo")
     output = tmp_path / "demo"
 
     def training(command):
@@ -254,7 +254,7 @@ def test_the_comparison_stops_in_one_line_with_the_signals_status(tmp_path, caps
     from lambda_det.cli import compare as comparison
 
     monkeypatch.setattr(comparison, "run_child", send_to_self(signal.SIGTERM))
-    status = load_tool("compare_backbones").main([
+    status = compare_backbones.main([
         "--config", "lambda_r26_shapes", "--variant", "conv", "lambda", "--seeds", "0",
         "--output", str(tmp_path / "cmp"), *TINY_OVERRIDES[:2]])
     assert status == 143
@@ -265,7 +265,6 @@ def test_the_comparison_stops_in_one_line_with_the_signals_status(tmp_path, caps
 
 
 def test_predict_stops_in_one_line(tmp_path, capsys, monkeypatch):
-    predict = load_tool("predict")
     monkeypatch.setattr(predict, "collect_inputs", send_to_self(signal.SIGINT))
     with pytest.raises(SystemExit) as exit_info:
         predict.main(["--config-file", DEMO_CONFIG, "--input", str(tmp_path / "a.png"),

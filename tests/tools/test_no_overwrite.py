@@ -4,22 +4,26 @@ tools/predict.py, tools/export_model.py, tools/ap_table.py, tools/convert_timm_c
 the command reads is never replaced, another existing file only with --overwrite, and a link is
 replaced rather than written through. Each case hashes every file of the folders concerned
 before and after the command."""
+import contextlib
 import hashlib
+import importlib
 import json
 import os
 from pathlib import Path
 from typing import Dict
+from unittest import mock
 
 import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import load_tool, tiny_model
+from conftest import tiny_model
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.config import instantiate
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
-from lambda_det.cli.train_net import lazyconfig_main
+from lambda_det.cli import (
+    ap_table, convert_timm_checkpoint, export_model, lazyconfig_train_net, predict as predict_tool)
 from lambda_det.cli.output_dir import (
     EVALUATION_PREFIX, LOCK_FILE, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.cli.train_net import main as train_net_main
@@ -86,12 +90,17 @@ def model_not_loaded(*args, **kwargs):
 
 # ---- tools/predict.py ----
 
+def without(module, name: str, replace: bool = True):
+    """``module.name`` replaced by :func:`model_not_loaded` while in the block (``replace``)."""
+    return mock.patch.object(module, name, model_not_loaded) if replace else \
+        contextlib.nullcontext()
+
+
 def predict(*arguments, weights, model=True, config=CONFIG):
-    tool = load_tool("predict")
-    if not model:  # a refusal must come before the model is loaded
-        tool.build_trained_model = model_not_loaded
-    return tool.main([*map(str, arguments), "--config", str(config), *TINY,
-                      "MODEL.WEIGHTS", str(weights)])
+    # a refusal must come before the model is loaded
+    with without(predict_tool, "build_trained_model", replace=not model):
+        return predict_tool.main([*map(str, arguments), "--config", str(config), *TINY,
+                                  "MODEL.WEIGHTS", str(weights)])
 
 
 def user_config(folder: Path) -> Path:
@@ -243,11 +252,9 @@ def test_an_input_named_twice_is_predicted_once(tmp_path):
 # ---- tools/export_model.py ----
 
 def export(*arguments, weights, model=True):
-    tool = load_tool("export_model")
-    if not model:
-        tool.build_trained_model = model_not_loaded
-    return tool.main(["--config", CONFIG, "--format", "torchscript", *map(str, arguments), *TINY,
-                      "MODEL.WEIGHTS", str(weights)])
+    with without(export_model, "build_trained_model", replace=not model):
+        return export_model.main(["--config", CONFIG, "--format", "torchscript",
+                                  *map(str, arguments), *TINY, "MODEL.WEIGHTS", str(weights)])
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
@@ -332,7 +339,7 @@ def test_export_never_writes_over_a_file_it_reads(read, weights, tmp_path, capsy
 # ---- tools/ap_table.py ----
 
 def ap_table(*arguments) -> int:
-    return load_tool("ap_table").main([*map(str, arguments)])
+    return ap_table.main([*map(str, arguments)])
 
 
 def finished_run(folder: Path) -> Path:
@@ -405,11 +412,12 @@ def test_convert_never_writes_over_what_it_reads_and_an_existing_file_only_with_
               "existing": tmp_path / "user" / "detector.pth"}[target]
     output.write_bytes(output.read_bytes() if output.exists() else b"an earlier conversion")
     before = hashes(tmp_path)
-    tool = load_tool("convert_timm_checkpoint")
-    tool.load_checkpoint_file = model_not_loaded  # a refusal comes before reading it
     overwrite = [] if target == "existing" else ["--overwrite"]
-    with pytest.raises(SystemExit) as exit_info:
-        tool.main(["--config", str(config), str(classifier), str(output), *overwrite])
+    # a refusal comes before reading the classifier
+    with pytest.raises(SystemExit) as exit_info, \
+            without(convert_timm_checkpoint, "load_checkpoint_file"):
+        convert_timm_checkpoint.main(["--config", str(config), str(classifier), str(output),
+                                      *overwrite])
     assert exit_info.value.code == 2
     expected = {"classifier": "is the classifier checkpoint, which this command reads",
                 "config": "is --config, which this command reads",
@@ -423,14 +431,14 @@ def test_convert_never_writes_over_what_it_reads_and_an_existing_file_only_with_
 @pytest.mark.parametrize("tool, option, name", [("benchmark_lambda", "--out", "results.md"),
                                                 ("benchmark_detector", "--output", "table.md")])
 def test_a_benchmark_replaces_earlier_results_only_with_overwrite(tool, option, name, tmp_path,
-                                                                  capsys):
+                                                                  capsys, monkeypatch):
     """Refused before any measurement (the measuring function would fail the test)."""
     (tmp_path / name).write_text("an earlier run's results")
     before = hashes(tmp_path)
-    module = load_tool(tool)
+    module = importlib.import_module(f"lambda_det.cli.{tool}")
     for function in ("run", "benchmark_detector"):
         if hasattr(module, function):
-            setattr(module, function, model_not_loaded)
+            monkeypatch.setattr(module, function, model_not_loaded)
     with pytest.raises(SystemExit) as exit_info:
         module.main([option, str(tmp_path)])
     assert exit_info.value.code == 2
@@ -582,7 +590,7 @@ def test_lazy_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, 
     run = tmp_path / "run"
     fake_training_run(run, instantiate(load_lazy_config(CONFIG, overrides).model))
     before = hashes(run)
-    assert lazyconfig_main(["--config", CONFIG, "--eval-only", "--resume",
+    assert lazyconfig_train_net.main(["--config", CONFIG, "--eval-only", "--resume",
                             "--coco-dataset", *dataset, *overrides]) == 0
     assert_evaluated_beside_the_run(run, before, capsys.readouterr().out)
 

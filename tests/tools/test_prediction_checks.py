@@ -1,6 +1,7 @@
 """tools/predict.py, tools/export_model.py and the demo's picture refuse a config whose classes
 differ from the weights' or from DATASETS.TEST[0]'s, in one line that names both counts and the
 fix: the run's own config.yaml."""
+import importlib
 import json
 from types import SimpleNamespace
 
@@ -8,10 +9,10 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import load_tool
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer, load_weights
 from lambda_det.checkpoint.checkpointer import _class_counts
+from lambda_det.cli import demo, predict
 from lambda_det.config import load_config
 from lambda_det.data.checks import check_prediction_classes
 
@@ -48,7 +49,7 @@ def image(tmp_path):
 def run_tool(name, argv, capsys) -> str:
     """The tool's single ``error:`` line (it must exit with status 2)."""
     with pytest.raises(SystemExit) as exit_info:
-        load_tool(name).main(argv)
+        importlib.import_module(f"lambda_det.cli.{name}").main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
@@ -113,7 +114,7 @@ def test_predict_with_the_runs_config_yaml(two_class_weights, image, tmp_path, c
     run_config.parent.mkdir()
     run_config.write_text(load_config(CONFIG, TINY + TWO_CLASSES + two_class_dataset(
         tmp_path, image)).dump())
-    status = load_tool("predict").main([
+    status = predict.main([
         "--config", str(run_config), "--input", str(image), "--output", str(tmp_path / "out"),
         "--confidence-threshold", "0", "MODEL.WEIGHTS", two_class_weights])
     assert status == 0
@@ -149,7 +150,7 @@ def test_the_demos_picture_runs_the_same_checks(case, two_class_weights, tmp_pat
     expected = {"weights": "trained for 2 classes, but the model built from the config has 3",
                 "dataset": "NUM_CLASSES is 2, but dataset 'lambda_det_shapes_val'"}[case]
     with pytest.raises(ValueError, match=expected):
-        load_tool("demo").draw_predictions(cfg, two_class_weights, "lambda_det_shapes_val",
+        demo.draw_predictions(cfg, two_class_weights, "lambda_det_shapes_val",
                                            tmp_path / "predictions.png")
     assert not (tmp_path / "predictions.png").exists()
 
