@@ -29,6 +29,7 @@ from detectron2.utils.visualizer import ColorMode, Visualizer
 from lambda_det.checkpoint import load_weights
 from lambda_det.data.mapper import build_mapper
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, file_identity
+from lambda_det.utils.errors import UserError
 
 __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "drawing_names",
            "check_output_folder", "read_frames", "build_trained_model", "Predictor", "draw",
@@ -76,8 +77,8 @@ def collect_inputs(inputs: Sequence[str]) -> List[str]:
                                         f"that matches files")
         for path in found:
             if Path(path).suffix.lower() not in IMAGE_SUFFIXES + VIDEO_SUFFIXES:
-                raise ValueError(f"input {path!r} is neither an image nor a video by its suffix "
-                                 f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
+                raise UserError(f"input {path!r} is neither an image nor a video by its suffix "
+                                f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
         files += found
     unique = {}
     for path in files:
@@ -168,12 +169,12 @@ def read_frames(path: str, image_format: str) -> Iterator[Frame]:
         try:
             image = detection_utils.read_image(path, format=image_format)
         except Exception as error:  # PIL raises several types for unreadable files
-            raise ValueError(f"input {path!r} is not a readable image ({error})") from None
+            raise UserError(f"input {path!r} is not a readable image ({error})") from None
         yield Frame(path, image)
         return
     video = cv2.VideoCapture(path)
     if not video.isOpened():
-        raise ValueError(f"input {path!r} is not a readable video")
+        raise UserError(f"input {path!r} is not a readable video")
     index = 0
     try:
         while True:
@@ -185,7 +186,7 @@ def read_frames(path: str, image_format: str) -> Iterator[Frame]:
     finally:
         video.release()
     if index == 0:
-        raise ValueError(f"input {path!r} is not a readable video (no frame decoded)")
+        raise UserError(f"input {path!r} is not a readable video (no frame decoded)")
 
 
 def build_trained_model(cfg: CfgNode, weights: Optional[str] = None) -> nn.Module:

@@ -5,6 +5,7 @@ from typing import Sequence
 from fvcore.common.param_scheduler import MultiStepParamScheduler, ParamScheduler
 
 from lambda_det.compat import import_detectron2
+from lambda_det.utils.errors import UserError
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
@@ -26,7 +27,7 @@ def warmup_multistep(max_iter: int, steps: Sequence[int], gamma: float = 0.1,
     valid: steps at or past ``max_iter`` never take effect and are dropped, with a warning.
     """
     if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
-        raise ValueError(f"train.max_iter must be a positive integer, got {max_iter!r}")
+        raise UserError(f"train.max_iter must be a positive integer, got {max_iter!r}")
     kept = [step for step in steps if step < max_iter]
     if len(kept) != len(steps):
         logger.warning("LR steps %s at or past max_iter %d are dropped", list(steps), max_iter)

@@ -14,6 +14,7 @@ from lambda_det.benchmark.harness import Candidate
 from lambda_det.layers import (IMPLEMENTATIONS, AFTConv, AFTFull, AFTLocal, AFTSimple,
                                LambdaLayer, constructor_defaults)
 from lambda_det.layers.lambda_conv import TiledTuning
+from lambda_det.utils.errors import UserError
 
 SHAPES = {  # name: (H, W, channels)
     "c4_1024": (64, 64, 256),  # stage c4 (stride 16) of a 1024 x 1024 detection input
@@ -113,7 +114,7 @@ def layer_candidates(height: int, width: int, channels: int, batch: int, cap_byt
         names = [c.name for c in candidates]
         candidates = [c for c in candidates if any(word in c.name for word in only)]
         if not candidates:
-            raise ValueError(f"--only {list(only)} matches none of the candidates {names}")
+            raise UserError(f"--only {list(only)} matches none of the candidates {names}")
     return candidates
 
 

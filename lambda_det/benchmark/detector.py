@@ -24,6 +24,7 @@ from lambda_det.config import load_config
 from lambda_det.engine.amp import AMP_DTYPES
 from lambda_det.engine.trainer import Trainer
 from lambda_det.layers import LambdaLayer
+from lambda_det.utils.errors import UserError
 
 __all__ = ["DetectorSettings", "DetectorStep", "benchmark_detector", "format_detector",
            "lambda_layer_share", "synthetic_batch", "parse_config_spec", "PRECISIONS", "MODES"]
@@ -189,7 +190,7 @@ def parse_config_spec(spec: str):
     for pair in filter(None, extra.split(",")):
         key, equals, value = pair.partition("=")
         if not equals:
-            raise ValueError(f"config {spec!r}: overrides are KEY=VALUE, got {pair!r}")
+            raise UserError(f"config {spec!r}: overrides are KEY=VALUE, got {pair!r}")
         overrides += [key, value]
     return name, overrides
 
@@ -198,12 +199,12 @@ def benchmark_detector(settings: DetectorSettings) -> Dict[str, object]:
     """Every (config, mode, precision) of ``settings``, timed in one round robin."""
     device = torch.device(settings.device)
     if len(set(settings.configs)) != len(settings.configs):
-        raise ValueError(f"--configs names a config twice: {list(settings.configs)}")
+        raise UserError(f"--configs names a config twice: {list(settings.configs)}")
     unknown = [p for p in settings.precisions if p not in PRECISIONS] + \
         [m for m in settings.modes if m not in MODES]
     if unknown:
-        raise ValueError(f"unknown precision or mode {unknown}: precisions are "
-                         f"{list(PRECISIONS)}, modes {list(MODES)}")
+        raise UserError(f"unknown precision or mode {unknown}: precisions are "
+                        f"{list(PRECISIONS)}, modes {list(MODES)}")
     candidates, steps, rows = [], {}, []
     for config in settings.configs:
         for mode in settings.modes:

@@ -26,6 +26,7 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
+from lambda_det.utils.errors import UserError
 from lambda_det.utils.setting import Setting, override
 from lambda_det.utils.text import read_text
 
@@ -44,7 +45,7 @@ class UnsafeCheckpointError(pickle.UnpicklingError):
     code, so it is refused."""
 
 
-class WeightsMismatchError(ValueError):
+class WeightsMismatchError(UserError):
     """A checkpoint whose weights do not fit the model they are loaded into."""
 
 
@@ -378,8 +379,8 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
         FileNotFoundError: ``weights`` names a local file that does not exist.
     """
     if not weights:
-        raise ValueError(f"{key} is empty: pass the trained checkpoint, e.g. "
-                         f"{override(key, 'output/model_final.pth')}")
+        raise UserError(f"{key} is empty: pass the trained checkpoint, e.g. "
+                        f"{override(key, 'output/model_final.pth')}")
     if "://" not in weights and not os.path.isfile(weights):
         raise FileNotFoundError(f"{key} file {weights!r} does not exist: pass the path of a "
                                 f"checkpoint, or {override(key, '')} to start from scratch")
@@ -401,8 +402,8 @@ def evaluation_weights(output_dir: Setting, weights: Setting, resume: bool) -> s
     if not weights.value:
         where = (f" and {output_dir.key} {output_dir.value!r} has no last_checkpoint"
                  if resume else "")
-        raise ValueError(f"--eval-only needs trained weights: {weights.key} is empty{where}; "
-                         f"pass {override(weights.key, 'PATH')}")
+        raise UserError(f"--eval-only needs trained weights: {weights.key} is empty{where}; "
+                        f"pass {override(weights.key, 'PATH')}")
     check_weights(weights.value, weights.key)
     return weights.value
 
@@ -457,7 +458,7 @@ def checkpoint_to_resume(output_dir: str) -> Optional[str]:
            else "the folder holds no checkpoint (model_*.pth): to train from scratch, pass "
                 "--restart without --resume")
     if not name:
-        raise ValueError(f"{pointer} is empty: {fix}")
+        raise UserError(f"{pointer} is empty: {fix}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{pointer} names {name!r}, a folder, not a checkpoint: {fix}")
     raise FileNotFoundError(f"{pointer} names {name!r}, which does not exist: {fix}")

@@ -17,6 +17,7 @@ from lambda_det.cli.output_dir import run_files_in
 from lambda_det.evaluation.ap_table import format_ap_table, load_results, plot_ap_by_size  # noqa
 from lambda_det.utils.atomic import (
     atomic_write, check_output_file, check_writable_folder, file_identity, reporting_write_errors)
+from lambda_det.utils.errors import UserError
 
 
 def run_name(spec: str):
@@ -38,8 +39,8 @@ def runs_read(specs) -> Dict[str, str]:
     for spec in specs:
         name, path = run_name(spec)
         if name in runs:
-            raise ValueError(f"two runs are named {name!r} ({spec}): name the rows with "
-                             f"NAME=PATH")
+            raise UserError(f"two runs are named {name!r} ({spec}): name the rows with "
+                            f"NAME=PATH")
         runs[name] = path
     return runs
 
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
         if len(outputs) == 2 and (
                 os.path.abspath(args.output) == os.path.abspath(args.plot)
                 or file_identity(args.output) in {file_identity(args.plot)} - {None}):
-            raise ValueError(f"--output and --plot name one file ({args.output!r}): pass two")
+            raise UserError(f"--output and --plot name one file ({args.output!r}): pass two")
         for option, path in outputs:
             check_output_file(path, args.overwrite, reads, option)
             check_writable_folder(os.path.dirname(os.path.abspath(path)), option)

@@ -10,15 +10,19 @@ from typing import Optional, Sequence, Tuple
 from lambda_det.checkpoint import CorruptCheckpointError
 from lambda_det.cli.output_dir import OutputDirBusyError
 from lambda_det.utils.atomic import OutputWriteError
+from lambda_det.utils.errors import UserError
 
 __all__ = ["USAGE_ERROR_STATUS", "USER_ERRORS", "reporting_user_errors", "tool_argument_parser",
            "add_debug_and_overrides", "parse_command_line"]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
-# Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR); once training
-# has started, an exception is a bug and keeps its traceback, but for a disk that cannot be
-# written (OutputWriteError).
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, FileExistsError, NotADirectoryError,
+# Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR): the project's
+# UserError (a mistake the message names, with its fix; ConfigFileError, NotTextError and
+# WeightsMismatchError are ones), the OS's errors of a path the user gave, and the refusals of a
+# checkpoint (pickle.UnpicklingError: UnsafeCheckpointError) or a folder. Any other exception,
+# a bare ValueError or KeyError included, is a bug and keeps its traceback; so is anything once
+# training has started, but for a disk that cannot be written (OutputWriteError).
+USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, pickle.UnpicklingError, CorruptCheckpointError,
                OutputDirBusyError, OutputWriteError)
 

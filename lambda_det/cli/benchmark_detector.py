@@ -30,6 +30,7 @@ from lambda_det.benchmark.harness import machine_description
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.utils.atomic import (
     atomic_write, check_output_file, check_writable_folder, reporting_write_errors)
+from lambda_det.utils.errors import UserError
 
 
 def main(argv=None) -> int:
@@ -62,8 +63,8 @@ def main(argv=None) -> int:
     output = Path(args.output or Path("output/benchmark_detector") / time.strftime("%Y%m%d-%H%M%S"))
     with reporting_user_errors(args.debug):
         if args.ims_per_device < 1 or args.rounds < 1 or args.warmup < 0:
-            raise ValueError(f"--ims-per-device and --rounds must be >= 1 and --warmup >= 0, "
-                             f"got {args.ims_per_device}, {args.rounds}, {args.warmup}")
+            raise UserError(f"--ims-per-device and --rounds must be >= 1 and --warmup >= 0, "
+                            f"got {args.ims_per_device}, {args.rounds}, {args.warmup}")
         for name in ("table.md", "results.json"):  # before minutes of measurements
             check_output_file(output / name, args.overwrite)
         check_writable_folder(output, "--output")

@@ -17,6 +17,7 @@ status 2.
 import argparse
 import time
 
+from lambda_det.utils.errors import UserError
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.cli.arguments import (
     add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
@@ -67,7 +68,7 @@ def check_config_datasets(args: argparse.Namespace) -> str:
 def check_named_datasets(args: argparse.Namespace) -> str:
     """Each NAME as a training set of the default config, timed; returns the summary."""
     if args.eval_only:
-        raise ValueError("--eval-only checks a config's test sets: pass --config FILE")
+        raise UserError("--eval-only checks a config's test sets: pass --config FILE")
     mode = args.images or "header"
     args.opts = ["DATASETS.TRAIN", repr(tuple(args.arguments))]
     cfg = load_run_config(args)

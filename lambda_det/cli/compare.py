@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from lambda_det.utils.errors import UserError
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.checkpoint import checkpoint_to_resume, last_checkpoint
 from lambda_det.cli.checks import check_model
@@ -108,13 +109,13 @@ def parse_variant(spec: str) -> Variant:
     ``h4:AFT_CONV.HEADS=4``). ``NAME:`` alone is the base config as it is."""
     name, colon, body = spec.partition(":")
     if not _NAME.match(name):
-        raise ValueError(f"variant name {name!r} (in {spec!r}) names a folder: use letters, "
-                         f"digits and _ . + - (e.g. lambda_k8:DIM_K=8)")
+        raise UserError(f"variant name {name!r} (in {spec!r}) names a folder: use letters, "
+                        f"digits and _ . + - (e.g. lambda_k8:DIM_K=8)")
     if not colon:
         presets = variant_presets()
         if name not in presets:
-            raise ValueError(f"unknown variant {name!r}: name one of {', '.join(presets)}, or "
-                             f"define it as NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)")
+            raise UserError(f"unknown variant {name!r}: name one of {', '.join(presets)}, or "
+                            f"define it as NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)")
         return Variant(name, presets[name])
     backbone_keys = get_cfg().MODEL.LAMBDA_RESNET
     overrides: List[str] = []
@@ -122,14 +123,14 @@ def parse_variant(spec: str) -> Variant:
     for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_.]*\s*=)", body) if body.strip() else []:
         key, equals, value = (part.strip() for part in item.partition("="))
         if not equals or not key or not value:
-            raise ValueError(f"variant {spec!r}: {item!r} is not KEY=VALUE (e.g. "
-                             f"{name}:PLACEMENT=c4,DIM_K=8)")
+            raise UserError(f"variant {spec!r}: {item!r} is not KEY=VALUE (e.g. "
+                            f"{name}:PLACEMENT=c4,DIM_K=8)")
         if "." not in key or key.split(".")[0] in backbone_keys:  # short: DIM_K, AFT_CONV.HEADS
             key = KEY_PREFIX + key
         if not key.startswith(KEY_PREFIX):
-            raise ValueError(f"variant {name!r} sets {key}: a variant may change only "
-                             f"{KEY_PREFIX}* keys (the backbone); put recipe changes in the "
-                             f"shared KEY VALUE overrides, which every variant gets")
+            raise UserError(f"variant {name!r} sets {key}: a variant may change only "
+                            f"{KEY_PREFIX}* keys (the backbone); put recipe changes in the "
+                            f"shared KEY VALUE overrides, which every variant gets")
         overrides += [key, value]
     return Variant(name, tuple(overrides))
 
@@ -160,7 +161,7 @@ def _check_folder(run: PairRun) -> None:
     if recorded.is_file():
         differences = config_differences(recorded.read_text(), run.recipe, str(recorded))
         if differences:
-            raise ValueError(
+            raise UserError(
                 f"{run.folder} holds a {run.variant.name} run of another config "
                 f"({differences[0]}): rerun with the config and overrides "
                 f"it was started with, or pass another --output")
@@ -187,47 +188,47 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
     config_file = os.path.abspath(resolve_config_file(config))
     opts = tuple(opts)
     if len(opts) % 2:
-        raise ValueError(f"config overrides must be KEY VALUE pairs, got an odd number: "
-                         f"{list(opts)}")
+        raise UserError(f"config overrides must be KEY VALUE pairs, got an odd number: "
+                        f"{list(opts)}")
     for key in opts[::2]:
         if key in _PER_RUN_KEYS:
-            raise ValueError(f"{key} is set per run (SEED by --seeds, OUTPUT_DIR by --output "
-                             f"as OUTPUT/<variant>/seed<SEED>): remove it from the overrides")
+            raise UserError(f"{key} is set per run (SEED by --seeds, OUTPUT_DIR by --output "
+                            f"as OUTPUT/<variant>/seed<SEED>): remove it from the overrides")
     if coco_datasets:
         configured = load_config(config_file, opts).DATASETS.COCO_INSTANCES
         opts += tuple(coco_dataset_overrides(configured, coco_datasets))
     if not variants:
-        raise ValueError("no variants to compare: pass --variant NAME ...")
+        raise UserError("no variants to compare: pass --variant NAME ...")
     names = [v.name for v in variants]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"variant names repeat ({', '.join(duplicates)}): give each a "
-                         f"distinct name (NAME:KEY=VALUE,...)")
+        raise UserError(f"variant names repeat ({', '.join(duplicates)}): give each a "
+                        f"distinct name (NAME:KEY=VALUE,...)")
     if not seeds:
-        raise ValueError("no seeds: pass --seeds with one or more SEED values (e.g. 0 1 2)")
+        raise UserError("no seeds: pass --seeds with one or more SEED values (e.g. 0 1 2)")
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed {seed!r} is not an integer >= 0: a comparison needs fixed "
-                             f"seeds (SEED -1 would draw a new one each run)")
+            raise UserError(f"seed {seed!r} is not an integer >= 0: a comparison needs fixed "
+                            f"seeds (SEED -1 would draw a new one each run)")
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds repeat in {list(seeds)}: pass distinct SEED values")
+        raise UserError(f"seeds repeat in {list(seeds)}: pass distinct SEED values")
     output = Path(output).resolve()
     parameters, models, runs = {}, {}, []
     for variant in variants:
         cfg = load_config(config_file, opts + variant.overrides + ("SEED", str(seeds[0])))
         if not cfg.DATASETS.TEST:
-            raise ValueError("DATASETS.TEST is empty: a comparison needs a test dataset "
-                             "(e.g. DATASETS.TEST \"('coco_2017_val',)\")")
+            raise UserError("DATASETS.TEST is empty: a comparison needs a test dataset "
+                            "(e.g. DATASETS.TEST \"('coco_2017_val',)\")")
         if len(cfg.DATASETS.TEST) > 1 and dataset is None:
-            raise ValueError(f"DATASETS.TEST has several datasets {tuple(cfg.DATASETS.TEST)}: "
-                             f"pass --dataset NAME, the one the report compares")
+            raise UserError(f"DATASETS.TEST has several datasets {tuple(cfg.DATASETS.TEST)}: "
+                            f"pass --dataset NAME, the one the report compares")
         if dataset is not None and dataset not in cfg.DATASETS.TEST:
-            raise ValueError(f"--dataset {dataset!r} is not in DATASETS.TEST "
-                             f"{tuple(cfg.DATASETS.TEST)}: name one of them")
+            raise UserError(f"--dataset {dataset!r} is not in DATASETS.TEST "
+                            f"{tuple(cfg.DATASETS.TEST)}: name one of them")
         recipe = _recipe(cfg)
         for other, other_recipe in models.items():
             if other_recipe == recipe:
-                raise ValueError(
+                raise UserError(
                     f"variants {other!r} and {variant.name!r} train the same model from "
                     f"{config}: start from a config whose backbone differs from both (e.g. a "
                     f"lambda_* config), or give one of them its overrides "

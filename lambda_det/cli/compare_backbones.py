@@ -28,6 +28,7 @@ from lambda_det.compat import CHECKOUT
 from lambda_det.engine.interrupt import stopping_on_signals
 from lambda_det.evaluation.compare_report import summarize, write_report
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder
+from lambda_det.utils.errors import UserError
 
 # The shared overrides are the KEY VALUE pairs whose KEY is a config key (upper case, e.g.
 # MODEL.DEVICE) and not an option's value: they may follow --seeds 0 1 2 or precede --output.
@@ -89,12 +90,12 @@ def main(argv=None) -> int:
     args = argument_parser().parse_args(options)
     with reporting_user_errors(args.debug):
         if args.num_gpus < 1:
-            raise ValueError(f"--num-gpus {args.num_gpus}: pass 1 or more")
+            raise UserError(f"--num-gpus {args.num_gpus}: pass 1 or more")
         variants = [parse_variant(spec) for spec in args.variants or DEFAULT_VARIANTS]
         baseline = args.baseline or variants[0].name
         if baseline not in [v.name for v in variants]:
-            raise ValueError(f"--baseline {baseline!r} is not one of the variants "
-                             f"{[v.name for v in variants]}")
+            raise UserError(f"--baseline {baseline!r} is not one of the variants "
+                            f"{[v.name for v in variants]}")
         output = args.output or f"output/compare_{Path(args.config).stem}"
         check_writable_folder(output, "--output")
         comparison = plan_comparison(args.config, opts, variants, args.seeds, output,

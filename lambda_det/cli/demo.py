@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lambda_det.utils.errors import UserError
 import lambda_det.data
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.data import DatasetCatalog, MetadataCatalog
@@ -98,7 +99,7 @@ def demo(args: argparse.Namespace) -> int:
         differences = config_differences(json.loads(text)["config"],
                                          cfg.dump(), saved_in=str(record))
         if differences:
-            raise ValueError(
+            raise UserError(
                 f"the finished run in {output} was made with another config ("
                 + "; ".join(differences[:5]) + "): pass --force (FORCE=1 with make) to train "
                 "over it, or set another OUTPUT_DIR")

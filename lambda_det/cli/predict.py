@@ -30,6 +30,7 @@ import json
 import sys
 from pathlib import Path
 
+from lambda_det.utils.errors import UserError
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
 def predict(args, output: Path) -> int:
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:
-            raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+            raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
         files = collect_inputs(args.input)
         cfg = load_config(args.config_file, config_overrides(args))
         check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE], reads={

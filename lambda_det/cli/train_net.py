@@ -45,6 +45,7 @@ from lambda_det.engine.preflight import (
 from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_run_settings
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
+from lambda_det.utils.errors import UserError
 
 __all__ = ["ConfigSystem", "YAML_CONFIGS", "LAZY_CONFIGS", "argument_parser", "main",
            "load_lazy_run_config", "scale_yaml_to_world_size", "launch_checked",
@@ -239,8 +240,8 @@ def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
     ``--coco-dataset`` triples registered in this process (every training process registers
     them again: :func:`run_lazy`)."""
     if not args.config_file:
-        raise ValueError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
-                         "lambda_r152_mask_rcnn)")
+        raise UserError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
+                        "lambda_r152_mask_rcnn)")
     args.config_file = resolve_lazy_config_file(args.config_file)
     register_coco_triples(args.coco_dataset, source="--coco-dataset")
     return load_lazy_config(args.config_file, args.opts)
@@ -251,8 +252,8 @@ def scale_yaml_to_world_size(cfg, world_size: int):
     ValueError."""
     reference, batch = cfg.SOLVER.REFERENCE_WORLD_SIZE, cfg.SOLVER.IMS_PER_BATCH
     if reference and batch % reference:
-        raise ValueError(f"SOLVER.IMS_PER_BATCH {batch} does not split over "
-                         f"SOLVER.REFERENCE_WORLD_SIZE {reference}: use a multiple of it")
+        raise UserError(f"SOLVER.IMS_PER_BATCH {batch} does not split over "
+                        f"SOLVER.REFERENCE_WORLD_SIZE {reference}: use a multiple of it")
     return Trainer.auto_scale_workers(cfg, world_size)
 
 

@@ -17,6 +17,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 from lambda_det.compat import import_detectron2
+from lambda_det.utils.errors import UserError
 from lambda_det.utils.text import not_text
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
@@ -126,13 +127,13 @@ def _add_mixer_options(node: CN) -> None:
         where = mixer_config_node(name)
         if where:
             if where in node:
-                raise ValueError(f"mixer {name!r} puts its options under MODEL.LAMBDA_RESNET."
+                raise UserError(f"mixer {name!r} puts its options under MODEL.LAMBDA_RESNET."
                                  f"{where}, which is taken: register it under another name")
             node[where] = CN()
         section = node[where] if where else node
         for key, default in defaults.items():
             if key in section:
-                raise ValueError(f"mixer {name!r} option {key.lower()!r} would be MODEL."
+                raise UserError(f"mixer {name!r} option {key.lower()!r} would be MODEL."
                                  f"LAMBDA_RESNET.{key}, which is taken: put its options in a "
                                  f"node of their own (CONFIG_NODE)")
             section[key] = default
@@ -153,7 +154,7 @@ def _lsj_node() -> CN:
 add_lambda_resnet_config = add_lambda_det_config  # the same function, by its backbone's name
 
 
-class ConfigFileError(ValueError):
+class ConfigFileError(UserError):
     """A config file (or saved config) that is not a plain yaml mapping, or whose ``_BASE_``
     chain loops; the message names the file."""
 
@@ -416,10 +417,10 @@ def _config_error(error: Exception, where: str, cfg: CN) -> ValueError:
     for prefix in _UNKNOWN_KEY_PREFIXES:
         if message.startswith(prefix):
             key = message[len(prefix):]
-            return ValueError(f"config key {key} ({where}) does not exist: "
+            return UserError(f"config key {key} ({where}) does not exist: "
                               f"{did_you_mean(key, list(config_keys(cfg)))}check its spelling "
                               f"(lambda_det's own keys are listed in docs/config.md)")
-    return ValueError(f"{where}: {' '.join(message.split())}")
+    return UserError(f"{where}: {' '.join(message.split())}")
 
 
 def resolve_config_file(name: str) -> str:
@@ -455,7 +456,7 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
     if config_file:
         path = resolve_config_file(config_file)
         if path.endswith(".py"):
-            raise ValueError(f"{path} is a LazyConfig recipe: train it with "
+            raise UserError(f"{path} is a LazyConfig recipe: train it with "
                              f"tools/lazyconfig_train_net.py, or pass a yaml config")
         try:
             cfg.merge_from_file(path)
@@ -465,7 +466,7 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
             raise _config_error(error, f"in config file {path}", cfg) from None
     opts = list(opts)
     if len(opts) % 2:
-        raise ValueError(f"config overrides must be KEY VALUE pairs, got an odd number: {opts}")
+        raise UserError(f"config overrides must be KEY VALUE pairs, got an odd number: {opts}")
     try:
         cfg.merge_from_list(opts)
     except (KeyError, ValueError, AssertionError) as error:

@@ -20,6 +20,7 @@ from detectron2.config import LazyConfig  # noqa: E402
 from detectron2.utils.file_io import PathManager  # noqa: E402
 from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean  # noqa: E402
 from lambda_det.config.config import _load_plain_yaml  # noqa: E402
+from lambda_det.utils.errors import UserError
 
 __all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
            "scale_to_world_size", "use_mixer", "load_lazy_config_file", "REQUIRED_KEYS"]
@@ -47,7 +48,7 @@ def resolve_lazy_config_file(name: str) -> str:
     else:
         path = get_config_file(name if os.path.splitext(name)[1] else name + ".py")
     if not path.endswith(".py"):
-        raise ValueError(f"{path} is a yaml config: train it with tools/train_net.py, or pass a "
+        raise UserError(f"{path} is a yaml config: train it with tools/train_net.py, or pass a "
                          f"LazyConfig .py recipe (e.g. lambda_r152_mask_rcnn.py)")
     return path
 
@@ -66,7 +67,7 @@ def _check_value_type(key: str, old, new) -> None:
     else:
         return
     if wrong:
-        raise ValueError(f"override {key}={new!r}: {key} takes {kind} (it is {old!r})")
+        raise UserError(f"override {key}={new!r}: {key} takes {kind} (it is {old!r})")
 
 
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -84,19 +85,19 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as error:
-        raise ValueError(f"malformed override: {' '.join(str(error).split())} (write "
+        raise UserError(f"malformed override: {' '.join(str(error).split())} (write "
                          f"key=value, e.g. train.max_iter=100)") from None
     for override in parsed:
         key = override.key_or_group
         old = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
         if old is _ABSENT and not (override.is_add() or override.is_force_add()):
             keys = config_keys(OmegaConf.to_container(cfg, resolve=False))
-            raise ValueError(f"config key {key} does not exist: {did_you_mean(key, keys)}check "
+            raise UserError(f"config key {key} does not exist: {did_you_mean(key, keys)}check "
                              f"its spelling, or write +{key}=... to add it")
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
         if not isinstance(parent, DictConfig):
-            raise ValueError(f"override {key}: {parent_key} is not a config node")
+            raise UserError(f"override {key}: {parent_key} is not a config node")
         if override.is_delete():
             del parent[leaf]
             continue
@@ -121,7 +122,7 @@ def scale_to_world_size(cfg: DictConfig, world_size: int) -> DictConfig:
         return cfg
     batch = cfg.dataloader.train.total_batch_size
     if batch % reference:
-        raise ValueError(f"dataloader.train.total_batch_size {batch} does not split over "
+        raise UserError(f"dataloader.train.total_batch_size {batch} does not split over "
                          f"train.reference_world_size {reference}: use a multiple of it")
     ratio = world_size / reference
 
@@ -147,13 +148,13 @@ def scale_to_world_size(cfg: DictConfig, world_size: int) -> DictConfig:
 def _check_recipe(cfg: DictConfig, path: str) -> None:
     for key in REQUIRED_KEYS:
         if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-            raise ValueError(f"LazyConfig {path} has no {key}: a recipe defines model, "
+            raise UserError(f"LazyConfig {path} has no {key}: a recipe defines model, "
                              f"dataloader (train, test, evaluator), optimizer, lr_multiplier "
                              f"and train (see configs/LazyConfigs/common/)")
     try:
         torch.device(cfg.train.device)
     except (RuntimeError, TypeError):
-        raise ValueError(f"train.device {cfg.train.device!r} is not a torch device: use cuda, "
+        raise UserError(f"train.device {cfg.train.device!r} is not a torch device: use cuda, "
                          f"cpu, or cuda:N") from None
 
 
@@ -171,7 +172,7 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
         cfg = LazyConfig.load(path)
     except (SyntaxError, ImportError, NameError, AttributeError) as error:
         cause = error.__cause__ or error
-        raise ValueError(f"LazyConfig {path} does not load: {type(cause).__name__}: "
+        raise UserError(f"LazyConfig {path} does not load: {type(cause).__name__}: "
                          f"{' '.join(str(cause).split())}") from error
     apply_overrides(cfg, overrides)
     _check_recipe(cfg, path)

@@ -32,6 +32,7 @@ from detectron2.data.build import (
     print_instances_class_histogram)
 from detectron2.structures import BoxMode
 from detectron2.utils.file_io import PathManager
+from lambda_det.utils.errors import UserError, UserKeyError
 from lambda_det.utils.setting import Setting, override
 
 __all__ = ["DataSettings", "yaml_data_settings", "yaml_num_classes",
@@ -113,7 +114,7 @@ def _check_registered(names: Sequence[str]) -> None:
     for name in names:
         if name not in registered:
             close = difflib.get_close_matches(name, registered, n=3)
-            raise KeyError(f"dataset {name!r} is not registered"
+            raise UserKeyError(f"dataset {name!r} is not registered"
                            + (f"; did you mean {' or '.join(map(repr, close))}?" if close else
                               " (register it with detectron2's DatasetCatalog, or name its "
                               "files with DATASETS.COCO_INSTANCES / --coco-dataset)"))
@@ -139,7 +140,7 @@ def load_dataset(name: str) -> List[dict]:
                 f"a JSON file of dataset {name!r}")
         problem = (str(error) if isinstance(error, json.JSONDecodeError) else
                    f"byte {error.start} is not UTF-8 text")
-        raise ValueError(f"{what} is not valid JSON ({problem}): fix the file or write it "
+        raise UserError(f"{what} is not valid JSON ({problem}): fix the file or write it "
                          f"again") from None
     except FileNotFoundError as error:
         root = os.getenv("DETECTRON2_DATASETS", "datasets")
@@ -154,22 +155,22 @@ def load_dataset(name: str) -> List[dict]:
             unknown = error.__cause__.args[0] if isinstance(error.__cause__, KeyError) else (
                 message.split("=", 1)[1].split()[0])
             known = sorted(MetadataCatalog.get(name).get("thing_dataset_id_to_contiguous_id", {}))
-            raise ValueError(f"{where}: an annotation has category_id={unknown}, which is not "
+            raise UserError(f"{where}: an annotation has category_id={unknown}, which is not "
                              f"among the ids of the file's categories {known}: fix the "
                              f"annotation or add the category") from None
-        raise ValueError(f"{where}: an image or annotation lacks the field {error}; COCO images "
+        raise UserError(f"{where}: an image or annotation lacks the field {error}; COCO images "
                          f"need id, file_name, height, width and annotations image_id, bbox, "
                          f"category_id (and segmentation for masks)") from None
     except (AssertionError, ValueError) as error:  # pycocotools' and detectron2's checks
         if (isinstance(error, ValueError)  # load_coco_json's min() of no category ids
                 and MetadataCatalog.get(name).get("thing_classes") == []):
-            raise ValueError(f"{where} has no categories: list them under \"categories\" "
+            raise UserError(f"{where} has no categories: list them under \"categories\" "
                              f"(id and name each)") from None
         if json_file and "are not unique" in str(error):  # load_coco_json's annotation ids
             check_unique_ids([name])  # names the id
-        raise ValueError(f"{where}: {' '.join(str(error).split())}") from None
+        raise UserError(f"{where}: {' '.join(str(error).split())}") from None
     if not len(dicts):
-        raise ValueError(f"{where} has no images: check that the file lists them under "
+        raise UserError(f"{where} has no images: check that the file lists them under "
                          f"\"images\"")
     return dicts
 
@@ -204,7 +205,7 @@ def check_unique_ids(names: Sequence[str]) -> None:
                 first = first_with_id.setdefault(entry["id"], entry)
                 if first is not entry:
                     what = "annotations of image ids" if kind == "annotation" else key
-                    raise ValueError(
+                    raise UserError(
                         f"{_describe(name)}: {kind} id {entry['id']!r} is used twice, by {what} "
                         f"{first.get(label)!r} and {entry.get(label)!r}: give each {kind} its "
                         f"own id (pycocotools keeps only one of them)")
@@ -273,7 +274,7 @@ def check_usable_annotations(per_dataset: Sequence[Sequence[dict]],
                 return
     where = ", ".join(_describe(name) for name in names)
     reasons = [f"{count} {kind}" for kind, count in counts.items() if kind != "images" and count]
-    raise ValueError(
+    raise UserError(
         f"{where}: no image has an annotation to train on (of {counts['images']} images, "
         f"{' and '.join(reasons)}): add non-crowd annotations (iscrowd 0), and check that their "
         f"image_id values are the images' ids (detectron2 drops annotations of unknown images) "
@@ -290,7 +291,7 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
     for record in dicts:
         file_name = record.get("file_name")
         if not file_name:
-            raise ValueError(f"image record {record.get('image_id')!r} has no file_name{where}")
+            raise UserError(f"image record {record.get('image_id')!r} has no file_name{where}")
         if not os.path.isfile(file_name):
             raise FileNotFoundError(f"image file {file_name} does not exist{where}")
         annotations = record.get("annotations", [])
@@ -302,16 +303,16 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
                 if key not in annotation:
                     fix = ("add it, or train without masks (MODEL.MASK_ON False)"
                            if key == "segmentation" else "add it, or remove the annotation")
-                    raise ValueError(f"{which} has no {key!r}: {fix}")
+                    raise UserError(f"{which} has no {key!r}: {fix}")
             box = list(annotation["bbox"])
             if len(box) != 4 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool)
                                         and math.isfinite(x) for x in box):
-                raise ValueError(f"{which} has bbox={box}, not 4 finite numbers: fix or remove "
+                raise UserError(f"{which} has bbox={box}, not 4 finite numbers: fix or remove "
                                  f"the annotation")
             mode = annotation.get("bbox_mode", BoxMode.XYWH_ABS)
             x0, y0, x1, y1 = BoxMode.convert(box, mode, BoxMode.XYXY_ABS)
             if x1 < x0 or y1 < y0:
-                raise ValueError(f"{which} has a box of negative size, bbox={box} "
+                raise UserError(f"{which} has a box of negative size, bbox={box} "
                                  f"({BoxMode(mode).name}): fix or remove the annotation")
 
 
@@ -326,7 +327,7 @@ def check_num_classes(num_classes: Optional[Setting], names: Sequence[str],
     for name in names:
         classes = MetadataCatalog.get(name).get("thing_classes")
         if classes is not None and len(classes) != count:
-            raise ValueError(f"{key} is {count}, but {_describe(name)} has {len(classes)} "
+            raise UserError(f"{key} is {count}, but {_describe(name)} has {len(classes)} "
                              f"categories: " + (fix or f"add '{override(key, len(classes))}' to "
                                                        f"the command line (or set it in the "
                                                        f"config)"))
@@ -374,11 +375,11 @@ def check_image_mode(file_name: str, mode: str) -> None:
         return
     kind = "16-bit grayscale" if mode.startswith("I;16") else _HIGH_BIT_DEPTH_MODES.get(mode)
     if kind:
-        raise ValueError(f"image file {file_name} is {kind} (PIL mode {mode!r}), which "
+        raise UserError(f"image file {file_name} is {kind} (PIL mode {mode!r}), which "
                          f"detectron2's read_image clips to 0-255 instead of scaling (a 16-bit "
                          f"image reads as solid white): convert it to 8-bit, scaling its values "
                          f"to 0-255")
-    raise ValueError(f"image file {file_name} has PIL mode {mode!r}, which detectron2's "
+    raise UserError(f"image file {file_name} has PIL mode {mode!r}, which detectron2's "
                      f"read_image does not read as it shows: convert it to 8-bit RGB")
 
 
@@ -400,7 +401,7 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
     if mode == "none":
         return
     if mode not in IMAGE_CHECKS:
-        raise ValueError(f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got "
+        raise UserError(f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got "
                          f"{mode!r}")
     fix = "replace the file or remove it from the annotation file"
     missing_end = None
@@ -421,10 +422,10 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
         problem = (f"is truncated (no {missing_end} at its end, and decoding fails: {error})"
                    if missing_end else
                    f"is not a readable image ({type(error).__name__}: {error})")
-        raise ValueError(f"image file {file_name} {' '.join(problem.split())}: {fix}") from None
+        raise UserError(f"image file {file_name} {' '.join(problem.split())}: {fix}") from None
     check_image_mode(file_name, pil_mode)
     if width is not None and height is not None and size != (width, height):
-        raise ValueError(f"image file {file_name} is {size[0]}x{size[1]} (width x height) but its "
+        raise UserError(f"image file {file_name} is {size[0]}x{size[1]} (width x height) but its "
                          f"annotation says {width}x{height}: fix width/height in the annotation "
                          f"file, or replace the image")
 
@@ -440,7 +441,7 @@ def check_images(dicts: Sequence[dict], mode: str = "header", image_format: str 
         images failed.
     """
     if mode not in IMAGE_CHECKS:
-        raise ValueError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
+        raise UserError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
     if mode == "none" or not dicts:
         return 0
     files = {}  # an image listed twice (several datasets, repeat factors) is read once
@@ -476,7 +477,7 @@ def check_run_datasets(data: DataSettings, training: bool = True,
     (:func:`load_checked_test_dicts`). Returns the number of image files checked."""
     key, mode = data.check_images
     if mode not in IMAGE_CHECKS:
-        raise ValueError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
+        raise UserError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
     train, test = list(data.train.value), list(data.test.value)
     _check_registered([*(train if training else ()), *test])
     checked = 0

@@ -11,6 +11,7 @@ from typing import List, Sequence
 
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
+from lambda_det.utils.errors import UserError
 
 __all__ = ["register_coco_datasets", "register_coco_triples", "coco_dataset_overrides"]
 
@@ -25,7 +26,7 @@ def _same_path(a, b) -> bool:
 def _triple(entry, source: str) -> List[str]:
     if (not isinstance(entry, (list, tuple)) or len(entry) != 3
             or not all(isinstance(part, str) and part for part in entry)):
-        raise ValueError(f"{source} entries are [name, json_file, image_root] (three non-empty "
+        raise UserError(f"{source} entries are [name, json_file, image_root] (three non-empty "
                          f"strings), got {entry!r}")
     name, json_file, image_root = entry
     return [name, os.path.expanduser(json_file), os.path.expanduser(image_root)]
@@ -56,7 +57,7 @@ def register_coco_triples(entries: Sequence, source: str = KEY) -> List[str]:
             registered = (metadata.get("json_file"), metadata.get("image_root"))
             if not (_same_path(registered[0], json_file)
                     and _same_path(registered[1], image_root)):
-                raise ValueError(
+                raise UserError(
                     f"dataset name {name!r} ({source}) is already registered with annotation file "
                     f"{registered[0]} and images {registered[1]}, not {json_file} and "
                     f"{image_root}: give this dataset another name")

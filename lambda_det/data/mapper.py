@@ -16,6 +16,7 @@ from typing import List, Sequence
 from detectron2.data import DatasetMapper as Detectron2DatasetMapper
 from detectron2.data import detection_utils
 from detectron2.data import transforms as T
+from lambda_det.utils.errors import UserError
 
 __all__ = ["build_lsj_augmentations", "check_lsj_settings", "build_mapper", "DatasetMapper",
            "MIN_LSJ_IMAGE_SIZE"]
@@ -38,11 +39,11 @@ def check_lsj_settings(image_size: int, min_scale: float, max_scale: float,
     size_key, min_key, max_key = keys
     if isinstance(image_size, bool) or not isinstance(image_size, int) or (
             image_size < MIN_LSJ_IMAGE_SIZE):
-        raise ValueError(f"{size_key} must be an integer >= {MIN_LSJ_IMAGE_SIZE} (the backbone's "
+        raise UserError(f"{size_key} must be an integer >= {MIN_LSJ_IMAGE_SIZE} (the backbone's "
                          f"coarsest stride), got {image_size!r}: set {size_key} to the side of "
                          f"the training crop, e.g. 1024")
     if not 0 < min_scale <= max_scale:
-        raise ValueError(f"LSJ scales must satisfy 0 < {min_key} <= {max_key}, got {min_scale} "
+        raise UserError(f"LSJ scales must satisfy 0 < {min_key} <= {max_key}, got {min_scale} "
                          f"and {max_scale}: set {min_key} to a positive scale no larger than "
                          f"{max_key}")
 
@@ -54,7 +55,7 @@ def build_lsj_augmentations(image_size: int, min_scale: float, max_scale: float,
     error: evaluation uses detectron2's test resize, see the module docstring).
     """
     if not is_train:
-        raise ValueError("LSJ is a training augmentation; evaluation resizes by "
+        raise UserError("LSJ is a training augmentation; evaluation resizes by "
                          "INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (detectron2's DatasetMapper)")
     check_lsj_settings(image_size, min_scale, max_scale)
     return [T.ResizeScale(min_scale=min_scale, max_scale=max_scale,
@@ -90,7 +91,7 @@ class DatasetMapper(Detectron2DatasetMapper):
                 raise FileNotFoundError(f"image file {file_name} no longer exists: restore it "
                                         f"or remove it from the annotation file") from error
             message = " ".join(f"{type(error).__name__}: {error}".split())
-            raise ValueError(f"image file {file_name} cannot be decoded ({message}): replace it "
+            raise UserError(f"image file {file_name} cannot be decoded ({message}): replace it "
                              f"or remove it from the annotation file (DATALOADER.CHECK_IMAGES "
                              f"full finds every such file before training)") from error
 

@@ -12,6 +12,7 @@ import torch
 
 from detectron2.config import CfgNode
 from detectron2.engine import SimpleTrainer
+from lambda_det.utils.errors import UserError
 
 __all__ = ["MixedPrecisionTrainer", "AMP_DTYPES", "cpu_amp_warning",
            "warn_about_slow_cpu_amp"]
@@ -79,7 +80,7 @@ class MixedPrecisionTrainer(SimpleTrainer):
     def __init__(self, model, data_loader, optimizer, dtype: str = "float16",
                  device_type: str = "cuda"):
         if dtype not in AMP_DTYPES:
-            raise ValueError(f"SOLVER.AMP.DTYPE must be one of {sorted(AMP_DTYPES)}, got {dtype!r}")
+            raise UserError(f"SOLVER.AMP.DTYPE must be one of {sorted(AMP_DTYPES)}, got {dtype!r}")
         super().__init__(model, data_loader, optimizer)
         self.dtype, self.device_type = AMP_DTYPES[dtype], device_type
         self.grad_scaler = (torch.amp.GradScaler(device_type) if self.dtype == torch.float16

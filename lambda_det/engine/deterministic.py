@@ -27,6 +27,7 @@ import torch
 
 from detectron2.engine import HookBase
 from detectron2.utils import comm
+from lambda_det.utils.errors import UserError
 
 __all__ = ["DeterministicTrainLoader", "SeedEachIteration", "stream_seed"]
 
@@ -46,10 +47,10 @@ class DeterministicTrainLoader:
     def __init__(self, dataset: Sequence[dict], mapper: Callable[[dict], dict], total_batch_size: int,
                  seed: int, rank: int = 0, world_size: int = 1):
         if total_batch_size % world_size:
-            raise ValueError(f"SOLVER.IMS_PER_BATCH={total_batch_size} is not divisible by the "
-                             f"{world_size} processes")
+            raise UserError(f"SOLVER.IMS_PER_BATCH={total_batch_size} is not divisible by the "
+                            f"{world_size} processes")
         if len(dataset) == 0:
-            raise ValueError("the training dataset is empty")
+            raise UserError("the training dataset is empty")
         self.dataset = dataset
         self.mapper = mapper
         self.total_batch_size = total_batch_size

@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from detectron2.engine import launch as detectron2_launch
 from detectron2.utils import comm
 from lambda_det.engine.interrupt import watching_launcher_signals
+from lambda_det.utils.errors import UserError
 
 __all__ = ["launch"]
 
@@ -36,7 +37,7 @@ def launch(main_func, num_processes: int, num_machines: int = 1, machine_rank: i
         return main_func(*args)
     if cpu and dist_url in (None, "auto"):
         if num_machines != 1:
-            raise ValueError("dist_url='auto' only works on one machine; pass tcp://HOST:PORT")
+            raise UserError("dist_url='auto' only works on one machine; pass tcp://HOST:PORT")
         dist_url = f"tcp://127.0.0.1:{_free_port()}"
     with watching_launcher_signals(main_func) as main_func:
         if not cpu:

@@ -23,6 +23,7 @@ from lambda_det.data.mapper import check_lsj_settings
 from lambda_det.engine.amp import AMP_DTYPES
 from lambda_det.layers import LambdaLayer
 from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
+from lambda_det.utils.errors import UserError
 from lambda_det.utils.setting import Setting, is_integer, override
 
 __all__ = ["Setting", "BackboneSettings", "TrainingSettings", "check_launch_arguments",
@@ -64,11 +65,11 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
     exits 0 having done nothing."""
     for flag, value in (("--num-gpus", args.num_gpus), ("--num-machines", args.num_machines)):
         if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}: pass {flag} 1 or more (on the "
-                             f"CPU, --num-gpus N starts N processes)")
+            raise UserError(f"{flag} must be >= 1, got {value}: pass {flag} 1 or more (on the "
+                            f"CPU, --num-gpus N starts N processes)")
     if not 0 <= args.machine_rank < args.num_machines:
-        raise ValueError(f"--machine-rank must be in 0..{args.num_machines - 1} for "
-                         f"--num-machines {args.num_machines}, got {args.machine_rank}")
+        raise UserError(f"--machine-rank must be in 0..{args.num_machines - 1} for "
+                        f"--num-machines {args.num_machines}, got {args.machine_rank}")
 
 
 def check_device(device: Setting, num_gpus: int) -> None:
@@ -77,24 +78,24 @@ def check_device(device: Setting, num_gpus: int) -> None:
     try:
         parsed = torch.device(device.value)
     except (RuntimeError, TypeError):
-        raise ValueError(f"{device.key} {device.value!r} is not a torch device: set "
-                         f"{device.key} to cuda, cuda:N or cpu") from None
+        raise UserError(f"{device.key} {device.value!r} is not a torch device: set "
+                        f"{device.key} to cuda, cuda:N or cpu") from None
     if parsed.type == "cpu":
         return
     if parsed.type != "cuda":
-        raise ValueError(f"{device.key} {device.value!r}: lambda_det trains and evaluates on "
-                         f"cuda or cpu; set {device.key} to one of them")
+        raise UserError(f"{device.key} {device.value!r}: lambda_det trains and evaluates on "
+                        f"cuda or cpu; set {device.key} to one of them")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        raise ValueError(f"{device.key} {device.value!r} needs a CUDA GPU, and torch finds none "
-                         f"on this machine: set {device.key} to cpu")
+        raise UserError(f"{device.key} {device.value!r} needs a CUDA GPU, and torch finds none "
+                        f"on this machine: set {device.key} to cpu")
     if parsed.index is not None and parsed.index >= count:
-        raise ValueError(f"{device.key} {device.value!r}: this machine has {count} CUDA "
-                         f"GPU(s), cuda:0 to cuda:{count - 1}")
+        raise UserError(f"{device.key} {device.value!r}: this machine has {count} CUDA "
+                        f"GPU(s), cuda:0 to cuda:{count - 1}")
     if num_gpus > count:
-        raise ValueError(f"--num-gpus {num_gpus} needs {num_gpus} CUDA GPUs and this machine "
-                         f"has {count}: pass --num-gpus {count} or fewer, or set {device.key} "
-                         f"to cpu")
+        raise UserError(f"--num-gpus {num_gpus} needs {num_gpus} CUDA GPUs and this machine "
+                        f"has {count}: pass --num-gpus {count} or fewer, or set {device.key} "
+                        f"to cpu")
 
 
 def _is_number(value) -> bool:
@@ -103,8 +104,8 @@ def _is_number(value) -> bool:
 
 def _check_integer_at_least(setting: Setting, minimum: int, meaning: str) -> None:
     if not is_integer(setting.value) or setting.value < minimum:
-        raise ValueError(f"{setting.key} must be an integer >= {minimum} ({meaning}), got "
-                         f"{setting.value!r}: set {setting.key} to an integer >= {minimum}")
+        raise UserError(f"{setting.key} must be an integer >= {minimum} ({meaning}), got "
+                        f"{setting.value!r}: set {setting.key} to an integer >= {minimum}")
 
 
 def _check_lr_steps(steps: Setting, max_iter: Setting) -> None:
@@ -113,19 +114,19 @@ def _check_lr_steps(steps: Setting, max_iter: Setting) -> None:
     values = list(steps.value)
     bounds_ok = all(is_integer(step) and 0 < step < max_iter.value for step in values)
     if not bounds_ok or values != sorted(set(values)):
-        raise ValueError(f"{steps.key} {values} must be increasing iterations between 1 and "
-                         f"{max_iter.key} - 1 = {max_iter.value - 1} (steps past it are left out): "
-                         f"set {steps.key} to the iterations at which the LR drops")
+        raise UserError(f"{steps.key} {values} must be increasing iterations between 1 and "
+                        f"{max_iter.key} - 1 = {max_iter.value - 1} (steps past it are left out): "
+                        f"set {steps.key} to the iterations at which the LR drops")
 
 
 def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") -> None:
     """The images per iteration over all processes (``key``) split evenly over them."""
     if not is_integer(batch) or batch < 1:
-        raise ValueError(f"{key} must be a positive integer (images per iteration over all "
-                         f"processes), got {batch!r}")
+        raise UserError(f"{key} must be a positive integer (images per iteration over all "
+                        f"processes), got {batch!r}")
     if batch % world_size:
-        raise ValueError(f"{key} {batch} does not split over {world_size} processes: use a "
-                         f"multiple of {world_size}")
+        raise UserError(f"{key} {batch} does not split over {world_size} processes: use a "
+                        f"multiple of {world_size}")
 
 
 def check_training_settings(settings: TrainingSettings) -> None:
@@ -139,19 +140,19 @@ def check_training_settings(settings: TrainingSettings) -> None:
     check_batch_size(settings.batch.value, 1, key=settings.batch.key)
     lr = settings.learning_rate
     if not _is_number(lr.value) or not math.isfinite(lr.value) or lr.value <= 0:
-        raise ValueError(f"{lr.key} must be a finite number > 0, got {lr.value!r}: set {lr.key} "
-                         f"to a positive learning rate")
+        raise UserError(f"{lr.key} must be a finite number > 0, got {lr.value!r}: set {lr.key} "
+                        f"to a positive learning rate")
     _check_integer_at_least(settings.max_iter, 1, "iterations to train")
     if settings.lr_steps is not None:
         _check_lr_steps(settings.lr_steps, settings.max_iter)
     dtype = settings.amp_dtype
     if dtype is not None and dtype.value not in AMP_DTYPES:
-        raise ValueError(f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {dtype.value!r}: "
-                         f"set {dtype.key} to float16 or bfloat16")
+        raise UserError(f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {dtype.value!r}: "
+                        f"set {dtype.key} to float16 or bfloat16")
     seed = settings.seed
     if settings.deterministic.value and (not is_integer(seed.value) or seed.value < 0):
-        raise ValueError(f"{settings.deterministic.key} needs a fixed {seed.key} >= 0, got "
-                         f"{seed.key}={seed.value!r}: set {seed.key} to a number such as 0")
+        raise UserError(f"{settings.deterministic.key} needs a fixed {seed.key} >= 0, got "
+                        f"{seed.key}={seed.value!r}: set {seed.key} to a number such as 0")
     if settings.lsj is not None:
         check_lsj_settings(*(setting.value for setting in settings.lsj),
                            keys=[setting.key for setting in settings.lsj])
@@ -159,8 +160,8 @@ def check_training_settings(settings: TrainingSettings) -> None:
         _check_integer_at_least(setting, 1, "iterations")
     for setting in settings.at_least_zero:
         if not _is_number(setting.value) or not setting.value >= 0:
-            raise ValueError(f"{setting.key} must be >= 0, got {setting.value!r}: set "
-                             f"{setting.key} to 0 or more")
+            raise UserError(f"{setting.key} must be >= 0, got {setting.value!r}: set "
+                            f"{setting.key} to 0 or more")
     check_training_recipe(settings)
 
 
@@ -176,7 +177,7 @@ def check_training_recipe(settings: TrainingSettings) -> None:
     if backbone is None:
         return
     if STOCK_IMAGENET_WEIGHTS in weights.value:
-        raise ValueError(
+        raise UserError(
             f"{weights.key} {weights.value!r} is a detectron2 ImageNet ResNet, which does not "
             f"fit a LambdaResNet, and no pretrained LambdaResNet weights exist: train from "
             f"scratch with {override(weights.key, '')} {override(backbone.freeze_at.key, 0)} "
@@ -186,13 +187,13 @@ def check_training_recipe(settings: TrainingSettings) -> None:
         return
     scratch = f"when training from scratch ({weights.key} is empty)"
     if backbone.norm.value == "FrozenBN":
-        raise ValueError(f"{backbone.norm.key} 'FrozenBN' freezes randomly initialised "
-                         f"statistics {scratch}: set {backbone.norm_key} to SyncBN (several "
-                         f"GPUs), BN or GN")
+        raise UserError(f"{backbone.norm.key} 'FrozenBN' freezes randomly initialised "
+                        f"statistics {scratch}: set {backbone.norm_key} to SyncBN (several "
+                        f"GPUs), BN or GN")
     freeze_at = backbone.freeze_at
     if freeze_at.value > 0:
-        raise ValueError(f"{freeze_at.key} {freeze_at.value} freezes randomly initialised "
-                         f"stages {scratch}: set {override(freeze_at.key, 0)}")
+        raise UserError(f"{freeze_at.key} {freeze_at.value} freezes randomly initialised "
+                        f"stages {scratch}: set {override(freeze_at.key, 0)}")
 
 
 # ---- memory ----
@@ -321,7 +322,7 @@ def check_training_memory(model: nn.Module, settings: TrainingSettings, device: 
         return None
     available, where = limit
     if needed > available:
-        raise ValueError(
+        raise UserError(
             f"training needs at least ~{needed / GIB:.1f} GiB per process for {images} images "
             f"of {size}x{size} (the backbone's activations and the model's weights), {where}: "
             f"lower {settings.batch.key} or {settings.input_size.key}")

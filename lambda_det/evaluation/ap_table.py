@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional
 
 from lambda_det.evaluation.plots import plot_ap_bars
+from lambda_det.utils.errors import UserError
 from lambda_det.utils.text import read_text
 
 __all__ = ["PAPER_TABLE_14", "SIZE_METRICS", "load_results", "format_ap_table", "plot_ap_by_size"]
@@ -59,33 +60,33 @@ def load_results(path: str, dataset: Optional[str] = None) -> Results:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number} is not JSON: {error}") from error
+                raise UserError(f"{path}:{line_number} is not JSON: {error}") from error
             if not isinstance(record, dict):
-                raise ValueError(f"{path}:{line_number} is not a JSON object: {fix}")
+                raise UserError(f"{path}:{line_number} is not a JSON object: {fix}")
             for key, value in record.items():
                 task, _, metric = key.partition("/")
                 if task in ("bbox", "segm") and metric:
                     results.setdefault(task, {})[metric] = value
         if not results:
-            raise ValueError(f"{path} has no bbox/ or segm/ metrics: was the run evaluated?")
+            raise UserError(f"{path} has no bbox/ or segm/ metrics: was the run evaluated?")
         return _checked(results, path)
     try:
         record = json.loads(text)
         per_dataset = record["results"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ValueError(f"{path} is not an eval_results.json written by train_net.py: "
-                         f"{error}") from error
+        raise UserError(f"{path} is not an eval_results.json written by train_net.py: "
+                        f"{error}") from error
     if not isinstance(per_dataset, dict):
-        raise ValueError(f"{path} is not an eval_results.json written by train_net.py: its "
-                         f"'results' is {type(per_dataset).__name__}, not a mapping")
+        raise UserError(f"{path} is not an eval_results.json written by train_net.py: its "
+                        f"'results' is {type(per_dataset).__name__}, not a mapping")
     # {dataset: {task: metrics}} from DefaultTrainer.test, or {task: metrics} for one dataset.
     if any(task in per_dataset for task, _ in TASKS):
         return _checked(per_dataset, path)
     if dataset is None and len(per_dataset) == 1:
         return _checked(next(iter(per_dataset.values())), path)
     if dataset not in per_dataset:
-        raise ValueError(f"{path} has results for the datasets {sorted(per_dataset)}: name one "
-                         f"(got dataset={dataset!r})")
+        raise UserError(f"{path} has results for the datasets {sorted(per_dataset)}: name one "
+                        f"(got dataset={dataset!r})")
     return _checked(per_dataset[dataset], path)
 
 
@@ -94,19 +95,19 @@ def _checked(results, path: Path) -> Results:
     measured), with the numbers as floats; else a ValueError naming the file and the value."""
     fix = "pass the eval_results.json or metrics.json that tools/train_net.py wrote"
     if not isinstance(results, dict):
-        raise ValueError(f"{path} holds {type(results).__name__} where results by task "
-                         f"(bbox, segm) belong: {fix}")
+        raise UserError(f"{path} holds {type(results).__name__} where results by task "
+                        f"(bbox, segm) belong: {fix}")
     checked: Results = dict(results)
     for task, metrics in results.items():
         if task not in dict(TASKS):
             continue  # another evaluator's (sem_seg, ...): not shown
         if not isinstance(metrics, dict):
-            raise ValueError(f"{path}: {task} is {metrics!r}, not a mapping of metrics: {fix}")
+            raise UserError(f"{path}: {task} is {metrics!r}, not a mapping of metrics: {fix}")
         checked[task] = {}
         for metric, value in metrics.items():
             if value is not None and (isinstance(value, bool)
                                       or not isinstance(value, (int, float))):
-                raise ValueError(f"{path}: {task}/{metric} is {value!r}, not a number: {fix}")
+                raise UserError(f"{path}: {task}/{metric} is {value!r}, not a number: {fix}")
             checked[task][metric] = None if value is None else float(value)
     return checked
 
@@ -136,8 +137,8 @@ def format_ap_table(runs: Mapping[str, Results], baseline: Optional[str] = None,
     if paper:
         rows.update({f"{name} (paper)": results for name, results in PAPER_TABLE_14.items()})
     if baseline is not None and baseline not in rows:
-        raise ValueError(f"baseline {baseline!r} is not one of the rows {list(rows)}: pass one "
-                         f"of them")
+        raise UserError(f"baseline {baseline!r} is not one of the rows {list(rows)}: pass one "
+                        f"of them")
     header = "| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |"
     lines = [header, "|:--|--:|:-:|--:|:-:|"]
     for name, results in rows.items():

@@ -19,6 +19,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from lambda_det.evaluation.ap_table import load_results
 from lambda_det.evaluation.plots import plot_ap_bars
 from lambda_det.utils.atomic import atomic_path
+from lambda_det.utils.errors import UserError
 
 __all__ = ["METRICS", "summarize", "format_comparison", "plot_comparison", "write_report",
            "mean_std", "median_iteration_time", "read_difference"]
@@ -113,10 +114,10 @@ def summarize(runs: Mapping[str, Mapping[int, str]], baseline: str,
     seeds = sorted(next(iter(runs.values())))
     for name, by_seed in runs.items():
         if sorted(by_seed) != seeds:
-            raise ValueError(f"variant {name!r} has the seeds {sorted(by_seed)}, not {seeds}: "
-                             f"every variant needs the same seeds to pair them")
+            raise UserError(f"variant {name!r} has the seeds {sorted(by_seed)}, not {seeds}: "
+                            f"every variant needs the same seeds to pair them")
     if baseline not in runs:
-        raise ValueError(f"baseline {baseline!r} is not one of the variants {list(runs)}")
+        raise UserError(f"baseline {baseline!r} is not one of the variants {list(runs)}")
     results = {name: {seed: load_results(folder, dataset) for seed, folder in by_seed.items()}
                for name, by_seed in runs.items()}
     # Tasks any run reports (a box-only detector has no "segm"; nor has a run without
@@ -124,7 +125,7 @@ def summarize(runs: Mapping[str, Mapping[int, str]], baseline: str,
     tasks = [task for task in TASK_LABELS
              if any(task in r for by_seed in results.values() for r in by_seed.values())]
     if not tasks:
-        raise ValueError("the runs have no bbox or segm results to compare")
+        raise UserError("the runs have no bbox or segm results to compare")
     left_out = [{"variant": name, "seed": seed, "task": task, "run": str(runs[name][seed])}
                 for name, by_seed in results.items() for seed in seeds for task in tasks
                 if not _has_ap(by_seed[seed], task)]

@@ -73,6 +73,7 @@ from lambda_det.layers import LambdaLayer
 from lambda_det.export._archive import load_program, zip_kind
 from lambda_det.export._torch_export import export_friendly_detectron2
 from lambda_det.utils.atomic import atomic_path, check_output_file
+from lambda_det.utils.errors import UserError
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "sample_image", "eager_outputs", "check_export_output", "metadata_path",
@@ -112,7 +113,7 @@ def sample_image(cfg: CfgNode, path: Optional[PathLike] = None,
             size = (cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MIN_SIZE_TEST)
         height, width = (int(s) for s in size)
         if height < 1 or width < 1:
-            raise ValueError(f"sample size must be positive, got {tuple(size)}")
+            raise UserError(f"sample size must be positive, got {tuple(size)}")
         image = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
     augmented = T.AugInput(image)
     build_mapper(cfg, is_train=False).augmentations(augmented)  # the test-time resize
@@ -261,10 +262,10 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
     _check_sample(model, image, "export")
     reason = fixed_size_reason(model)
     if reason is not None:
-        raise ValueError(f"torch.export takes the model at a dynamic size only, and {reason}")
+        raise UserError(f"torch.export takes the model at a dynamic size only, and {reason}")
     min_size = torch_export_min_size(model)
     if min(image.shape[1:]) < min_size:
-        raise ValueError(
+        raise UserError(
             f"the torch.export sample must be at least {min_size} x {min_size} pixels (every "
             f"feature map at least 2 x 2; the export then takes any size from there), got "
             f"{tuple(image.shape[1:])}: pass a larger --sample-image or --sample-size")
@@ -282,7 +283,7 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
             # windows, a global lambda layer's max_size).
             violations = [line.strip(" -") for line in str(error).splitlines()
                           if line.strip().startswith("- ")]
-            raise ValueError(
+            raise UserError(
                 f"torch.export cannot take this model at every size from {min_size}: "
                 f"{violations[0] if violations else str(error).splitlines()[0]}; try the "
                 f"torchscript or onnx format") from error
@@ -408,7 +409,7 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
         raise ValueError(f"unknown export format {format!r}; expected one of {EXPORT_FORMATS}")
     if format == "onnx":
         if opset < 16:
-            raise ValueError(f"ONNX opset must be >= 16 (RoIAlign with aligned=True), got {opset}")
+            raise UserError(f"ONNX opset must be >= 16 (RoIAlign with aligned=True), got {opset}")
         if importlib.util.find_spec("onnx") is None:
             raise ImportError("ONNX export needs the onnx package (pip install onnx)")
     traced = export_program(model, image) if format == "torch_export" else \
@@ -501,8 +502,8 @@ class ExportedModel:
     def _read_metadata(self, path: str, text: str, kind: str) -> None:
         """The input and outputs, from the metadata stored in the file itself."""
         if not text:
-            raise ValueError(f"{path!r} is not {kind} file written by lambda_det.export (it has "
-                             f"no {METADATA_NAME})")
+            raise UserError(f"{path!r} is not {kind} file written by lambda_det.export (it has "
+                            f"no {METADATA_NAME})")
         metadata = json.loads(text)
         self.input_shape = tuple(metadata["input_shape"])
         self.input_dtype = getattr(torch, metadata["input_dtype"])
@@ -513,17 +514,17 @@ class ExportedModel:
         if image.dim() != len(self.input_shape) or any(
                 expected not in (None, size) for expected, size in zip(self.input_shape,
                                                                        image.shape)):
-            raise ValueError(
+            raise UserError(
                 f"{self.path!r} was traced for images of shape {self.input_shape}, got "
                 f"{tuple(image.shape)}: resize or pad the image, or export again with a sample "
                 f"of this size")
         if self.min_size is not None and any(size < smallest for size, smallest in
                                              zip(image.shape[1:], self.min_size)):
-            raise ValueError(f"{self.path!r} takes images of at least {self.min_size[0]} x "
-                             f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} "
-                             f"(TorchScript and ONNX exports take any size)")
+            raise UserError(f"{self.path!r} takes images of at least {self.min_size[0]} x "
+                            f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} "
+                            f"(TorchScript and ONNX exports take any size)")
         if self.input_dtype is not None and image.dtype != self.input_dtype:
-            raise ValueError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
+            raise UserError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
         if self._module is not None:
             with torch.no_grad():
                 outputs = [output.cpu() for output in self._module(image)]

@@ -42,6 +42,7 @@ import sympy
 import torch
 import torch.utils._sympy.functions as torch_sympy
 from torch.export.pt2_archive._package import PT2ArchiveReader, load_pt2
+from lambda_det.utils.errors import UserError
 
 __all__ = ["ARCHIVE_VERSION", "zip_kind", "check_archive", "load_program"]
 
@@ -69,25 +70,25 @@ def zip_kind(path: str) -> str:
         with zipfile.ZipFile(path) as archive:
             names = {name.split("/", 1)[-1] for name in archive.namelist()}
     except zipfile.BadZipFile:
-        raise ValueError(f"{path!r} is not an exported model: it is not a zip archive, as "
-                         f"TorchScript (.ts) and torch.export (.pt2) files are; pass the file "
-                         f"tools/export_model.py wrote (ONNX files end in .onnx)") from None
+        raise UserError(f"{path!r} is not an exported model: it is not a zip archive, as "
+                        f"TorchScript (.ts) and torch.export (.pt2) files are; pass the file "
+                        f"tools/export_model.py wrote (ONNX files end in .onnx)") from None
     if "archive_format" in names:
         return "torch_export"
     if "constants.pkl" in names:
         return "torchscript"
     if "data.pkl" in names:
-        raise ValueError(f"{path!r} is a PyTorch checkpoint (torch.save: weights, e.g. of "
-                         f"training), not an exported model: export it with "
-                         f"tools/export_model.py --format torch_export (or torchscript, onnx) "
-                         f"MODEL.WEIGHTS {path}, and pass the file that writes")
-    raise ValueError(f"{path!r} is a zip archive but neither a TorchScript nor a torch.export "
-                     f"file: pass the file tools/export_model.py wrote")
+        raise UserError(f"{path!r} is a PyTorch checkpoint (torch.save: weights, e.g. of "
+                        f"training), not an exported model: export it with "
+                        f"tools/export_model.py --format torch_export (or torchscript, onnx) "
+                        f"MODEL.WEIGHTS {path}, and pass the file that writes")
+    raise UserError(f"{path!r} is a zip archive but neither a TorchScript nor a torch.export "
+                    f"file: pass the file tools/export_model.py wrote")
 
 
-def _refuse(path: str, reason: str) -> ValueError:
-    return ValueError(f"{path!r} is not a torch.export archive lambda_det loads: {reason}; "
-                      f"{EXPORT_AGAIN}")
+def _refuse(path: str, reason: str) -> UserError:
+    return UserError(f"{path!r} is not a torch.export archive lambda_det loads: {reason}; "
+                     f"{EXPORT_AGAIN}")
 
 
 def _loads_as_tensors(data: bytes) -> bool:
@@ -270,9 +271,9 @@ def check_archive(data: bytes, path: str) -> None:
         pickled.append(SAMPLE_INPUTS)
     for name in pickled:
         if not _loads_as_tensors(reader.read_bytes(name)):
-            raise ValueError(f"{path!r}: {name} holds objects other than tensors and plain "
-                             f"containers, which loading would unpickle by running code; "
-                             f"refusing to load it ({EXPORT_AGAIN})")
+            raise UserError(f"{path!r}: {name} holds objects other than tensors and plain "
+                            f"containers, which loading would unpickle by running code; "
+                            f"refusing to load it ({EXPORT_AGAIN})")
     try:
         program = json.loads(reader.read_string(MODEL))
     except ValueError:

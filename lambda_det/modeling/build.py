@@ -21,6 +21,7 @@ from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.roi_heads import Res5ROIHeads
 from lambda_det.modeling.lambda_resnet import LambdaResNet
 from lambda_det.modeling.mixers import MIXERS, mixer_options_from_config
+from lambda_det.utils.errors import UserError, UserKeyError
 
 __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
            "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config",
@@ -99,7 +100,7 @@ def check_c4_head_channels(cfg, backbone: LambdaResNet) -> None:
     channels = backbone.output_shape()[feature].channels
     res2_out_channels = cfg.MODEL.RESNETS.RES2_OUT_CHANNELS
     if 4 * res2_out_channels != channels:
-        raise ValueError(
+        raise UserError(
             f"MODEL.RESNETS.RES2_OUT_CHANNELS {res2_out_channels} gives the C4 heads' res5 "
             f"(Res5ROIHeads) {4 * res2_out_channels} input channels, but the LambdaResNet's "
             f"{feature} has {channels} (MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER "
@@ -115,11 +116,11 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     """A LambdaResNet from ``cfg.MODEL.LAMBDA_RESNET`` (DEPTH, NORM and OUT_FEATURES left None
     follow ``MODEL.RESNETS``) and ``cfg.MODEL.BACKBONE.FREEZE_AT``."""
     if "LAMBDA_RESNET" not in cfg.MODEL:
-        raise KeyError(f"MODEL.LAMBDA_RESNET is missing: {MISSING_CONFIG_HINT}")
+        raise UserKeyError(f"MODEL.LAMBDA_RESNET is missing: {MISSING_CONFIG_HINT}")
     node = cfg.MODEL.LAMBDA_RESNET
     _log_settings(cfg)
     if node.MIXER not in MIXERS:
-        raise ValueError(f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
+        raise UserError(f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
                          f"they are {', '.join(repr(name) for name in sorted(MIXERS))}")
     return LambdaResNet(
         backbone_setting(cfg, "DEPTH"),
@@ -144,7 +145,7 @@ def _fpn_in_features(cfg, bottom_up: LambdaResNet):
     if missing:
         key = ("MODEL.RESNETS.OUT_FEATURES" if cfg.MODEL.LAMBDA_RESNET.OUT_FEATURES is None
                else "MODEL.LAMBDA_RESNET.OUT_FEATURES")
-        raise ValueError(f"MODEL.FPN.IN_FEATURES {in_features} needs {missing}, which "
+        raise UserError(f"MODEL.FPN.IN_FEATURES {in_features} needs {missing}, which "
                          f"{key} {outputs} does not output")
     return in_features
 

@@ -9,6 +9,7 @@ from detectron2.layers import ShapeSpec, get_norm
 from detectron2.modeling import Backbone
 from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
 from lambda_det.modeling.mixers import build_mixer_factory, check_mixer_options, mixer_options
+from lambda_det.utils.errors import UserError
 
 __all__ = ["LambdaResNet", "lambda_resnet", "DEPTHS", "BLOCKS_PER_STAGE",
            "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "resolve_placement"]
@@ -68,7 +69,7 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
             ("res2".."res5") to 1-based block indices or "all".
     """
     if depth not in DEPTHS:
-        raise ValueError(f"depth must be one of {list(DEPTHS)}, got {depth!r}")
+        raise UserError(f"depth must be one of {list(DEPTHS)}, got {depth!r}")
     blocks = dict(zip(STAGES, BLOCKS_PER_STAGE[depth]))
     every = {stage: range(1, count + 1) for stage, count in blocks.items()}
     if isinstance(placement, str):  # case-insensitive, like the letters
@@ -82,23 +83,23 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
         elif len(letters) == 4 and set(letters) <= {"C", "L"}:
             chosen = {stage: every[stage] for stage, letter in zip(STAGES, letters) if letter == "L"}
         else:
-            raise ValueError(
+            raise UserError(
                 f"placement must be 'paper', 'c4', 'none', four letters over C/L for c2..c5 "
                 f"(e.g. 'CCLL'), or a mapping of stage to block indices; got {placement!r}")
     elif isinstance(placement, Mapping):
         chosen = {}
         for stage, indices in placement.items():
             if stage not in blocks:
-                raise ValueError(f"placement stage must be one of {STAGES}, got {stage!r}")
+                raise UserError(f"placement stage must be one of {STAGES}, got {stage!r}")
             chosen[stage] = every[stage] if indices == "all" else indices
     else:
-        raise ValueError(f"placement must be a string or a mapping, got {placement!r}")
+        raise UserError(f"placement must be a string or a mapping, got {placement!r}")
 
     resolved = {stage: frozenset() for stage in STAGES}
     for stage, indices in chosen.items():
         for index in indices:
             if not isinstance(index, int) or not 1 <= index <= blocks[stage]:
-                raise ValueError(
+                raise UserError(
                     f"placement block {index!r} is past the end of {stage}, which has "
                     f"{blocks[stage]} blocks at depth {depth} (indices are 1-based)")
         resolved[stage] = frozenset(indices)
@@ -110,7 +111,7 @@ def _check_norm(norm) -> None:
     try:
         get_norm(norm, 32)
     except KeyError:
-        raise ValueError(f"norm must be a detectron2 norm (\"BN\", \"SyncBN\", \"naiveSyncBN\", "
+        raise UserError(f"norm must be a detectron2 norm (\"BN\", \"SyncBN\", \"naiveSyncBN\", "
                          f"\"FrozenBN\", \"GN\", ...; \"\" for none) or a callable, got {norm!r}"
                          ) from None
 
@@ -160,9 +161,9 @@ class LambdaResNet(Backbone):
             options = {**options, "norm": norm}  # the mixer's norms are the backbone's
         check_mixer_options(mixer, options)
         if not width_multiplier > 0:
-            raise ValueError(f"width_multiplier must be > 0, got {width_multiplier!r}")
+            raise UserError(f"width_multiplier must be > 0, got {width_multiplier!r}")
         if not 0.0 <= drop_path_rate < 1.0:
-            raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate!r}")
+            raise UserError(f"drop_path_rate must be in [0, 1), got {drop_path_rate!r}")
         mixer_blocks = resolve_placement(depth, placement)
         self.depth = depth
         self.num_classes = num_classes
@@ -206,7 +207,7 @@ class LambdaResNet(Backbone):
                         se=se and not is_placed,
                         drop_path=drop_path_rate * block_number / total_blocks))
                 except ValueError as error:  # e.g. a width the mixer's heads do not divide
-                    raise ValueError(f"{name} block {block_index} ({mixer!r} mixer, width {width}, "
+                    raise UserError(f"{name} block {block_index} ({mixer!r} mixer, width {width}, "
                                      f"width_multiplier={width_multiplier}): {error}") from error
                 channels = 4 * width
             self.add_module(name, nn.Sequential(*blocks))
@@ -219,7 +220,7 @@ class LambdaResNet(Backbone):
         known = list(self._out_feature_channels) + (["linear"] if num_classes is not None else [])
         for feature in self._out_features:
             if feature not in known:
-                raise ValueError(f"out_features entry {feature!r} is not one of {known}")
+                raise UserError(f"out_features entry {feature!r} is not one of {known}")
         self._init_weights()
         self.freeze(freeze_at)
 
@@ -243,7 +244,7 @@ class LambdaResNet(Backbone):
         is frozen only when every stage that uses it is.
         """
         if not isinstance(freeze_at, int) or not 0 <= freeze_at <= 5:
-            raise ValueError(f"freeze_at must be an integer in [0, 5], got {freeze_at!r}")
+            raise UserError(f"freeze_at must be an integer in [0, 5], got {freeze_at!r}")
         if freeze_at >= 1:
             self.stem.freeze()
         for stage_index, name in enumerate(self.stage_names, start=2):

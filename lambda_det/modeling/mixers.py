@@ -43,6 +43,7 @@ from torch import nn
 from lambda_det.layers import (
     AFTConv, LambdaLayer, RelativePositionEmbedding, constructor_defaults)
 from lambda_det.modeling.blocks import MixerFactory, make_norm
+from lambda_det.utils.errors import UserError
 
 __all__ = ["MixerFactory", "MIXERS", "register_mixer", "unregister_mixer", "mixer_options",
            "check_mixer_options", "build_mixer_factory", "mixer_option_defaults",
@@ -97,7 +98,7 @@ def unregister_mixer(name: str) -> None:
 
 def _builder(name: str) -> MixerBuilder:
     if name not in MIXERS:
-        raise ValueError(f"unknown mixer {name!r}; the registered mixers are "
+        raise UserError(f"unknown mixer {name!r}; the registered mixers are "
                          f"{', '.join(repr(known) for known in sorted(MIXERS))}")
     return MIXERS[name]
 
@@ -178,7 +179,7 @@ def mixer_options_from_config(name: str, node: Mapping[str, Any]) -> Dict[str, A
         key = option.upper()
         if section is None or key not in section:
             full_key = ".".join(part for part in ("MODEL.LAMBDA_RESNET", where, key) if part)
-            raise ValueError(f"the config has no {full_key} for mixer {name!r}: register the "
+            raise UserError(f"the config has no {full_key} for mixer {name!r}: register the "
                              f"mixer before making the config (lambda_det.config.get_cfg)")
         options[option] = _from_config(builder, option, section[key])
     return options

@@ -27,6 +27,7 @@ from torch import nn
 
 from lambda_det.modeling.lambda_resnet import DEPTHS, STAGES, LambdaResNet
 from lambda_det.modeling.mixers import mixer_options
+from lambda_det.utils.errors import UserError
 
 __all__ = ["TimmLambdaResNet", "convert_classifier_checkpoint", "TIMM_VARIANTS", "PRETRAINED_CFG"]
 
@@ -206,7 +207,7 @@ def _check_head(num_classes: int, global_pool: str) -> None:
 def _entrypoint(name: str, depth: int, variant: dict):
     def create(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
         if pretrained:
-            raise ValueError(f"no pretrained weights exist for {name}: train it (pretrained=False)")
+            raise UserError(f"no pretrained weights exist for {name}: train it (pretrained=False)")
         return build_model_with_cfg(TimmLambdaResNet, name, pretrained, depth=depth,
                                     **{**variant, **kwargs})
 
@@ -244,14 +245,14 @@ def convert_classifier_checkpoint(checkpoint: Dict, model: nn.Module, use_ema: b
     if key in checkpoint:
         state = checkpoint[key]
     elif use_ema:
-        raise ValueError("the checkpoint has no state_dict_ema (timm writes it with --model-ema)")
+        raise UserError("the checkpoint has no state_dict_ema (timm writes it with --model-ema)")
     else:
         state = checkpoint.get("model", checkpoint)
     state = {name[len("module."):] if name.startswith("module.") else name: value
              for name, value in state.items() if not name.startswith(("linear.", "module.linear."))}
     prefixes = [name for name, module in model.named_modules() if isinstance(module, LambdaResNet)]
     if len(prefixes) != 1:
-        raise ValueError(f"the config's model has {len(prefixes)} LambdaResNet backbones, not 1 "
+        raise UserError(f"the config's model has {len(prefixes)} LambdaResNet backbones, not 1 "
                          f"(is MODEL.BACKBONE.NAME a lambda_det backbone?)")
     prefix = prefixes[0] + "." if prefixes[0] else ""
     wanted = {name[len(prefix):]: tensor.shape for name, tensor in model.state_dict().items()
@@ -262,7 +263,7 @@ def convert_classifier_checkpoint(checkpoint: Dict, model: nn.Module, use_ema: b
                   for name in sorted(set(wanted) & set(state))
                   if tuple(state[name].shape) != tuple(wanted[name])]
     if missing or unexpected or mismatched:
-        raise ValueError(
+        raise UserError(
             f"the classifier is not the config's backbone (MODEL.LAMBDA_RESNET: another depth, "
             f"placement, width or mixer?): {len(missing)} backbone weights missing "
             f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}, {len(mismatched)} of "

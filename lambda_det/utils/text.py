@@ -4,10 +4,12 @@ import os
 from pathlib import Path
 from typing import Union
 
+from lambda_det.utils.errors import UserError
+
 __all__ = ["NotTextError", "not_text", "read_text"]
 
 
-class NotTextError(ValueError):
+class NotTextError(UserError):
     """A file that should be utf-8 text is not; the message names it and the fix."""
 
 
