@@ -4,6 +4,7 @@ status 2 (as argparse's own usage errors), the traceback kept for ``--debug``.""
 import argparse
 import contextlib
 import pickle
+import re
 import sys
 from typing import Optional, Sequence, Tuple
 
@@ -27,19 +28,32 @@ USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, NotADirectoryError
                OutputDirBusyError, OutputWriteError)
 
 
+# detectron2's (fvcore's) error of a name that one of its registries lacks: a config's
+# MODEL.META_ARCHITECTURE, MODEL.BACKBONE.NAME, MODEL.ROI_HEADS.NAME, ... names it.
+UNKNOWN_REGISTRY_NAME = re.compile(r"No object named '.*' found in '.*' registry!")
+
+
 def _one_line(error: BaseException) -> str:
     message = error.args[0] if isinstance(error, KeyError) and error.args else error
     return " ".join(str(message).split())
 
 
+def _is_user_error(error: Exception, errors: Tuple[type, ...]) -> bool:
+    return isinstance(error, errors) or (
+        UserError in errors and isinstance(error, KeyError)
+        and UNKNOWN_REGISTRY_NAME.fullmatch(_one_line(error)) is not None)
+
+
 @contextlib.contextmanager
 def reporting_user_errors(debug: bool = False, errors: Tuple[type, ...] = USER_ERRORS):
-    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`) into ``error: <message>``
-    on stderr and exit status 2 (with ``debug``, let it through with its traceback)."""
+    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`, which also takes the
+    KeyError of a name that detectron2's registries lack: :data:`UNKNOWN_REGISTRY_NAME`) into
+    ``error: <message>`` on stderr and exit status 2 (with ``debug``, let it through with its
+    traceback). Any other exception keeps its traceback."""
     try:
         yield
-    except errors as error:
-        if debug:
+    except Exception as error:
+        if debug or not _is_user_error(error, errors):
             raise
         print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_ERROR_STATUS) from None

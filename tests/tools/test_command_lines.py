@@ -1,12 +1,13 @@
 """The tools' command lines: options after the KEY VALUE overrides, "did you mean" for a
-misspelt config key (yaml configs and LazyConfig recipes alike), and the LazyConfig tool naming
-its own keys."""
+misspelt config key (yaml configs and LazyConfig recipes alike), the LazyConfig tool naming
+its own keys, and a user's mistake in one line where a bug keeps its traceback."""
 import cv2
 import numpy as np
 import pytest
 from lambda_det.cli import lazyconfig_train_net, predict, train_net as cli
 from lambda_det.cli.output_dir import OutputDirLock, prepare_output_dir
 from lambda_det.config import did_you_mean, load_config
+from lambda_det.utils.errors import UserError
 
 SHAPES = "configs/Demo/lambda_r26_shapes.yaml"
 
@@ -42,7 +43,53 @@ def test_predict_takes_its_required_options_after_the_overrides(tmp_path):
     cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
     with pytest.raises(ValueError, match=r"did you mean MODEL.WEIGHTS\?"):
         predict.main(["--config", SHAPES, "MODEL.WEIGTHS", "x.pth", "--input",
-                                   str(image), "--output", str(tmp_path / "out"), "--debug"])
+                      str(image), "--output", str(tmp_path / "out"), "--debug"])
+
+
+def broken(error: Exception):
+    def raising(*args, **kwargs):
+        raise error
+    return raising
+
+
+# (tool, the function of its guarded block that the case makes raise, its command line)
+GUARDED = [(predict, "collect_inputs", ["--config", SHAPES, "--input", "a.png", "--output", "out"]),
+           (cli, "check_launch_arguments", ["--config", SHAPES, "MODEL.DEVICE", "cpu"])]
+
+
+@pytest.mark.parametrize("error", [ValueError("an internal value"), KeyError("an internal key")])
+@pytest.mark.parametrize("tool, function, argv", GUARDED)
+def test_a_bug_in_a_guarded_block_keeps_its_traceback(tool, function, argv, error, monkeypatch,
+                                                      tmp_path, capsys):
+    """A ValueError or KeyError that is no UserError is a bug: it leaves main() as it is (the
+    traceback), not as an ``error:`` line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tool, function, broken(error))
+    with pytest.raises(type(error), match="an internal"):
+        tool.main(argv)
+    assert "error:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tool, function, argv", GUARDED)
+def test_a_user_error_in_the_same_block_is_one_line(tool, function, argv, monkeypatch, tmp_path,
+                                                     capsys):
+    """The control of the case above: the block does report a UserError in one line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tool, function, broken(UserError("a mistake: the fix")))
+    with pytest.raises(SystemExit) as exit_info:
+        tool.main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: a mistake: the fix"
+
+
+def test_a_name_that_detectron2s_registries_lack_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--config", SHAPES, "MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME",
+                  "build_lambda_resnet_fpn_backbon", "OUTPUT_DIR", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: No object named 'build_lambda_resnet_fpn_backbon' found in 'BACKBONE' registry!")
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_required_option_is_still_refused(capsys):

@@ -23,7 +23,8 @@ from detectron2.config import instantiate
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.cli import (
-    ap_table, convert_timm_checkpoint, export_model, lazyconfig_train_net, predict as predict_tool)
+    ap_table as ap_table_tool, convert_timm_checkpoint, export_model, lazyconfig_train_net,
+    predict as predict_tool)
 from lambda_det.cli.output_dir import (
     EVALUATION_PREFIX, LOCK_FILE, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.cli.train_net import main as train_net_main
@@ -339,7 +340,7 @@ def test_export_never_writes_over_a_file_it_reads(read, weights, tmp_path, capsy
 # ---- tools/ap_table.py ----
 
 def ap_table(*arguments) -> int:
-    return ap_table.main([*map(str, arguments)])
+    return ap_table_tool.main([*map(str, arguments)])
 
 
 def finished_run(folder: Path) -> Path:
