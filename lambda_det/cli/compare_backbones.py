@@ -30,6 +30,8 @@ from lambda_det.evaluation.compare_report import summarize, write_report
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder
 from lambda_det.utils.errors import UserError
 
+TRAIN_NET = CHECKOUT / "tools" / "train_net.py"  # what trains each run
+
 # The shared overrides are the KEY VALUE pairs whose KEY is a config key (upper case, e.g.
 # MODEL.DEVICE) and not an option's value: they may follow --seeds 0 1 2 or precede --output.
 CONFIG_KEY = re.compile(r"[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*$")
@@ -104,7 +106,7 @@ def main(argv=None) -> int:
     try:
         with stopping_on_signals(), \
                 reporting_user_errors(args.debug, errors=(OutputWriteError,)):
-            run_comparison(comparison, str(CHECKOUT / "tools" / "train_net.py"), args.num_gpus, log=log)
+            run_comparison(comparison, str(TRAIN_NET), args.num_gpus, log=log)
     except RunFailedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

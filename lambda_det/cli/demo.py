@@ -39,6 +39,7 @@ from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporti
 from lambda_det.utils.text import read_text
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
+TRAIN_NET = CHECKOUT / "tools/train_net.py"  # what trains the demo's run
 # What the demo adds to a training run's files; --force moves them aside with the run.
 DEMO_FILES = ("ap_table.md", "ap_by_size.png", "predictions.png")
 
@@ -114,7 +115,7 @@ def demo(args: argparse.Namespace) -> int:
                                               run_files=RUN_FILES + DEMO_FILES)
             if previous:
                 print(f"--force: moved the previous run to {previous}", flush=True)
-        command = [sys.executable, str(CHECKOUT / "tools/train_net.py"), "--config-file", config_file,
+        command = [sys.executable, str(TRAIN_NET), "--config-file", config_file,
                    "--resume" if last_checkpoint(str(output)) else "--restart", *args.opts]
         print("+", " ".join(command), flush=True)
         try:

@@ -21,7 +21,7 @@ from detectron2.modeling import build_model
 from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
 from detectron2.solver import build_lr_scheduler, build_optimizer
 from lambda_det import model_zoo
-from lambda_det.cli.train_net import lazyconfig_main
+from lambda_det.cli.lazyconfig_train_net import main as lazyconfig_main
 from lambda_det.engine import lazy_training
 from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config, scale_to_world_size

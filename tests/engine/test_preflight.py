@@ -153,8 +153,9 @@ def test_a_bad_setting_stops_lazyconfig_train_net_before_output_dir_is_touched(
     flags = [item for item in arguments if item.startswith("--") or item.isdigit()]
     overrides = [item for item in arguments if item not in flags]
     output = tmp_path / "fresh"
-    status = exit_status(lazyconfig_train_net.main, ["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
-                                     *overrides, f"train.output_dir={output}"])
+    status = exit_status(lazyconfig_train_net.main, ["--config", "lambda_r26_shapes", *flags,
+                                                     *LAZY_TINY, *overrides,
+                                                     f"train.output_dir={output}"])
     assert status == 2
     error = one_error_line(capsys)
     for fragment in fragments:

@@ -56,7 +56,7 @@ def test_the_console_shows_the_run_and_log_txt_keeps_everything(tmp_path, shapes
     backbone, other = backbone_only_weights(weights, load_config("lambda_r26_shapes", TINY))
     assert backbone > 100 and other > 50
     assert train_net.main(["--config", "lambda_r26_shapes", *TINY, "OUTPUT_DIR",
-                                        str(output), "MODEL.WEIGHTS", str(weights)]) == 0
+                           str(output), "MODEL.WEIGHTS", str(weights)]) == 0
     console = capsys.readouterr().out
     log = (output / "log.txt").read_text()
     loaded = (f"loaded {backbone} of {backbone} backbone weights and 0 of {other} other weights "

@@ -54,7 +54,7 @@ def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
         ap_table.main([str(tmp_path / "a" / "out"), str(tmp_path / "b" / "out")])
     assert "two runs are named 'out'" in capsys.readouterr().err
     assert ap_table.main([f"a={tmp_path / 'a' / 'out'}",
-                                     f"b={tmp_path / 'b' / 'out'}"]) == 0
+                          f"b={tmp_path / 'b' / 'out'}"]) == 0
 
 
 def test_ap_bars_leave_out_missing_metrics_and_cut_errors_at_zero(tmp_path, monkeypatch):

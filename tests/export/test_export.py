@@ -478,7 +478,7 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
         Path(path).write_bytes(Path(weights).read_bytes()[:1000])
     with pytest.raises(SystemExit) as exit_info:
         export_model.main(["--config-file", CONFIG, *arguments, *overrides,
-                                        "MODEL.WEIGHTS", path])
+                           "MODEL.WEIGHTS", path])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",

@@ -151,7 +151,7 @@ def test_the_demos_picture_runs_the_same_checks(case, two_class_weights, tmp_pat
                 "dataset": "NUM_CLASSES is 2, but dataset 'lambda_det_shapes_val'"}[case]
     with pytest.raises(ValueError, match=expected):
         demo.draw_predictions(cfg, two_class_weights, "lambda_det_shapes_val",
-                                           tmp_path / "predictions.png")
+                              tmp_path / "predictions.png")
     assert not (tmp_path / "predictions.png").exists()
 
 
