@@ -21,7 +21,7 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.data import Metadata
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
-from lambda_det.cli import export_model
+from lambda_det.cli import export_model as export_tool
 from lambda_det.config import load_config
 from lambda_det.export import (
     FILE_SUFFIXES, ExportedModel, class_table, eager_outputs, export_model, max_differences,
@@ -130,7 +130,7 @@ def torchscript_file(cfg, model, images, tmp_path_factory):
 def onnx_file(cfg, weights, image_file, tmp_path_factory):
     pytest.importorskip("onnx")
     path = tmp_path_factory.mktemp("export") / "model.onnx"
-    status = export_model.main([
+    status = export_tool.main([
         "--config-file", CONFIG, "--format", "onnx", "--output", str(path),
         "--sample-image", str(image_file), *OVERRIDES, "MODEL.WEIGHTS", weights])
     assert status == 0
@@ -141,7 +141,7 @@ def onnx_file(cfg, weights, image_file, tmp_path_factory):
 def torch_export_file(cfg, weights, tmp_path_factory):
     """The tool's torch.export of the test model, on its default sample (96 x 96)."""
     path = tmp_path_factory.mktemp("export") / "model.pt2"
-    status = export_model.main([
+    status = export_tool.main([
         "--config-file", CONFIG, "--format", "torch_export", "--output", str(path),
         *OVERRIDES, "MODEL.WEIGHTS", weights])
     assert status == 0
@@ -477,8 +477,8 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
         path = str(tmp_path / "truncated.pth")
         Path(path).write_bytes(Path(weights).read_bytes()[:1000])
     with pytest.raises(SystemExit) as exit_info:
-        export_model.main(["--config-file", CONFIG, *arguments, *overrides,
-                           "MODEL.WEIGHTS", path])
+        export_tool.main(["--config-file", CONFIG, *arguments, *overrides,
+                          "MODEL.WEIGHTS", path])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
     expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",
