@@ -214,6 +214,10 @@ class Predictor:
     def __init__(self, cfg: CfgNode, model: Optional[nn.Module] = None):
         self.model = (build_trained_model(cfg) if model is None else model).eval()
         self.augmentations = build_mapper(cfg, is_train=False).augmentations
+        # The score a detection needs to be returned (RetinaNet's key, or the R-CNN heads').
+        self.score_threshold = (cfg.MODEL.RETINANET.SCORE_THRESH_TEST
+                                if cfg.MODEL.META_ARCHITECTURE == "RetinaNet"
+                                else cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST)
 
     def __call__(self, image: np.ndarray) -> Dict:
         return self.predict_batch([image])[0]
@@ -230,12 +234,18 @@ class Predictor:
                 for output in self.model(inputs)]
 
 
-def draw(image: np.ndarray, output: Dict, metadata, image_format: str,
-         scale: float = 1.0) -> np.ndarray:
+def draw(image: np.ndarray, output: Dict, metadata, image_format: str, scale: float = 1.0,
+         score_threshold: Optional[float] = None) -> np.ndarray:
     """``image`` (in ``image_format``) with its predicted boxes, masks, class names and scores,
-    as a BGR image ``scale`` times its size."""
+    as a BGR image ``scale`` times its size. With ``score_threshold`` (the predictor's), a
+    caption in the top left corner says it, and says so when nothing reached it."""
     rgb = image if image_format == "RGB" else image[:, :, ::-1]
     visualizer = Visualizer(rgb, metadata, scale=scale, instance_mode=ColorMode.IMAGE)
+    if score_threshold is not None and "instances" in output:
+        caption = f"score >= {score_threshold:g}"
+        if len(output["instances"]) == 0:
+            caption += ": no detection"
+        visualizer.draw_text(caption, (4, 4), color="w", horizontal_alignment="left")
     if "instances" in output:
         drawing = visualizer.draw_instance_predictions(output["instances"])
     elif "sem_seg" in output:
@@ -318,7 +328,8 @@ def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, me
         nonlocal next_id
         predictions = predictor.predict_batch([frame.image for frame in batch])
         for frame, prediction in zip(batch, predictions):
-            picture = draw(frame.image, prediction, metadata, image_format)
+            picture = draw(frame.image, prediction, metadata, image_format,
+                           score_threshold=predictor.score_threshold)
             image_id = None
             if frame.index is None:
                 write_image(drawing[frame.source], picture)
