@@ -3,7 +3,10 @@
 Detectron2 reports an annotation file that is not JSON as a bare ``JSONDecodeError``, an unknown
 category id without the file, a missing or corrupt image from inside a data-loader worker
 (possibly hours into training) and a dataset with nothing to learn from as an assertion; it
-reads a COCO file with a repeated image id, and a 16-bit grayscale image, wrongly without a word.
+reads a COCO file with a repeated image id, short polygons or annotations of unknown images, and
+a 16-bit grayscale image, wrongly without a word, and evaluates a NaN polygon until memory runs
+out and a test set without annotations as AP nan. tools/predict.py reads its images through the
+same check (:func:`read_checked_image`).
 These checks run once, before training: :func:`check_run_datasets` is the pre-flight of both
 training tools (tools/check_dataset.py's too), :func:`load_training_dicts` is what the trainer's
 loader trains on. They take the values they check (:class:`DataSettings`, with the keys that set
