@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -358,6 +358,21 @@ def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
     return available // processes, where
 
 
+def _lower_bound(model: nn.Module, images: int, size: int, available: int,
+                 count: Callable[[], int]) -> Optional[int]:
+    """:func:`inputs_lower_bound` when it already exceeds ``available``, else ``count()`` (a
+    forward pass on the meta device); None when an operator has no meta kernel (a custom
+    backbone's)."""
+    needed = inputs_lower_bound(model, images, size)
+    if needed > available:
+        return needed
+    try:
+        return count()
+    except NotImplementedError as error:
+        logger.info("no memory estimate before launch: %s", " ".join(str(error).split())[:200])
+        return None
+
+
 def check_training_memory(model: nn.Module, settings: TrainingSettings, device: str,
                           num_gpus: int, world_size: int) -> Optional[int]:
     """Refuse a training whose lower bound of memory per process (:func:`inputs_lower_bound`
@@ -378,22 +393,16 @@ def check_training_memory(model: nn.Module, settings: TrainingSettings, device: 
     images = settings.batch.value // world_size
     size = settings.input_size.value
     available, where = limit
-    needed = inputs_lower_bound(model, images, size)
-    if needed <= available:
-        try:
-            needed = training_memory_lower_bound(model, images, size,
-                                                 settings.amp_dtype is not None)
-        except NotImplementedError as error:  # an operator with no meta kernel (a custom one)
-            logger.info("no memory estimate before launch: %s",
-                        " ".join(str(error).split())[:200])
-            return None
+    needed = _lower_bound(model, images, size, available, lambda: training_memory_lower_bound(
+        model, images, size, settings.amp_dtype is not None))
+    if needed is None:
+        return None
     if needed > available:
         raise ValueError(
             f"training needs at least ~{needed / GIB:.1f} GiB per process for {images} images "
             f"of {size}x{size} (the backbone's activations and the model's weights), {where}: "
             f"lower {settings.batch.key} or {settings.input_size.key}")
     return needed
-
 
 
 def check_evaluation_memory(model: nn.Module, test_size: Optional[Setting], device: str,
@@ -415,14 +424,10 @@ def check_evaluation_memory(model: nn.Module, test_size: Optional[Setting], devi
         return None
     available, where = limit
     size = test_size.value
-    needed = inputs_lower_bound(model, 1, size)
-    if needed <= available:
-        try:
-            needed = evaluation_memory_lower_bound(model, size)
-        except NotImplementedError as error:  # an operator with no meta kernel (a custom one)
-            logger.info("no memory estimate before launch: %s",
-                        " ".join(str(error).split())[:200])
-            return None
+    needed = _lower_bound(model, 1, size, available,
+                          lambda: evaluation_memory_lower_bound(model, size))
+    if needed is None:
+        return None
     if needed > available:
         raise ValueError(
             f"evaluation needs at least ~{needed / GIB:.1f} GiB per process for one image of "
