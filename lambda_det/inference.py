@@ -21,12 +21,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 from detectron2.config import CfgNode
-from detectron2.data import DatasetCatalog, MetadataCatalog, detection_utils
+from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import transforms as T
 from detectron2.evaluation.coco_evaluation import instances_to_coco_json
 from detectron2.modeling import build_model
 from detectron2.utils.visualizer import ColorMode, Visualizer
 from lambda_det.checkpoint import load_weights
+from lambda_det.data.checks import read_checked_image
 from lambda_det.data.mapper import build_mapper
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, file_identity
 
@@ -160,16 +161,15 @@ def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
 
 def read_frames(path: str, image_format: str) -> Iterator[Frame]:
     """The image of an image file, or every frame of a video, in ``image_format`` ("BGR"/"RGB").
+    Images are read as the dataset checks accept them
+    (:func:`lambda_det.data.checks.read_checked_image`): a 16-bit, 32-bit or float grayscale
+    image is refused, as in a dataset.
 
     Raises:
-        ValueError: the file cannot be read as an image or a video.
+        ValueError: the file cannot be read as an image or a video, or is such an image.
     """
     if Path(path).suffix.lower() not in VIDEO_SUFFIXES:
-        try:
-            image = detection_utils.read_image(path, format=image_format)
-        except Exception as error:  # PIL raises several types for unreadable files
-            raise ValueError(f"input {path!r} is not a readable image ({error})") from None
-        yield Frame(path, image)
+        yield Frame(path, read_checked_image(path, image_format))
         return
     video = cv2.VideoCapture(path)
     if not video.isOpened():
