@@ -262,7 +262,8 @@ class LambdaLayer(nn.Module):
             # windows of _context_radii, an "einsum" or "conv" trace holds for any input size.
             spatial = tuple(x.shape[2:])
         batch, num_positions = x.shape[0], math.prod(spatial)
-        queries, keys, values = self._project(x)
+        project = self._project_traced if torch.jit.is_tracing() else self._project
+        queries, keys, values = project(x)
         with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
             dtype = compute_dtype(x.dtype)
             # flatten, then unflatten: the same views as reshape to (b, ., ., n), without the
@@ -333,6 +334,15 @@ class LambdaLayer(nn.Module):
                  self.to_values.out_channels]
         queries, keys, values = projected.split(sizes, dim=1)
         return self.query_norm(queries), keys, self.value_norm(values)
+
+    def _project_traced(self, x: torch.Tensor
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_project` under torch.jit.trace: each projection runs as its own module, so
+        that what reads a trace (fvcore's FLOP count, which credits ops to the modules that run
+        them) sees each one run. The same numbers: a 1x1 conv's output channels do not depend
+        on the others."""
+        return (self.query_norm(self.to_queries(x)), self.to_keys(x),
+                self.value_norm(self.to_values(x)))
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
         spatial = check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels)
