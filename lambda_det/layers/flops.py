@@ -33,14 +33,14 @@ __all__ = ["flop_handles", "register_flop_handles", "eager_impls"]
 Handle = Callable[[List[Any], List[Any]], float]
 
 # Ops of the layers and backbones that do no multiply-adds (fvcore ignores its own list of such
-# ops; these are the ones that list lacks). Data movement first, then element-wise arithmetic.
+# ops; these are the ones that list lacks): data movement, comparisons, element-wise arithmetic.
 _NO_MULTIPLY_ADDS = (
     "aten::pad", "aten::repeat", "aten::repeat_interleave", "aten::im2col", "aten::meshgrid",
-    "aten::unflatten", "aten::numpy_T", "aten::where", "aten::triu", "aten::any", "aten::all", "aten::lt",
-    "aten::le", "aten::ne", "aten::abs", "aten::neg", "aten::add", "aten::add_", "aten::sub",
-    "aten::rsub", "aten::mul", "aten::mul_", "aten::div", "aten::div_", "aten::exp",
-    "aten::sqrt", "aten::sigmoid", "aten::softmax", "aten::amax", "aten::sum", "aten::cumsum",
-    "aten::mean", "aten::var", "aten::clamp_min")
+    "aten::unflatten", "aten::numpy_T", "aten::where", "aten::triu", "aten::any", "aten::all",
+    "aten::lt", "aten::le", "aten::ne", "aten::abs", "aten::neg", "aten::add", "aten::add_",
+    "aten::sub", "aten::rsub", "aten::mul", "aten::mul_", "aten::div", "aten::div_",
+    "aten::exp", "aten::sqrt", "aten::sigmoid", "aten::softmax", "aten::amax", "aten::sum",
+    "aten::cumsum", "aten::mean", "aten::var", "aten::clamp_min")
 
 
 def _shape(value) -> List[int]:

@@ -15,7 +15,8 @@ from torch import nn
 from detectron2.layers import CNNBlockBase, get_norm
 from torchvision.ops import StochasticDepth
 
-__all__ = ["ResNetRSStem", "Bottleneck", "ShortcutPool", "SqueezeExcite", "ConvNorm", "make_norm", "MixerFactory"]
+__all__ = ["ResNetRSStem", "Bottleneck", "ShortcutPool", "SqueezeExcite", "ConvNorm", "make_norm",
+           "MixerFactory"]
 
 # (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
 MixerFactory = Callable[[int, int, int], nn.Module]
