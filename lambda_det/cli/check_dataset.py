@@ -17,7 +17,6 @@ status 2.
 import argparse
 import time
 
-from lambda_det.utils.errors import UserError
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.cli.arguments import (
     add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
@@ -25,6 +24,7 @@ from lambda_det.cli.checks import load_run_config
 from lambda_det.data.checks import (
     IMAGE_CHECKS, check_images, check_run_datasets, load_training_dicts,
     yaml_data_settings)
+from lambda_det.utils.errors import UserError
 
 
 def argument_parser() -> argparse.ArgumentParser:

@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from lambda_det.utils.errors import UserError
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.checkpoint import checkpoint_to_resume, last_checkpoint
 from lambda_det.cli.checks import check_model
@@ -31,6 +30,7 @@ from lambda_det.config import config_differences, get_cfg, load_config, resolve_
 from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.modeling.mixers import MIXERS
 from lambda_det.utils.atomic import atomic_path, reporting_write_errors
+from lambda_det.utils.errors import UserError
 
 __all__ = ["Variant", "PairRun", "Comparison", "BASELINES", "variant_presets", "DEFAULT_VARIANTS",
            "RECIPE_FILE", "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison",

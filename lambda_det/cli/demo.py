@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from lambda_det.utils.errors import UserError
 import lambda_det.data
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.data import DatasetCatalog, MetadataCatalog
@@ -27,15 +26,16 @@ from detectron2.data.detection_utils import read_image
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.cli.arguments import (
     add_debug_argument, parse_command_line, reporting_user_errors)
+from lambda_det.cli.checks import check_device
 from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command, run_child
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
-from lambda_det.cli.checks import check_device
 from lambda_det.compat import CHECKOUT
 from lambda_det.config import config_differences, load_config, resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.inference import Predictor, draw, write_image
 from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporting_write_errors
+from lambda_det.utils.errors import UserError
 from lambda_det.utils.text import read_text
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"

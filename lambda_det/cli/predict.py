@@ -28,22 +28,21 @@ them; ``--batch-size`` images run together. ``--confidence-threshold`` is a scor
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
-from lambda_det.utils.errors import UserError
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
-from lambda_det.cli.interrupts import reporting_interrupts
 from lambda_det.cli.checks import check_device
+from lambda_det.cli.interrupts import reporting_interrupts
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import (
     Predictor, build_trained_model, check_output_folder, collect_inputs, dataset_image_ids,
     drawing_names, metadata_of, predict_files)
 from lambda_det.utils.atomic import atomic_write, check_writable_folder
+from lambda_det.utils.errors import UserError
 
 RESULTS_FILE = "predictions.json"
 
