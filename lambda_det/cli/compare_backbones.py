@@ -23,7 +23,8 @@ from pathlib import Path
 from lambda_det.cli.arguments import (
     add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
 from lambda_det.cli.compare import (
-    DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison, run_comparison)
+    DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison,
+    run_comparison)
 from lambda_det.compat import CHECKOUT
 from lambda_det.engine.interrupt import stopping_on_signals
 from lambda_det.evaluation.compare_report import summarize, write_report
