@@ -253,7 +253,7 @@ def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
 
 def scale_yaml_to_world_size(cfg, world_size: int):
     """detectron2's ``auto_scale_workers`` (SOLVER.REFERENCE_WORLD_SIZE), its assertion as a
-    ValueError."""
+    UserError."""
     reference, batch = cfg.SOLVER.REFERENCE_WORLD_SIZE, cfg.SOLVER.IMS_PER_BATCH
     if reference and batch % reference:
         raise UserError(f"SOLVER.IMS_PER_BATCH {batch} does not split over "
