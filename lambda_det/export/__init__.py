@@ -46,6 +46,24 @@ on torch.export (``dynamo=True``) is not wired to the replacements above. Opset 
 needed for ``RoIAlign`` with ``aligned=True``. Every lambda layer implementation ("einsum", "conv",
 "tiled", so "auto" too) exports to both formats; under a trace the tiled form gathers its halos
 with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced sizes.
+
+The modules (what they hold that is public is importable from ``lambda_det.export``):
+
+* :mod:`~lambda_det.export.files`: the formats (:data:`EXPORT_FORMATS`) and their suffixes, the
+  metadata file's path (:func:`metadata_path`), and which output paths an export may write
+  (:func:`check_export_output`);
+* :mod:`~lambda_det.export.tracing`: :func:`sample_image`, :func:`eager_outputs` (the eager
+  outputs by the exported names), :class:`TracedModel` and :func:`trace_model`
+  (``torch.jit.trace``: TorchScript, and ONNX from it);
+* :mod:`~lambda_det.export.program`: :func:`export_program` (``torch.export``) and
+  :func:`torch_export_min_size`;
+* :mod:`~lambda_det.export.metadata`: :func:`export_metadata` and :func:`class_table`;
+* :mod:`~lambda_det.export.saving`: :func:`export_model`, which traces or exports a model and
+  writes the file and its metadata;
+* :mod:`~lambda_det.export.exported_model`: :class:`ExportedModel`, which runs an exported file,
+  and :func:`outputs_to_instances` and :func:`max_differences` for its outputs;
+* :mod:`~lambda_det.export._torch_export`: the export-only replacements of detectron2 functions;
+* :mod:`~lambda_det.export._archive`: the checks that loading a ``.pt2`` runs no code from it.
 """
 from lambda_det.export.files import (
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, check_export_output, metadata_path)

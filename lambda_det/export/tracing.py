@@ -142,7 +142,7 @@ def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
     _check_sample(model, image, "trace")
     adapter = TracingAdapter(model, [{"image": image}], _inference)
     with warnings.catch_warnings():
-        # Python-side sizes becoming constants is exactly the specialisation documented above.
+        # Python-side sizes becoming constants is exactly the specialisation the package documents.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         # torch.jit.trace, and torch.jit.script for torchvision's batched_nms while tracing.
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.(trace|script).* is deprecated",
