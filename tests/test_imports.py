@@ -79,9 +79,9 @@ import timm
 import lambda_det
 import lambda_det.modeling.timm_models
 
-model = lambda_det.lambda_resnet(26, width_multiplier=0.25, scope=3, freeze_at=2)
+model = lambda_det.lambda_resnet(26, width_multiplier=0.25, scope=3, freeze_at=2).eval()
 assert isinstance(model, lambda_det.LambdaResNet) and lambda_det.LambdaLayer
-assert model(torch.randn(1, 3, 32, 32))["res5"].shape == (1, 512, 1, 1)
+assert model(torch.randn(1, 3, 64, 64))["res5"].shape == (1, 512, 2, 2)
 classifier = timm.create_model("lambda_resnet26_det", num_classes=3, width_multiplier=0.25)
 assert classifier(torch.randn(2, 3, 64, 64)).shape == (2, 3)
 try:
