@@ -28,8 +28,7 @@ _DETECTRON2_NAMES = {
 
 __all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "DEPTHS", "BLOCKS_PER_STAGE",
            "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "MIXERS", "register_mixer",
-           "unregister_mixer", "build_mixer_factory", "flop_handles", "eager_impls",
-           *_DETECTRON2_NAMES]
+           "unregister_mixer", "build_mixer_factory", "flop_handles", "eager_impls"]
 
 # fvcore's FlopCountAnalysis (so detectron2's analyze_model) counts the layers' ops: see
 # lambda_det.layers.flops. (Importing fvcore calls torch.jit.script.)
@@ -48,6 +47,7 @@ def __getattr__(name: str):
 
 
 if detectron2_installed():
+    __all__ += list(_DETECTRON2_NAMES)
     import_detectron2()  # quietly
     from lambda_det.modeling.backbone import LambdaResNetBackbone
     from lambda_det.modeling.build import (
