@@ -15,7 +15,7 @@ from detectron2.data import transforms as T
 from lambda_det.data.checks import DataSettings, yaml_data_settings
 from lambda_det.data.mapper import build_lsj_augmentations
 from lambda_det.engine.preflight import BackboneSettings, TrainingSettings
-from lambda_det.modeling import LambdaResNet
+from lambda_det.modeling import LambdaResNetBackbone
 from lambda_det.modeling.build import LAMBDA_DET_BACKBONES, backbone_setting
 from lambda_det.solver import warmup_multistep
 from lambda_det.utils.setting import Setting, is_integer
@@ -193,7 +193,7 @@ def _lazy_test_size(cfg: DictConfig) -> Optional[Setting]:
 
 def _lazy_backbone(cfg: DictConfig) -> Optional[BackboneSettings]:
     bottom_up = OmegaConf.select(cfg, "model.backbone.bottom_up", default=None)
-    if not _calls(bottom_up, LambdaResNet):
+    if not _calls(bottom_up, LambdaResNetBackbone):
         return None
     prefix = "model.backbone.bottom_up."
     return BackboneSettings(norm=Setting(prefix + "norm", bottom_up.get("norm")),

@@ -28,7 +28,8 @@ may declare, as class attributes and field metadata:
 * ``metadata={NONE_IN_CONFIG: value}`` on a field whose option may be None: the config value that
   stands for None (a config key keeps one type: ``SCOPE 0`` is ``scope=None``).
 
-A builder with a ``norm`` option gets the backbone's norm name (it has no config key).
+A builder with a ``norm`` option gets the backbone's norm, a factory (channels -> module or None;
+see ``blocks.norm_factory``); it has no config key.
 The backbone He-initialises every ``nn.Conv2d`` after building; a mixer module that is not itself a
 conv and has ``reset_parameters`` gets it called after that (see ``Bottleneck.init_weights``).
 """
@@ -42,7 +43,7 @@ from torch import nn
 
 from lambda_det.layers import (
     AFTConv, LambdaLayer, RelativePositionEmbedding, constructor_defaults)
-from lambda_det.modeling.blocks import MixerFactory, make_norm
+from lambda_det.modeling.blocks import MixerFactory, Norm, make_norm
 
 __all__ = ["MixerFactory", "MIXERS", "register_mixer", "unregister_mixer", "mixer_options",
            "check_mixer_options", "build_mixer_factory", "mixer_option_defaults",
@@ -219,7 +220,7 @@ class LambdaMixer:
                                              metadata={NONE_IN_CONFIG: 0})
     impl: str = _LAMBDA_DEFAULTS["impl"]
     max_size: int = _LAMBDA_DEFAULTS["max_size"]
-    norm: str = "BN"
+    norm: Norm = "BN"
     share_position_embeddings: bool = False
     shared_position_embedding: Optional[RelativePositionEmbedding] = dataclasses.field(
         init=False, default=None, repr=False, compare=False)
