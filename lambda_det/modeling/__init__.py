@@ -1,4 +1,5 @@
-"""LambdaResNet backbones; importing this module registers the detectron2 builders."""
+"""LambdaResNet backbones and their config keys (:func:`add_lambda_resnet_config`); importing
+this module registers the detectron2 builders."""
 from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
@@ -6,6 +7,7 @@ import_detectron2()  # quietly, and with a helpful error when it is missing
 from lambda_det.modeling.build import (
     build_lambda_resnet_backbone, build_lambda_resnet_fpn_backbone,
     build_retinanet_lambda_resnet_fpn_backbone)
+from lambda_det.modeling.config import add_lambda_resnet_config, use_mixer
 from lambda_det.modeling.lambda_resnet import (
     BLOCKS_PER_STAGE, DEPTHS, PAPER_LAMBDA_BLOCKS_C4, PAPER_PARAMETERS, LambdaResNet,
     lambda_resnet, resolve_placement)
@@ -15,4 +17,5 @@ from lambda_det.modeling.mixers import (
 __all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "DEPTHS", "BLOCKS_PER_STAGE",
            "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "build_lambda_resnet_backbone",
            "build_lambda_resnet_fpn_backbone", "build_retinanet_lambda_resnet_fpn_backbone",
-           "MIXERS", "register_mixer", "unregister_mixer", "build_mixer_factory"]
+           "MIXERS", "register_mixer", "unregister_mixer", "build_mixer_factory",
+           "add_lambda_resnet_config", "use_mixer"]

@@ -15,10 +15,14 @@ from torch import nn
 from detectron2.layers import CNNBlockBase, get_norm
 from torchvision.ops import StochasticDepth
 
-__all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "ConvNorm", "make_norm", "MixerFactory"]
+__all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "ConvNorm", "make_norm", "MixerFactory",
+           "DEFAULT_NORM"]
 
 # (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
 MixerFactory = Callable[[int, int, int], nn.Module]
+# The norm of a backbone built outside a config (detectron2's get_norm name); a config's is
+# MODEL.LAMBDA_RESNET.NORM, or MODEL.RESNETS.NORM.
+DEFAULT_NORM = "BN"
 
 
 def make_norm(norm: str, channels: int) -> Optional[nn.Module]:
@@ -71,7 +75,7 @@ class SqueezeExcite(nn.Module):
 class ResNetRSStem(CNNBlockBase):
     """Three 3x3 convs (stride 2, 1, 1), then a strided 3x3 conv in place of the max-pool: stride 4."""
 
-    def __init__(self, in_channels: int = 3, out_channels: int = 64, norm: str = "BN"):
+    def __init__(self, in_channels: int = 3, out_channels: int = 64, norm: str = DEFAULT_NORM):
         half = out_channels // 2
         super().__init__(in_channels, out_channels, 4)
         widths = [(in_channels, half, 2), (half, half, 1), (half, out_channels, 1),
@@ -104,7 +108,8 @@ class Bottleneck(CNNBlockBase):
     """
 
     def __init__(self, in_channels: int, out_channels: int, *, width: int, mixer: MixerFactory,
-                 stride: int = 1, norm: str = "BN", se: bool = False, drop_path: float = 0.0):
+                 stride: int = 1, norm: str = DEFAULT_NORM, se: bool = False,
+                 drop_path: float = 0.0):
         super().__init__(in_channels, out_channels, stride)
         if in_channels != out_channels or stride != 1:
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.

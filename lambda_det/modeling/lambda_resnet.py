@@ -7,7 +7,7 @@ from torch import nn
 import fvcore.nn.weight_init as weight_init
 from detectron2.layers import ShapeSpec, get_norm
 from detectron2.modeling import Backbone
-from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
+from lambda_det.modeling.blocks import DEFAULT_NORM, Bottleneck, ResNetRSStem
 from lambda_det.modeling.mixers import build_mixer_factory, check_mixer_options, mixer_options
 
 __all__ = ["LambdaResNet", "lambda_resnet", "DEPTHS", "BLOCKS_PER_STAGE",
@@ -152,7 +152,7 @@ class LambdaResNet(Backbone):
 
     def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
                  num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
-                 norm: str = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
+                 norm: str = DEFAULT_NORM, freeze_at: int = 0, width_multiplier: float = 1.0,
                  in_channels: int = 3, drop_path_rate: float = 0.0, mixer: str = "lambda",
                  **options):
         super().__init__()
