@@ -23,7 +23,7 @@ from detectron2.solver import build_lr_scheduler, build_optimizer
 from lambda_det import model_zoo
 from lambda_det.cli.train_net import lazyconfig_main
 from lambda_det.engine import lazy_training
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.config.lazy import load_lazy_config, scale_to_world_size
 from lambda_det.data import build_mapper
 from lambda_det.data.shapes import register_shapes_datasets

@@ -19,7 +19,7 @@ import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
 from lambda_det.cli.train_net import lazyconfig_main
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
 from lambda_det.data.checks import (
     check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets,

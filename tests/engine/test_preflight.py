@@ -15,7 +15,7 @@ from detectron2.modeling import build_model
 from lambda_det.cli import train_net as cli
 from lambda_det.cli.output_dir import prepare_output_dir
 from lambda_det.cli.train_net import check_model
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import preflight
 from lambda_det.engine.preflight import (

@@ -11,7 +11,7 @@ import torch
 from conftest import load_tool
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from detectron2.modeling import build_model
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import amp
 from lambda_det.engine.trainer import plain_default_setup

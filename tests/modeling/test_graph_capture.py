@@ -7,7 +7,7 @@ import torch
 import torch._dynamo
 
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.engine import Trainer
 from lambda_det.layers import LambdaLayer
 from lambda_det.modeling import lambda_resnet

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import lambda_det.data  # noqa: F401  (registers the bundled datasets)
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.engine import Trainer
 from lambda_det.engine.amp import MixedPrecisionTrainer
 

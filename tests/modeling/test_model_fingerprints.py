@@ -8,7 +8,7 @@ import torch
 
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_backbone
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.modeling import lambda_resnet
 
 TINY = dict(width_multiplier=0.25)

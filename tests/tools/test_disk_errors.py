@@ -21,7 +21,7 @@ from lambda_det.checkpoint import (
 from lambda_det.checkpoint import checkpointer as checkpoint_module
 from lambda_det.checkpoint import load_checkpoint_file, load_weights
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.engine.trainer import FinalEvalHook, Trainer
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, check_writable_folder
 

@@ -12,7 +12,7 @@ from conftest import load_tool
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer, load_weights
 from lambda_det.checkpoint.checkpointer import _class_counts
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.data.checks import check_prediction_classes
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"  # 3 classes, DATASETS.TEST lambda_det_shapes_val

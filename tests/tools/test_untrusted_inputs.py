@@ -19,7 +19,7 @@ from detectron2.modeling import build_model
 from lambda_det.checkpoint import (
     AtomicCheckpointer, UnsafeCheckpointError, load_checkpoint_file, load_weights)
 from lambda_det.cli.output_dir import OutputDirBusyError, OutputDirLock
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.inference import Predictor
 
 PAYLOAD_KINDS = {"pkl": "payload.pkl", "pth": "payload.pth", "pth-legacy": "legacy.pth"}
