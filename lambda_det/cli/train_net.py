@@ -38,8 +38,8 @@ from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
-from lambda_det.data.checks import check_run_datasets
 from lambda_det.data import register_datasets
+from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import coco_dataset_overrides, register_coco_triples
 from lambda_det.engine import lazy_training, preflight
 from lambda_det.engine.interrupt import SIGNALS

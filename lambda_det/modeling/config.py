@@ -1,8 +1,9 @@
 """The backbone's config keys, ``MODEL.LAMBDA_RESNET``, added as a detectron2 project adds its
 own (PointRend's ``add_pointrend_config``)::
 
-    cfg = lambda_det.config.get_cfg()   # detectron2's defaults + lambda_det's run keys
-    add_lambda_resnet_config(cfg)       # + MODEL.LAMBDA_RESNET
+    cfg = detectron2.config.get_cfg()
+    lambda_det.config.add_lambda_det_config(cfg)   # lambda_det's run keys
+    add_lambda_resnet_config(cfg)                   # + MODEL.LAMBDA_RESNET
 
 (``lambda_det.run_config.get_cfg()`` does both). The keys of every registered mixer's options
 come from its builder (:mod:`lambda_det.modeling.mixers`); in a LazyConfig recipe,

@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import lambda_det.data  # noqa: F401
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from conftest import CONFIGS, load_tool
 from detectron2.engine import DefaultTrainer
