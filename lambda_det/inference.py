@@ -21,12 +21,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 from detectron2.config import CfgNode
-from detectron2.data import DatasetCatalog, MetadataCatalog, detection_utils
+from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import transforms as T
 from detectron2.evaluation.coco_evaluation import instances_to_coco_json
 from detectron2.modeling import build_model
 from detectron2.utils.visualizer import ColorMode, Visualizer
 from lambda_det.checkpoint import load_weights
+from lambda_det.data.checks import read_checked_image
 from lambda_det.data.mapper import build_mapper
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, file_identity
 
@@ -160,16 +161,15 @@ def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
 
 def read_frames(path: str, image_format: str) -> Iterator[Frame]:
     """The image of an image file, or every frame of a video, in ``image_format`` ("BGR"/"RGB").
+    Images are read as the dataset checks accept them
+    (:func:`lambda_det.data.checks.read_checked_image`): a 16-bit, 32-bit or float grayscale
+    image is refused, as in a dataset.
 
     Raises:
-        ValueError: the file cannot be read as an image or a video.
+        ValueError: the file cannot be read as an image or a video, or is such an image.
     """
     if Path(path).suffix.lower() not in VIDEO_SUFFIXES:
-        try:
-            image = detection_utils.read_image(path, format=image_format)
-        except Exception as error:  # PIL raises several types for unreadable files
-            raise ValueError(f"input {path!r} is not a readable image ({error})") from None
-        yield Frame(path, image)
+        yield Frame(path, read_checked_image(path, image_format))
         return
     video = cv2.VideoCapture(path)
     if not video.isOpened():
@@ -214,6 +214,10 @@ class Predictor:
     def __init__(self, cfg: CfgNode, model: Optional[nn.Module] = None):
         self.model = (build_trained_model(cfg) if model is None else model).eval()
         self.augmentations = build_mapper(cfg, is_train=False).augmentations
+        # The score a detection needs to be returned (RetinaNet's key, or the R-CNN heads').
+        self.score_threshold = (cfg.MODEL.RETINANET.SCORE_THRESH_TEST
+                                if cfg.MODEL.META_ARCHITECTURE == "RetinaNet"
+                                else cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST)
 
     def __call__(self, image: np.ndarray) -> Dict:
         return self.predict_batch([image])[0]
@@ -230,12 +234,18 @@ class Predictor:
                 for output in self.model(inputs)]
 
 
-def draw(image: np.ndarray, output: Dict, metadata, image_format: str,
-         scale: float = 1.0) -> np.ndarray:
+def draw(image: np.ndarray, output: Dict, metadata, image_format: str, scale: float = 1.0,
+         score_threshold: Optional[float] = None) -> np.ndarray:
     """``image`` (in ``image_format``) with its predicted boxes, masks, class names and scores,
-    as a BGR image ``scale`` times its size."""
+    as a BGR image ``scale`` times its size. With ``score_threshold`` (the predictor's), a
+    caption in the top left corner says it, and says so when nothing reached it."""
     rgb = image if image_format == "RGB" else image[:, :, ::-1]
     visualizer = Visualizer(rgb, metadata, scale=scale, instance_mode=ColorMode.IMAGE)
+    if score_threshold is not None and "instances" in output:
+        caption = f"score >= {score_threshold:g}"
+        if len(output["instances"]) == 0:
+            caption += ": no detection"
+        visualizer.draw_text(caption, (4, 4), color="w", horizontal_alignment="left")
     if "instances" in output:
         drawing = visualizer.draw_instance_predictions(output["instances"])
     elif "sem_seg" in output:
@@ -318,7 +328,8 @@ def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, me
         nonlocal next_id
         predictions = predictor.predict_batch([frame.image for frame in batch])
         for frame, prediction in zip(batch, predictions):
-            picture = draw(frame.image, prediction, metadata, image_format)
+            picture = draw(frame.image, prediction, metadata, image_format,
+                           score_threshold=predictor.score_threshold)
             image_id = None
             if frame.index is None:
                 write_image(drawing[frame.source], picture)

@@ -58,7 +58,8 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
     tiles = []
     for record in DatasetCatalog.get(dataset)[:count]:
         image = read_image(record["file_name"], format=cfg.INPUT.FORMAT)
-        tiles.append(draw(image, predictor(image), metadata, cfg.INPUT.FORMAT, scale=2.0))
+        tiles.append(draw(image, predictor(image), metadata, cfg.INPUT.FORMAT, scale=2.0,
+                          score_threshold=predictor.score_threshold))
     rows = [np.concatenate(tiles[i:i + 2], axis=1) for i in range(0, len(tiles), 2)]
     write_image(path, np.concatenate(rows, axis=0), option="OUTPUT_DIR")
     return path

@@ -23,8 +23,9 @@ written through.
 Pass the config the run saved (OUTPUT_DIR/config.yaml): it holds the run's classes and
 datasets. Trailing ``KEY VALUE`` pairs override it; MODEL.WEIGHTS must fit the model, and the
 model's classes DATASETS.TEST[0]'s categories (the names drawn), or it stops with one ``error:``
-line. Images are resized as the config's evaluation resizes them; ``--batch-size`` images run
-together.
+line. Images are read as the dataset checks accept them (a 16-bit, 32-bit or float grayscale
+image is refused with the fix, as in a dataset) and resized as the config's evaluation resizes
+them; ``--batch-size`` images run together. ``--confidence-threshold`` is a score in [0, 1].
 """
 import argparse
 import json
@@ -54,7 +55,7 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="image or video files, folders of them, or globs")
     parser.add_argument("--output", required=True, help="the folder to write into")
     parser.add_argument("--confidence-threshold", type=float, default=0.5,
-                        help="lowest score kept (default 0.5; evaluation keeps 0.05)")
+                        help="lowest score kept, in [0, 1] (default 0.5; evaluation keeps 0.05)")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: the config's MODEL.DEVICE)")
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass")
@@ -88,6 +89,10 @@ def predict(args, output: Path) -> int:
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if not 0 <= args.confidence_threshold <= 1:  # a score: above 1 keeps nothing
+            raise ValueError(f"--confidence-threshold must be a score in [0, 1], got "
+                             f"{args.confidence_threshold}: pass e.g. 0.5 (0.05 keeps what "
+                             f"evaluation keeps)")
         files = collect_inputs(args.input)
         cfg = load_config(args.config_file, config_overrides(args))
         check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE], reads={

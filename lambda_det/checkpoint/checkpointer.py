@@ -15,6 +15,7 @@ import codecs
 import collections
 import errno
 import glob
+import logging
 import os
 import pickle
 import re
@@ -373,14 +374,32 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
     """``weights`` names a checkpoint (a path or a URL), or an error says what is missing;
     ``key``: the config key that set it (a LazyConfig recipe's ``train.init_checkpoint``).
 
+    A URL is downloaded here, once, into iopath's cache (where detectron2's checkpointer then
+    finds it), so that a machine without network access hears it before anything starts.
+
     Raises:
         ValueError: ``weights`` is empty.
-        FileNotFoundError: ``weights`` names a local file that does not exist.
+        FileNotFoundError: ``weights`` names a local file that does not exist, or a URL that
+            cannot be downloaded.
     """
     if not weights:
         raise ValueError(f"{key} is empty: pass the trained checkpoint, e.g. "
                          f"{override(key, 'output/model_final.pth')}")
-    if "://" not in weights and not os.path.isfile(weights):
+    if "://" in weights:
+        download_logger = logging.getLogger("iopath.common.download")  # its own error line
+        level = download_logger.level
+        download_logger.setLevel(logging.CRITICAL)
+        try:
+            PathManager.get_local_path(weights)
+        except OSError as error:  # urllib's URLError and HTTPError are OSErrors
+            reason = getattr(error, "reason", None) or error
+            raise FileNotFoundError(
+                f"{key} {weights!r} cannot be downloaded ({reason}): download it where there "
+                f"is network access and pass the local file, "
+                f"{override(key, 'path/to/' + os.path.basename(weights))}") from None
+        finally:
+            download_logger.setLevel(level)
+    elif not os.path.isfile(weights):
         raise FileNotFoundError(f"{key} file {weights!r} does not exist: pass the path of a "
                                 f"checkpoint, or {override(key, '')} to start from scratch")
 

@@ -45,7 +45,8 @@ from lambda_det.engine import lazy_training, preflight
 from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
 from lambda_det.engine.preflight import (
-    check_batch_size, check_launch_arguments, check_training_memory, check_training_settings)
+    check_batch_size, check_evaluation_memory, check_launch_arguments, check_training_memory,
+    check_training_settings)
 from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_run_settings
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.run_config import load_config
@@ -213,10 +214,13 @@ def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, c
     the model (built on the meta device, returned for the weights' checks) and, for training,
     every setting that would fail after launch (as the user wrote it) and, for the batch
     scaled to the processes, whether it splits over them and the memory a process needs at
-    least (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``."""
+    least; with test sets, the memory an evaluation process needs at least
+    (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``."""
     preflight.check_device(run.device, args.num_gpus)
     with torch.device("meta"):
         model = system.build_model(cfg)
+    if run.data.test.value:  # evaluated by --eval-only, or at the end of training
+        check_evaluation_memory(model, run.training.test_size, run.device.value, args.num_gpus)
     if args.eval_only:
         return model
     check_training_settings(run.training)
