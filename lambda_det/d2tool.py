@@ -48,6 +48,8 @@ from lambda_det.checkpoint import (CorruptCheckpointError, UnsafeCheckpointError
 from lambda_det.config import CfgNode as SafeCfgNode  # noqa: E402
 from lambda_det.config import ConfigFileError  # noqa: E402
 from lambda_det.config.lazy import load_lazy_config_file  # noqa: E402
+# Imported before detectron2's get_cfg is patched: it takes detectron2's own.
+from lambda_det.run_config import get_cfg as lambda_det_get_cfg  # noqa: E402
 
 __all__ = ["main", "detectron2_tool_path", "lambda_det_in_detectron2"]
 
@@ -109,9 +111,7 @@ class _LambdaDetConfig(SafeCfgNode):
 
 
 def _get_cfg() -> CfgNode:
-    from lambda_det.run_config import get_cfg
-
-    return _LambdaDetConfig(get_cfg())
+    return _LambdaDetConfig(lambda_det_get_cfg())
 
 
 def _mapper(*args, **kwargs):
