@@ -232,6 +232,8 @@ class CfgNode(CN):
 
     def merge_from_file(self, cfg_filename: str, allow_unsafe: bool = False) -> None:
         # allow_unsafe is accepted for detectron2's signature and ignored: nothing is unsafe here.
+        if not os.path.isfile(cfg_filename):  # detectron2 would assert; say it as the chain does
+            load_yaml_with_base(cfg_filename)
         super().merge_from_file(cfg_filename, allow_unsafe=False)
 
     @classmethod
