@@ -13,7 +13,7 @@ plug-in does; without detectron2 it imports nothing beyond itself. The names bel
 Typical use::
 
     import lambda_det                     # registers the backbones
-    cfg = lambda_det.get_cfg()            # detectron2's defaults + MODEL.LAMBDA_RESNET
+    cfg = lambda_det.get_cfg()            # detectron2's defaults + lambda_det's keys
     cfg.merge_from_file("configs/COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml")
 """
 import importlib
@@ -25,9 +25,9 @@ __version__ = "0.1.0"
 # Each public name and the module that defines it, imported on first access.
 _LAZY_NAMES = {
     "add_lambda_det_config": "lambda_det.config",
-    "add_lambda_resnet_config": "lambda_det.config",
-    "get_cfg": "lambda_det.config",
-    "load_config": "lambda_det.config",
+    "add_lambda_resnet_config": "lambda_det.modeling",
+    "get_cfg": "lambda_det.run_config",
+    "load_config": "lambda_det.run_config",
     "LambdaLayer": "lambda_det.layers",
     "RelativePositionEmbedding": "lambda_det.layers",
     "LambdaResNet": "lambda_det.modeling",
@@ -35,7 +35,7 @@ _LAZY_NAMES = {
     "LambdaResNetBackbone": "lambda_det.modeling",
 }
 # lambda_det.modeling imports without detectron2; its detectron2 names say what is missing.
-_NEEDS_DETECTRON2 = ("lambda_det.config",)
+_NEEDS_DETECTRON2 = ("lambda_det.config", "lambda_det.run_config")
 
 __all__ = ["__version__", *_LAZY_NAMES]
 

@@ -1,5 +1,6 @@
 """Importing lambda_det's core needs torch alone: no detectron2, so it works in any PyTorch project."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -129,7 +130,7 @@ import lambda_det
 from detectron2.config import get_cfg
 from detectron2.modeling import build_model
 
-cfg = lambda_det.add_lambda_det_config(get_cfg())
+cfg = lambda_det.add_lambda_resnet_config(lambda_det.add_lambda_det_config(get_cfg()))
 cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME", "build_lambda_resnet_backbone",
                      "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
                      "0.25", "MODEL.RESNETS.RES2_OUT_CHANNELS", "64"])
@@ -163,7 +164,7 @@ def _lint_imports(config: str) -> subprocess.CompletedProcess:
 def test_rooms_import_only_the_rooms_below_them():
     result = _lint_imports(str(REPO_ROOT / ".importlinter"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "3 kept, 0 broken" in result.stdout, result.stdout
+    assert "4 kept, 0 broken" in result.stdout, result.stdout
 
 
 def test_the_model_contract_catches_a_detectron2_import(tmp_path):
@@ -187,3 +188,24 @@ def test_the_import_contract_catches_an_upward_import(tmp_path):
     (tmp_path / "contract.ini").write_text(upside_down)
     result = _lint_imports(str(tmp_path / "contract.ini"))
     assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout
+
+
+def test_the_import_contract_catches_config_importing_the_data(tmp_path):
+    # A copy of the package whose config imports the data stack, as its loader once did to
+    # register datasets: the forbidden contract must break, naming the import.
+    shutil.copytree(REPO_ROOT / "lambda_det", tmp_path / "lambda_det",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "lambda_det/config/config.py"
+    config.write_text(config.read_text() + "\n\ndef _register(cfg):\n"
+                      "    from lambda_det.data.coco import register_coco_datasets\n\n"
+                      "    register_coco_datasets(cfg)\n")
+    contract = (REPO_ROOT / ".importlinter").read_text()
+    (tmp_path / ".importlinter").write_text(contract)
+    lint_imports = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    env = {**subprocess_env(), "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([lint_imports, "--no-cache"], capture_output=True, text=True,
+                            env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode != 0, result.stdout
+    broken = result.stdout.split("Broken contracts")[-1]
+    assert "The config imports neither the model nor the data" in broken, result.stdout
+    assert "lambda_det.config.config -> lambda_det.data.coco" in broken, result.stdout

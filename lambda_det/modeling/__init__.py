@@ -2,7 +2,8 @@
 
 :class:`LambdaResNet` (``lambda_resnet.py``), its blocks and mixers and the timm models
 (``timm_models.py``) need torch alone. The detectron2 parts are :class:`LambdaResNetBackbone`
-(``backbone.py``) and the backbone builders (``build.py``): where detectron2 is installed,
+(``backbone.py``), the backbone builders (``build.py``) and the config keys
+(``config.py``: :func:`add_lambda_resnet_config`, ``use_mixer``): where detectron2 is installed,
 importing this package imports them, which registers the builders in detectron2's
 ``BACKBONE_REGISTRY``; without it, their names here raise an ImportError that says how to get
 detectron2.
@@ -24,6 +25,8 @@ _DETECTRON2_NAMES = {
     "build_lambda_resnet_backbone": "lambda_det.modeling.build",
     "build_lambda_resnet_fpn_backbone": "lambda_det.modeling.build",
     "build_retinanet_lambda_resnet_fpn_backbone": "lambda_det.modeling.build",
+    "add_lambda_resnet_config": "lambda_det.modeling.config",
+    "use_mixer": "lambda_det.modeling.config",
 }
 
 __all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "DEPTHS", "BLOCKS_PER_STAGE",
@@ -53,3 +56,4 @@ if detectron2_installed():
     from lambda_det.modeling.build import (
         build_lambda_resnet_backbone, build_lambda_resnet_fpn_backbone,
         build_retinanet_lambda_resnet_fpn_backbone)
+    from lambda_det.modeling.config import add_lambda_resnet_config, use_mixer

@@ -19,13 +19,16 @@ from torchvision.ops import FrozenBatchNorm2d, StochasticDepth
 
 __all__ = ["ResNetRSStem", "Bottleneck", "ShortcutPool", "SqueezeExcite", "ConvNorm", "make_norm",
            "group_norm", "norm_factory", "freeze_batch_norms", "NORMS", "Norm",
-           "NormFactory", "MixerFactory"]
+           "NormFactory", "MixerFactory", "DEFAULT_NORM"]
 
 # (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
 MixerFactory = Callable[[int, int, int], nn.Module]
 # channels -> the norm of that many channels, or None for none.
 NormFactory = Callable[[int], Optional[nn.Module]]
 Norm = Union[str, NormFactory, None]
+# The norm of a backbone built outside a config (detectron2's name for it); a config's is
+# MODEL.LAMBDA_RESNET.NORM, or MODEL.RESNETS.NORM.
+DEFAULT_NORM = "BN"
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
@@ -146,7 +149,7 @@ class ResNetRSStem(nn.Module):
     ``norm``: see :func:`norm_factory`.
     """
 
-    def __init__(self, in_channels: int = 3, out_channels: int = 64, norm: Norm = "BN"):
+    def __init__(self, in_channels: int = 3, out_channels: int = 64, norm: Norm = DEFAULT_NORM):
         half = out_channels // 2
         super().__init__()
         widths = [(in_channels, half, 2), (half, half, 1), (half, out_channels, 1),
@@ -180,7 +183,7 @@ class Bottleneck(nn.Module):
     """
 
     def __init__(self, in_channels: int, out_channels: int, *, width: int, mixer: MixerFactory,
-                 stride: int = 1, norm: Norm = "BN", se: bool = False, drop_path: float = 0.0):
+                 stride: int = 1, norm: Norm = DEFAULT_NORM, se: bool = False, drop_path: float = 0.0):
         super().__init__()
         if in_channels != out_channels or stride != 1:
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.

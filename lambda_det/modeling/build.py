@@ -1,7 +1,7 @@
 """Detectron2 builders for LambdaResNet backbones (plain, FPN, RetinaNet FPN).
 
-Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has lambda_det's keys
-(``lambda_det.config.get_cfg`` or ``add_lambda_det_config``). The swap keeps what a stock
+Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has the backbone's keys
+(``lambda_det.run_config.get_cfg`` or ``add_lambda_resnet_config``). The swap keeps what a stock
 config says: ``MODEL.LAMBDA_RESNET.DEPTH``, ``NORM`` and ``OUT_FEATURES`` left unset (None)
 follow ``MODEL.RESNETS.DEPTH``, ``NORM`` and ``OUT_FEATURES``, and the build logs which it took;
 ``MODEL.RESNETS`` keys a LambdaResNet has no use for are named in a warning when set.
@@ -30,8 +30,8 @@ __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
 # Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
 MISSING_CONFIG_HINT = (
     "this config uses lambda_det's MODEL.LAMBDA_RESNET node, which detectron2's defaults do not "
-    "have: call lambda_det.config.add_lambda_det_config(cfg) before merging it, or start from "
-    "lambda_det.config.get_cfg()")
+    "have: call lambda_det.modeling.add_lambda_resnet_config(cfg) before merging it, or start "
+    "from lambda_det.run_config.get_cfg()")
 
 logger = logging.getLogger(__name__)
 

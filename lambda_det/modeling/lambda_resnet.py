@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from lambda_det.modeling.blocks import (
-    Bottleneck, Norm, ResNetRSStem, freeze_batch_norms, norm_factory)
+    DEFAULT_NORM, Bottleneck, Norm, ResNetRSStem, freeze_batch_norms, norm_factory)
 from lambda_det.modeling.mixers import build_mixer_factory, check_mixer_options, mixer_options
 
 __all__ = ["LambdaResNet", "lambda_resnet", "DEPTHS", "BLOCKS_PER_STAGE",
@@ -153,7 +153,7 @@ class LambdaResNet(nn.Module):
 
     def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
                  num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
-                 norm: Norm = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
+                 norm: Norm = DEFAULT_NORM, freeze_at: int = 0, width_multiplier: float = 1.0,
                  in_channels: int = 3, drop_path_rate: float = 0.0, mixer: str = "lambda",
                  **options):
         super().__init__()

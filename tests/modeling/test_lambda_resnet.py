@@ -243,16 +243,18 @@ def test_forgotten_add_config_is_named_by_the_builder(tmp_path):
     with pytest.raises(KeyError, match="Non-existent config key: MODEL.LAMBDA_RESNET"):
         cfg.merge_from_file(str(config))
     cfg.MODEL.BACKBONE.NAME = "build_lambda_resnet_fpn_backbone"
-    with pytest.raises(KeyError, match="add_lambda_det_config"):
+    with pytest.raises(KeyError, match="add_lambda_resnet_config"):
         build_model(cfg)
     # With the node added, the same file merges.
     cfg = lambda_det.add_lambda_resnet_config(get_detectron2_cfg())
     cfg.merge_from_file(str(config))
     assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101
     assert "build_lambda_resnet_fpn_backbone" in BACKBONE_REGISTRY
-    # Adding again keeps what is there and adds only what is missing.
-    del cfg.INPUT["LSJ"]
+    # Adding again keeps what is there; lambda_det's run keys are added apart, as a detectron2
+    # project's are, and keep the backbone's.
     lambda_det.add_lambda_resnet_config(cfg)
+    assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101 and "LSJ" not in cfg.INPUT
+    lambda_det.add_lambda_det_config(cfg)
     assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101 and cfg.INPUT.LSJ.IMAGE_SIZE == 1024
 
 

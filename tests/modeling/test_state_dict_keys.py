@@ -9,7 +9,7 @@ import torch
 
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_backbone
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 
 timm = pytest.importorskip("timm")
 import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)

@@ -37,7 +37,7 @@ model = L(GeneralizedRCNN)(
             mixer="lambda",
             # The lambda mixer's options at their defaults (the LambdaLayer's): heads, dim_k,
             # dim_u, scope (None: global context, over feature maps up to max_size), impl,
-            # max_size, share_position_embeddings. lambda_det.config.lazy.use_mixer puts another
+            # max_size, share_position_embeddings. lambda_det.modeling.use_mixer puts another
             # mixer in their place (see aft_conv_r101_mask_rcnn.py).
             **mixer_option_defaults("lambda"),
         ),
