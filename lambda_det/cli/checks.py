@@ -11,9 +11,10 @@ import torch
 from torch import nn
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
-from lambda_det.config import load_config, prepare_merged_config
+from lambda_det.data import register_datasets
 from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.engine import preflight
+from lambda_det.run_config import load_config
 from lambda_det.utils.setting import Setting
 
 __all__ = ["load_run_config", "check_device", "check_model", "meta_yaml_model",
@@ -23,14 +24,15 @@ __all__ = ["load_run_config", "check_device", "check_model", "meta_yaml_model",
 def load_run_config(args: argparse.Namespace):
     """The config of ``--config-file`` and the trailing overrides (``args.opts``), with the
     ``--coco-dataset`` triples added to ``DATASETS.COCO_INSTANCES`` as an override in
-    ``args.opts``, so that every process registers them."""
+    ``args.opts``, so that every process registers them; its datasets registered in this
+    process (:func:`lambda_det.data.register_datasets`)."""
     cfg = load_config(args.config_file, args.opts, freeze=False)
     if args.coco_dataset:  # merged as load_config merges overrides: the file is read once
         added = coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES, args.coco_dataset)
         args.opts = [*args.opts, *added]
         cfg.merge_from_list(added)
-        prepare_merged_config(cfg)
     cfg.freeze()
+    register_datasets(cfg)
     return cfg
 
 

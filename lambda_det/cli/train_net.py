@@ -35,6 +35,7 @@ from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
+from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine import lazy_training, preflight
@@ -126,8 +127,9 @@ def run_lazy(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, 
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
+            register_datasets()
+            register_coco_triples(args.coco_dataset, source="--coco-dataset")
             if cfg is None:
-                register_coco_triples(args.coco_dataset, source="--coco-dataset")
                 cfg = load_lazy_config(args.config_file, args.opts)
             if evaluation is not None:
                 cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
@@ -241,12 +243,13 @@ def check_before_launch(args: argparse.Namespace, run: RunSettings,
 def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
     """The recipe of ``--config-file`` (a path or a shipped recipe's name, resolved in
     ``args`` for what default_setup logs) and the trailing ``key=value`` overrides, with the
-    ``--coco-dataset`` triples registered in this process (every training process registers
-    them again: :func:`run_lazy`)."""
+    bundled datasets and the ``--coco-dataset`` triples registered in this process (every
+    training process registers them again: :func:`run_lazy`)."""
     if not args.config_file:
         raise UserError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
                         "lambda_r152_mask_rcnn)")
     args.config_file = resolve_lazy_config_file(args.config_file)
+    register_datasets()
     register_coco_triples(args.coco_dataset, source="--coco-dataset")
     return load_lazy_config(args.config_file, args.opts)
 

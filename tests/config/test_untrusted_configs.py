@@ -12,8 +12,9 @@ import lambda_det.data
 from conftest import CONFIGS
 from detectron2.config import get_cfg as get_detectron2_cfg
 from lambda_det.cli import train_net
-from lambda_det.config import ConfigFileError, config_differences, get_cfg, load_config
+from lambda_det.config import ConfigFileError
 from lambda_det.model_zoo import get_config
+from lambda_det.run_config import config_differences, get_cfg, load_config
 
 CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 OS_SYSTEM = "!!python/object/apply:os.system"

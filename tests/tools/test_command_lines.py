@@ -7,7 +7,8 @@ import pytest
 from conftest import TINY_OVERRIDES
 from lambda_det.cli import lazyconfig_train_net, predict, train_net as cli
 from lambda_det.cli.output_dir import OutputDirLock, prepare_output_dir
-from lambda_det.config import did_you_mean, load_config
+from lambda_det.config import did_you_mean
+from lambda_det.run_config import load_config
 from lambda_det.utils.errors import UserError
 
 SHAPES = "configs/Demo/lambda_r26_shapes.yaml"
