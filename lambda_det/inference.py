@@ -8,11 +8,12 @@ same predictions as ``--eval-only`` writes to ``coco_instances_results.json``. A
 images to the largest one (as detectron2 does); images of one size give the same predictions in
 any batch size.
 """
+import contextlib
 import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -20,14 +21,15 @@ import torch
 from torch import nn
 from tqdm import tqdm
 from detectron2.config import CfgNode
-from detectron2.data import DatasetCatalog, MetadataCatalog, detection_utils
+from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import transforms as T
 from detectron2.evaluation.coco_evaluation import instances_to_coco_json
 from detectron2.modeling import build_model
 from detectron2.utils.visualizer import ColorMode, Visualizer
 from lambda_det.checkpoint import load_weights
+from lambda_det.data.checks import read_checked_image
 from lambda_det.data.mapper import build_mapper
-from lambda_det.utils.atomic import OutputWriteError
+from lambda_det.utils.atomic import OutputWriteError, atomic_path, file_identity
 
 __all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "drawing_names",
            "check_output_folder", "read_frames", "build_trained_model", "Predictor", "draw",
@@ -115,22 +117,15 @@ def drawing_names(files: Sequence[str]) -> List[str]:
     return names
 
 
-def _file_identity(path) -> Optional[Tuple[int, int]]:
-    """What ``os.path.samefile`` compares (device, inode), or None for a missing file."""
-    try:
-        status = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return status.st_dev, status.st_ino
-
-
 def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
-                        also_writes: Sequence[str] = ()) -> None:
+                        also_writes: Sequence[str] = (),
+                        reads: Optional[Mapping[str, str]] = None) -> None:
     """Refuse an output folder where predicting on ``files`` would lose a file.
 
     Never (even with ``overwrite``) a folder where a drawing (:func:`drawing_names`) or one of
-    ``also_writes`` (names in ``output``) would replace an input. Without ``overwrite``, also a
-    folder that holds an input, or any file the run writes.
+    ``also_writes`` (names in ``output``) would replace an input or another file the command
+    reads (``reads``: what the user calls it, e.g. "MODEL.WEIGHTS" -> its path). Without
+    ``overwrite``, also a folder that holds an input, or any file the run writes.
 
     Raises:
         NotADirectoryError: ``output`` is a file.
@@ -141,12 +136,13 @@ def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
     if not output.is_dir():
         return  # a new folder: nothing to lose
     written = [output / name for name in (*also_writes, *drawing_names(files))]
-    inputs = {_file_identity(path): path for path in files}
+    read = {file_identity(path): f"{role} {str(path)!r}" for role, path in (reads or {}).items()}
+    read.update({file_identity(path): f"the input {path!r}" for path in files})
     for path in written:
-        source = inputs.get(_file_identity(path)) if path.exists() else None
+        source = read.get(file_identity(path)) if path.exists() else None
         if source is not None:
-            raise FileExistsError(f"--output {str(output)!r} holds the input {source!r}, which "
-                                  f"would be written over by {path.name}: pass another --output")
+            raise FileExistsError(f"--output {str(output)!r} holds {source}, which would be "
+                                  f"written over by {path.name}: pass another --output")
     if overwrite:
         return
     held = [path for path in files if os.path.samefile(os.path.dirname(os.path.abspath(path)),
@@ -155,7 +151,7 @@ def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
         raise FileExistsError(f"--output {str(output)!r} holds the input {held[0]!r}: pass "
                               f"another --output, or --overwrite to write beside the inputs "
                               f"(an input is never written over)")
-    existing = [path.name for path in written if path.exists()]
+    existing = [path.name for path in written if os.path.lexists(path)]  # a link too
     if existing:
         more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
         raise FileExistsError(f"--output {str(output)!r} already holds "
@@ -165,16 +161,15 @@ def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
 
 def read_frames(path: str, image_format: str) -> Iterator[Frame]:
     """The image of an image file, or every frame of a video, in ``image_format`` ("BGR"/"RGB").
+    Images are read as the dataset checks accept them
+    (:func:`lambda_det.data.checks.read_checked_image`): a 16-bit, 32-bit or float grayscale
+    image is refused, as in a dataset.
 
     Raises:
-        ValueError: the file cannot be read as an image or a video.
+        ValueError: the file cannot be read as an image or a video, or is such an image.
     """
     if Path(path).suffix.lower() not in VIDEO_SUFFIXES:
-        try:
-            image = detection_utils.read_image(path, format=image_format)
-        except Exception as error:  # PIL raises several types for unreadable files
-            raise ValueError(f"input {path!r} is not a readable image ({error})") from None
-        yield Frame(path, image)
+        yield Frame(path, read_checked_image(path, image_format))
         return
     video = cv2.VideoCapture(path)
     if not video.isOpened():
@@ -219,6 +214,10 @@ class Predictor:
     def __init__(self, cfg: CfgNode, model: Optional[nn.Module] = None):
         self.model = (build_trained_model(cfg) if model is None else model).eval()
         self.augmentations = build_mapper(cfg, is_train=False).augmentations
+        # The score a detection needs to be returned (RetinaNet's key, or the R-CNN heads').
+        self.score_threshold = (cfg.MODEL.RETINANET.SCORE_THRESH_TEST
+                                if cfg.MODEL.META_ARCHITECTURE == "RetinaNet"
+                                else cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST)
 
     def __call__(self, image: np.ndarray) -> Dict:
         return self.predict_batch([image])[0]
@@ -235,12 +234,18 @@ class Predictor:
                 for output in self.model(inputs)]
 
 
-def draw(image: np.ndarray, output: Dict, metadata, image_format: str,
-         scale: float = 1.0) -> np.ndarray:
+def draw(image: np.ndarray, output: Dict, metadata, image_format: str, scale: float = 1.0,
+         score_threshold: Optional[float] = None) -> np.ndarray:
     """``image`` (in ``image_format``) with its predicted boxes, masks, class names and scores,
-    as a BGR image ``scale`` times its size."""
+    as a BGR image ``scale`` times its size. With ``score_threshold`` (the predictor's), a
+    caption in the top left corner says it, and says so when nothing reached it."""
     rgb = image if image_format == "RGB" else image[:, :, ::-1]
     visualizer = Visualizer(rgb, metadata, scale=scale, instance_mode=ColorMode.IMAGE)
+    if score_threshold is not None and "instances" in output:
+        caption = f"score >= {score_threshold:g}"
+        if len(output["instances"]) == 0:
+            caption += ": no detection"
+        visualizer.draw_text(caption, (4, 4), color="w", horizontal_alignment="left")
     if "instances" in output:
         drawing = visualizer.draw_instance_predictions(output["instances"])
     elif "sem_seg" in output:
@@ -251,15 +256,18 @@ def draw(image: np.ndarray, output: Dict, metadata, image_format: str,
 
 
 def write_image(path: Path, picture: np.ndarray, option: str = "--output") -> None:
-    """``cv2.imwrite``, which returns False instead of raising when the file cannot be written.
+    """``cv2.imwrite`` through :func:`~lambda_det.utils.atomic.atomic_path` (a link at ``path`` is
+    replaced, not written through); OpenCV returns False instead of raising when the file cannot
+    be written.
 
     Raises:
         OutputWriteError: naming ``path`` and ``option`` (where the user chose the folder).
     """
-    if not cv2.imwrite(str(path), picture):
-        raise OutputWriteError(f"cannot write {str(path)!r}: OpenCV could not write the image "
-                               f"(a full or read-only disk?): free space there, or pass "
-                               f"{option} in a folder you can write to")
+    with atomic_path(path, suffix=Path(path).suffix, option=option) as temporary:
+        if not cv2.imwrite(temporary, picture):
+            raise OutputWriteError(f"cannot write {str(path)!r}: OpenCV could not write the "
+                                   f"image (a full or read-only disk?): free space there, or "
+                                   f"pass {option} in a folder you can write to")
 
 
 def dataset_image_ids(dataset: str) -> Dict[str, int]:
@@ -313,12 +321,15 @@ def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, me
     drawing = {path: output / name for path, name in zip(files, drawing_names(files))}
     next_id = max(known_ids.values(), default=0) + 1
     results, drawn, videos = [], [], {}
+    # Each video goes to a temporary file, renamed into place once all its frames are in.
+    temporaries = contextlib.ExitStack()
 
     def run(batch: List[Frame]) -> None:
         nonlocal next_id
         predictions = predictor.predict_batch([frame.image for frame in batch])
         for frame, prediction in zip(batch, predictions):
-            picture = draw(frame.image, prediction, metadata, image_format)
+            picture = draw(frame.image, prediction, metadata, image_format,
+                           score_threshold=predictor.score_threshold)
             image_id = None
             if frame.index is None:
                 write_image(drawing[frame.source], picture)
@@ -327,7 +338,9 @@ def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, me
             else:
                 if frame.source not in videos:
                     drawn.append(drawing[frame.source])
-                    videos[frame.source] = _video_writer(frame.source, drawn[-1], picture.shape)
+                    temporary = temporaries.enter_context(atomic_path(drawn[-1], suffix=".mp4"))
+                    videos[frame.source] = _video_writer(frame.source, temporary, drawn[-1],
+                                                         picture.shape)
                 videos[frame.source].write(picture)
             if image_id is None:
                 image_id, next_id = next_id, next_id + 1
@@ -338,27 +351,30 @@ def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, me
                 results.append(result)
 
     batch: List[Frame] = []
-    try:
-        for path in tqdm(files, unit="file", desc="predict"):
-            for frame in read_frames(path, image_format):
-                batch.append(frame)
-                if len(batch) == batch_size:
-                    run(batch)
-                    batch = []
-        if batch:
-            run(batch)
-    finally:
-        for writer in videos.values():
-            writer.release()
+    with temporaries:  # after the writers are released: rename (or, on an error, remove)
+        try:
+            for path in tqdm(files, unit="file", desc="predict"):
+                for frame in read_frames(path, image_format):
+                    batch.append(frame)
+                    if len(batch) == batch_size:
+                        run(batch)
+                        batch = []
+            if batch:
+                run(batch)
+        finally:
+            for writer in videos.values():
+                writer.release()
     return results, drawn
 
 
-def _video_writer(source: str, path: Path, shape) -> cv2.VideoWriter:
-    """An mp4 writer at the source video's frame rate."""
+def _video_writer(source: str, temporary: str, path: Path, shape) -> cv2.VideoWriter:
+    """An mp4 writer at the source video's frame rate, into ``temporary`` (renamed to ``path``
+    once complete)."""
     capture = cv2.VideoCapture(source)
     fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
     capture.release()
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (shape[1], shape[0]))
+    writer = cv2.VideoWriter(temporary, cv2.VideoWriter_fourcc(*"mp4v"), fps,
+                             (shape[1], shape[0]))
     if not writer.isOpened():  # OpenCV does not raise
         raise OutputWriteError(f"cannot write {str(path)!r}: OpenCV could not open it for "
                                f"writing: pass --output in a folder you can write to")

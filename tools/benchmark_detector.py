@@ -14,7 +14,8 @@ device, at the config's training size (INPUT.LSJ.IMAGE_SIZE, 1024 in the paper's
 (MODEL.LAMBDA_RESNET.COMPILE). Reports per candidate: ms per image (median of interleaved
 rounds), its ratio to the first candidate (median of per-round ratios), peak memory of a step,
 the largest images per device that fit (GPU, with ``--max-batch``), and the share of the step's
-time spent in the lambda layers (profiler). Writes the table and a JSON under ``--output``.
+time spent in the lambda layers (profiler). Writes the table and a JSON under ``--output`` (an
+earlier run's only with ``--overwrite``).
 Trailing ``KEY VALUE`` pairs override every config.
 """
 import argparse
@@ -28,7 +29,8 @@ from lambda_det.benchmark.detector import (
     MODES, PRECISIONS, DetectorSettings, benchmark_detector, format_detector)
 from lambda_det.benchmark.harness import machine_description
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
-from lambda_det.utils.atomic import atomic_path, check_writable_folder, reporting_write_errors
+from lambda_det.utils.atomic import (
+    atomic_write, check_output_file, check_writable_folder, reporting_write_errors)
 
 
 def main(argv=None) -> int:
@@ -52,6 +54,9 @@ def main(argv=None) -> int:
     parser.add_argument("--output", default=None,
                         help="folder for table.md and results.json (default: "
                              "output/benchmark_detector/<date-time>)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the table.md and results.json an earlier run left in "
+                             "--output")
     add_debug_argument(parser)
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     args = parser.parse_args(argv)
@@ -60,7 +65,9 @@ def main(argv=None) -> int:
         if args.ims_per_device < 1 or args.rounds < 1 or args.warmup < 0:
             raise ValueError(f"--ims-per-device and --rounds must be >= 1 and --warmup >= 0, "
                              f"got {args.ims_per_device}, {args.rounds}, {args.warmup}")
-        check_writable_folder(output, "--output")  # before minutes of measurements
+        for name in ("table.md", "results.json"):  # before minutes of measurements
+            check_output_file(output / name, args.overwrite)
+        check_writable_folder(output, "--output")
         settings = DetectorSettings(
             configs=args.configs, opts=args.opts, ims_per_device=args.ims_per_device,
             precisions=args.precision, modes=args.mode, size=args.size, device=args.device,
@@ -74,8 +81,7 @@ def main(argv=None) -> int:
         output.mkdir(parents=True, exist_ok=True)
         for name, text in (("table.md", table + "\n"),
                            ("results.json", json.dumps(results, indent=2))):
-            with atomic_path(str(output / name)) as temporary, open(temporary, "w") as f:
-                f.write(text)
+            atomic_write(output / name, text, "--output")
     print(f"wrote {output / 'table.md'} and {output / 'results.json'}")
     return 0
 

@@ -13,7 +13,8 @@ The method (what is timed, how memory and useful FLOPs are counted) is described
 lambda_det/benchmark/__init__.py; measurements are in docs/benchmarks.md.
 
 Outputs, under --out: results.md (the tables), results.json (everything, with the machine
-description), results.png (time and memory per shape, layer mode).
+description), results.png (time and memory per shape, layer mode); an earlier run's are replaced
+only with --overwrite.
 """
 import argparse
 import json
@@ -30,7 +31,12 @@ from lambda_det.benchmark.candidates import SHAPES
 from lambda_det.benchmark.modes import (
     BackboneSettings, LayerSettings, benchmark_backbone, benchmark_blocks, benchmark_layers)
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
-from lambda_det.utils.atomic import OutputWriteError, check_writable_folder, reporting_write_errors
+from lambda_det.utils.atomic import (
+    OutputWriteError, atomic_write, check_output_file, check_writable_folder,
+    reporting_write_errors)
+
+# What an output folder that cannot be written or holds earlier results raises.
+OUTPUT_ERRORS = (OutputWriteError, FileExistsError, IsADirectoryError)
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -63,6 +69,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--impl", default="auto", help="lambda layer impl in backbone mode")
     parser.add_argument("--out", type=Path, help="output folder (default: a new "
                         "output/benchmark_lambda/<mode>_<device>_<dtype>_<date-time>)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the results files an earlier run left in --out")
     add_debug_argument(parser, errors="an output folder that cannot be written")
     args = parser.parse_args(argv)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
@@ -100,19 +108,22 @@ def main(argv=None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")  # a rerun never overwrites an earlier run's results
     out = args.out or (ROOT / "output" / "benchmark_lambda"
                        / f"{mode}_{torch.device(args.device).type}_{args.dtype}_{stamp}")
-    with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
-        check_writable_folder(out, "--out")  # before minutes of measurements
+    names = ["results.md", "results.json"] + (["results.png"] if mode == "layer" else [])
+    with reporting_user_errors(args.debug, errors=OUTPUT_ERRORS):
+        for name in names:  # before minutes of measurements
+            check_output_file(out / name, args.overwrite, option="--out")
+        check_writable_folder(out, "--out")
     results, tables = run(args)
     results["command"] = "python tools/benchmark_lambda.py " + " ".join(
         sys.argv[1:] if argv is None else argv)
     markdown = report.format_report(results, tables)
-    with reporting_user_errors(args.debug, errors=(OutputWriteError,)), \
+    with reporting_user_errors(args.debug, errors=OUTPUT_ERRORS), \
             reporting_write_errors(out, "--out"):
         out.mkdir(parents=True, exist_ok=True)
         if mode == "layer":
             report.plot_layers(results, out / "results.png")
-        (out / "results.md").write_text(markdown)
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+        atomic_write(out / "results.md", markdown, "--out")
+        atomic_write(out / "results.json", json.dumps(results, indent=1), "--out")
     print(markdown)
     print(f"wrote {out}/results.md, results.json" + ("" if mode != "layer" else ", results.png"))
     return 0

@@ -24,7 +24,7 @@ from lambda_det.cli.arguments import (
     add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
 from lambda_det.cli.train_net import load_run_config
 from lambda_det.data.checks import (
-    IMAGE_CHECKS, check_images, check_run_datasets, check_unique_ids, load_training_dicts,
+    IMAGE_CHECKS, check_images, check_run_datasets, load_training_dicts,
     yaml_data_settings)
 
 
@@ -74,8 +74,7 @@ def check_named_datasets(args: argparse.Namespace) -> str:
     args.opts = ["DATASETS.TRAIN", repr(tuple(args.arguments))]
     cfg = load_run_config(args)
     start = time.perf_counter()
-    dicts = load_training_dicts(yaml_data_settings(cfg))
-    check_unique_ids(cfg.DATASETS.TRAIN)
+    dicts = load_training_dicts(yaml_data_settings(cfg), check_files=True)
     loaded = time.perf_counter()
     count = check_images(dicts, mode, cfg.INPUT.FORMAT, threads=args.threads)
     checked = time.perf_counter()

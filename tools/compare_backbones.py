@@ -27,6 +27,7 @@ from lambda_det.cli.arguments import (
     add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
 from lambda_det.cli.compare import (
     DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison, run_comparison)
+from lambda_det.engine.interrupt import stopping_on_signals
 from lambda_det.evaluation.compare_report import summarize, write_report
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder
 
@@ -102,19 +103,20 @@ def main(argv=None) -> int:
                                      dataset=args.dataset, coco_datasets=args.coco_dataset)
     log(f"{len(variants)} variants x {len(args.seeds)} seeds under {comparison.output}")
     try:
-        with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+        with stopping_on_signals(), \
+                reporting_user_errors(args.debug, errors=(OutputWriteError,)):
             run_comparison(comparison, str(TOOLS / "train_net.py"), args.num_gpus, log=log)
     except RunFailedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1
     except RunInterrupted as error:
         print(f"interrupted {error}", file=sys.stderr, flush=True)
-        return 130
-    except KeyboardInterrupt:  # between runs
+        return error.status
+    except KeyboardInterrupt as interrupt:  # between runs (SIGINT or SIGTERM)
         print("interrupted: the same command continues the comparison (finished runs are kept; "
               "an unfinished one resumes from its last checkpoint, or starts over without one)",
               file=sys.stderr)
-        return 130
+        return getattr(interrupt, "status", 130)
     with reporting_user_errors(args.debug):
         runs = {variant.name: {run.seed: str(run.folder) for run in comparison.runs
                                if run.variant == variant} for variant in variants}

@@ -7,13 +7,13 @@ the CPU, evaluate it with COCO AP by object size, print the table and draw its p
     python tools/demo.py --config configs/Demo/aft_conv_r26_shapes.yaml
 
 Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.json,
-ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued. A finished
+ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued (Ctrl-C or
+SIGTERM saves the iteration in flight: docs/training.md, "Running long jobs"). A finished
 run made with another config (other overrides) is not reused: --force trains again (the
 finished run is moved to OUTPUT_DIR/previous_<date-time>/), or set another OUTPUT_DIR.
 """
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,13 +29,15 @@ from detectron2.data.detection_utils import read_image
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.cli.arguments import (
     add_debug_argument, parse_command_line, reporting_user_errors)
+from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command, run_child
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
 from lambda_det.cli.train_net import check_device
 from lambda_det.config import config_differences, load_config, resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.inference import Predictor, draw, write_image
-from lambda_det.utils.atomic import check_writable_folder, reporting_write_errors
+from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporting_write_errors
+from lambda_det.utils.text import read_text
 
 DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 # What the demo adds to a training run's files; --force moves them aside with the run.
@@ -55,7 +57,8 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
     tiles = []
     for record in DatasetCatalog.get(dataset)[:count]:
         image = read_image(record["file_name"], format=cfg.INPUT.FORMAT)
-        tiles.append(draw(image, predictor(image), metadata, cfg.INPUT.FORMAT, scale=2.0))
+        tiles.append(draw(image, predictor(image), metadata, cfg.INPUT.FORMAT, scale=2.0,
+                          score_threshold=predictor.score_threshold))
     rows = [np.concatenate(tiles[i:i + 2], axis=1) for i in range(0, len(tiles), 2)]
     write_image(path, np.concatenate(rows, axis=0), option="OUTPUT_DIR")
     return path
@@ -68,8 +71,13 @@ def main(argv=None) -> int:
     parser.add_argument("--name", default=None, help="row name in the AP table")
     add_debug_argument(parser)
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
-    with reporting_user_errors(args.debug):
+    # --force again would move the interrupted run aside and start over.
+    args.command = rerun_command("tools/demo.py", argv, drop=["--force"])
+    with reporting_interrupts(lambda interrupt: f"interrupted by {interrupt.name}: run "
+                                                f"{args.command} to continue"), \
+            reporting_user_errors(args.debug):
         return demo(args)
 
 
@@ -88,7 +96,9 @@ def demo(args: argparse.Namespace) -> int:
 
     weights, record = output / "model_final.pth", output / "eval_results.json"
     if not args.force and weights.is_file() and record.is_file():
-        differences = config_differences(json.loads(record.read_text())["config"],
+        text = read_text(record, "pass --force (FORCE=1 with make) to train again, or set "
+                                 "another OUTPUT_DIR")
+        differences = config_differences(json.loads(text)["config"],
                                          cfg.dump(), saved_in=str(record))
         if differences:
             raise ValueError(
@@ -109,7 +119,15 @@ def demo(args: argparse.Namespace) -> int:
         command = [sys.executable, str(REPO / "tools/train_net.py"), "--config-file", config_file,
                    "--resume" if last_checkpoint(str(output)) else "--restart", *args.opts]
         print("+", " ".join(command), flush=True)
-        status = subprocess.run(command).returncode
+        try:
+            status = run_child(command)
+        except Interrupted as interrupt:  # train_net.py saved the iteration in flight
+            latest = last_checkpoint(str(output))
+            saved = (f"its last checkpoint is {output / latest}" if latest
+                     else "it had saved no checkpoint")
+            print(f"interrupted by {interrupt.name}: the training stopped and {saved}; "
+                  f"{args.command} continues it", file=sys.stderr, flush=True)
+            return interrupt.status
         if status:  # train_net.py said why
             return status
 
@@ -119,7 +137,7 @@ def demo(args: argparse.Namespace) -> int:
     # The pictures first: they load the weights, which a reused run may hold refused ones of.
     picture = draw_predictions(cfg, str(weights), cfg.DATASETS.TEST[0], output / "predictions.png")
     with reporting_write_errors(output, "OUTPUT_DIR"):
-        (output / "ap_table.md").write_text(table + "\n")
+        atomic_write(output / "ap_table.md", table + "\n", "OUTPUT_DIR")
         plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
     print("\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):")
     print(table)

@@ -39,7 +39,7 @@ model is run on the sample and, when its size is dynamic, on a synthetic image o
 (3/4 of the sample's height, or torch.export's smallest), and compared with the eager model
 (skipped for ONNX without onnxruntime); a difference above ``--tolerance`` exits with status 1. An
 existing ``--output`` or ``<output>.json`` is replaced only with ``--overwrite``, and never when it
-is MODEL.WEIGHTS itself.
+is a file the export reads (MODEL.WEIGHTS, the config, the sample image).
 """
 import argparse
 import sys
@@ -51,7 +51,7 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import load_config
+from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.export import (
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
@@ -76,7 +76,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tolerance", type=float, default=1e-3,
                         help="largest absolute difference from the eager model accepted")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing --output (never MODEL.WEIGHTS)")
+                        help="replace an existing --output (never a file it reads: MODEL.WEIGHTS, "
+                             "the config, the sample image)")
     return add_debug_and_overrides(parser)
 
 
@@ -89,7 +90,9 @@ def main(argv=None) -> int:
         cfg = load_config(args.config_file, args.opts)
         check_prediction_classes(cfg)
         output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
-        check_export_output(output, cfg.MODEL.WEIGHTS, args.overwrite)
+        check_export_output(output, {"MODEL.WEIGHTS": cfg.MODEL.WEIGHTS,
+                                     "--config": resolve_config_file(args.config_file),
+                                     "--sample-image": args.sample_image}, args.overwrite)
         check_device(cfg)
         check_writable_folder(output.parent, "--output" if args.output else "OUTPUT_DIR")
         image = sample_image(cfg, args.sample_image, args.sample_size)
@@ -109,7 +112,8 @@ def main(argv=None) -> int:
           f"{', '.join(traced.output_names)}")
 
     try:
-        exported = ExportedModel(output)
+        with reporting_user_errors(args.debug):  # the written file refused on reading it back
+            exported = ExportedModel(output)
     except ImportError as error:
         print(f"not verified: {error}")
         return 0

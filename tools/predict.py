@@ -15,14 +15,17 @@ names come from DATASETS.TEST's metadata. Inputs of one name from different fold
 b/x.png) are drawn as x.png, x_2.png, in input order.
 
 It refuses, before loading the model, an ``--output`` that holds an input or a file it would
-write (a drawing's name, predictions.json); ``--overwrite`` replaces such files, but an input is
-never written over.
+write (a drawing's name, predictions.json); ``--overwrite`` replaces such files, but a file it
+reads (an input, the config, MODEL.WEIGHTS) is never written over. Each file is written to a
+temporary file beside it and renamed into place, so a link in ``--output`` is replaced, never
+written through.
 
 Pass the config the run saved (OUTPUT_DIR/config.yaml): it holds the run's classes and
 datasets. Trailing ``KEY VALUE`` pairs override it; MODEL.WEIGHTS must fit the model, and the
 model's classes DATASETS.TEST[0]'s categories (the names drawn), or it stops with one ``error:``
-line. Images are resized as the config's evaluation resizes them; ``--batch-size`` images run
-together.
+line. Images are read as the dataset checks accept them (a 16-bit, 32-bit or float grayscale
+image is refused with the fix, as in a dataset) and resized as the config's evaluation resizes
+them; ``--batch-size`` images run together. ``--confidence-threshold`` is a score in [0, 1].
 """
 import argparse
 import json
@@ -33,13 +36,14 @@ import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
+from lambda_det.cli.interrupts import reporting_interrupts
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import load_config
+from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import (
     Predictor, build_trained_model, check_output_folder, collect_inputs, dataset_image_ids,
     drawing_names, metadata_of, predict_files)
-from lambda_det.utils.atomic import atomic_path, check_writable_folder
+from lambda_det.utils.atomic import atomic_write, check_writable_folder
 
 RESULTS_FILE = "predictions.json"
 
@@ -50,7 +54,7 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="image or video files, folders of them, or globs")
     parser.add_argument("--output", required=True, help="the folder to write into")
     parser.add_argument("--confidence-threshold", type=float, default=0.5,
-                        help="lowest score kept (default 0.5; evaluation keeps 0.05)")
+                        help="lowest score kept, in [0, 1] (default 0.5; evaluation keeps 0.05)")
     parser.add_argument("--device", default=None,
                         help="cpu, cuda or cuda:N (default: the config's MODEL.DEVICE)")
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass")
@@ -74,12 +78,24 @@ def config_overrides(args) -> list:
 def main(argv=None) -> int:
     args = parse_command_line(argument_parser(), argv)
     output = Path(args.output)
+    with reporting_interrupts(lambda interrupt: (
+            f"interrupted by {interrupt.name}: {output} holds the drawings finished so far, "
+            f"without {RESULTS_FILE}; run the command again with --overwrite to redo them")):
+        return predict(args, output)
+
+
+def predict(args, output: Path) -> int:
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:
             raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+        if not 0 <= args.confidence_threshold <= 1:  # a score: above 1 keeps nothing
+            raise ValueError(f"--confidence-threshold must be a score in [0, 1], got "
+                             f"{args.confidence_threshold}: pass e.g. 0.5 (0.05 keeps what "
+                             f"evaluation keeps)")
         files = collect_inputs(args.input)
-        check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE])
         cfg = load_config(args.config_file, config_overrides(args))
+        check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE], reads={
+            "--config": resolve_config_file(args.config_file), "MODEL.WEIGHTS": cfg.MODEL.WEIGHTS})
         check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
         check_writable_folder(output, "--output")
         check_prediction_classes(cfg)
@@ -92,8 +108,7 @@ def main(argv=None) -> int:
     with reporting_user_errors(args.debug):
         results, drawn = predict_files(predictor, files, output, metadata, cfg.INPUT.FORMAT,
                                        known_ids, args.batch_size, overwrite=args.overwrite)
-        with atomic_path(str(output / RESULTS_FILE)) as temporary, open(temporary, "w") as f:
-            json.dump(results, f)
+        atomic_write(output / RESULTS_FILE, json.dumps(results), "--output")
     print(f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
           f"and {len(drawn)} drawn files to {output}")
     return 0

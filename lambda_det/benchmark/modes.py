@@ -132,15 +132,16 @@ def _summarize_shape(candidates: List[Candidate], yardsticks, height: int, width
 
 
 def _fvcore_flops(model: torch.nn.Module, x: torch.Tensor) -> Optional[float]:
-    """Forward FLOPs as fvcore counts them (None without fvcore); leaves the model in train."""
+    """Forward FLOPs as fvcore counts them, with lambda_det's handles, of the forms the lambda
+    layers run in eager mode (None without fvcore); leaves the model in train."""
     try:
         from fvcore.nn import FlopCountAnalysis
     except ImportError:
         return None
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        analysis = FlopCountAnalysis(model.eval(), x)
-        analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    from lambda_det.layers import eager_impls, flop_handles
+    with warnings.catch_warnings(), torch.no_grad(), eager_impls(model, x):
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        analysis = FlopCountAnalysis(model.eval(), x).set_op_handle(**flop_handles())
         flops = analysis.total()
     model.train()
     return flops

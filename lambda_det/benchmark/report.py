@@ -2,6 +2,8 @@
 from pathlib import Path
 from typing import Dict, List
 
+from lambda_det.utils.atomic import atomic_path
+
 
 def _cell(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
@@ -98,5 +100,6 @@ def plot_layers(results: Dict[str, object], path: Path) -> None:
     figure.suptitle(f"lambda layers, {results['device']} {results['dtype']}, batch "
                     f"{results['batch']} (missing bar: skipped or OOM, see results.md)")
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    with atomic_path(path) as temporary:
+        figure.savefig(temporary, dpi=120, format="png")
     plt.close(figure)

@@ -15,6 +15,7 @@ import codecs
 import collections
 import errno
 import glob
+import logging
 import os
 import pickle
 import re
@@ -27,11 +28,12 @@ from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 from lambda_det.utils.setting import Setting, override
+from lambda_det.utils.text import read_text
 
 __all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
            "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
            "WeightsMismatchError", "last_checkpoint", "checkpoint_to_resume",
-           "evaluation_weights"]
+           "evaluation_weights", "counted_weights"]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -345,6 +347,12 @@ def _backbone_prefix(model) -> str:
     return "backbone.bottom_up." if hasattr(backbone, "bottom_up") else "backbone."
 
 
+def counted_weights(keys) -> list:
+    """The keys of ``keys`` that the weight counts count: parameters and buffers, BatchNorm's
+    ``num_batches_tracked`` counters aside (they hold no weight)."""
+    return [key for key in keys if not key.endswith("num_batches_tracked")]
+
+
 def _loaded_counts(model, missing_keys, path: str) -> str:
     """"loaded 231 of 231 backbone weights and 40 of 120 other weights from PATH": the
     model's weights (parameters and buffers, without BatchNorm's counters) that ``path``
@@ -352,11 +360,10 @@ def _loaded_counts(model, missing_keys, path: str) -> str:
     prefix = _backbone_prefix(model)
     missing = set(missing_keys)
     counts = {True: [0, 0], False: [0, 0]}  # in the backbone: [loaded, all]
-    for key in model.state_dict():
-        if not key.endswith("num_batches_tracked"):
-            count = counts[key.startswith(prefix)]
-            count[0] += key not in missing
-            count[1] += 1
+    for key in counted_weights(model.state_dict()):
+        count = counts[key.startswith(prefix)]
+        count[0] += key not in missing
+        count[1] += 1
     if not prefix:  # a model without a backbone: all of it
         return f"loaded {counts[True][0]} of {counts[True][1]} weights from {path}"
     return (f"loaded {counts[True][0]} of {counts[True][1]} backbone weights and "
@@ -367,14 +374,32 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
     """``weights`` names a checkpoint (a path or a URL), or an error says what is missing;
     ``key``: the config key that set it (a LazyConfig recipe's ``train.init_checkpoint``).
 
+    A URL is downloaded here, once, into iopath's cache (where detectron2's checkpointer then
+    finds it), so that a machine without network access hears it before anything starts.
+
     Raises:
         ValueError: ``weights`` is empty.
-        FileNotFoundError: ``weights`` names a local file that does not exist.
+        FileNotFoundError: ``weights`` names a local file that does not exist, or a URL that
+            cannot be downloaded.
     """
     if not weights:
         raise ValueError(f"{key} is empty: pass the trained checkpoint, e.g. "
                          f"{override(key, 'output/model_final.pth')}")
-    if "://" not in weights and not os.path.isfile(weights):
+    if "://" in weights:
+        download_logger = logging.getLogger("iopath.common.download")  # its own error line
+        level = download_logger.level
+        download_logger.setLevel(logging.CRITICAL)
+        try:
+            PathManager.get_local_path(weights)
+        except OSError as error:  # urllib's URLError and HTTPError are OSErrors
+            reason = getattr(error, "reason", None) or error
+            raise FileNotFoundError(
+                f"{key} {weights!r} cannot be downloaded ({reason}): download it where there "
+                f"is network access and pass the local file, "
+                f"{override(key, 'path/to/' + os.path.basename(weights))}") from None
+        finally:
+            download_logger.setLevel(level)
+    elif not os.path.isfile(weights):
         raise FileNotFoundError(f"{key} file {weights!r} does not exist: pass the path of a "
                                 f"checkpoint, or {override(key, '')} to start from scratch")
 
@@ -416,12 +441,16 @@ def load_weights(model, weights: str, require: str = "all") -> None:
 
 
 def last_checkpoint(output_dir: str) -> Optional[str]:
-    """The file name ``output_dir/last_checkpoint`` points at, or None without one."""
+    """The file name ``output_dir/last_checkpoint`` points at, or None without one.
+
+    Raises:
+        NotTextError: last_checkpoint is not text.
+    """
     path = os.path.join(output_dir, "last_checkpoint")
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        return f.read().strip()
+    return read_text(path, "write the name of one of the run's checkpoints (model_*.pth) into "
+                           "it, or pass another OUTPUT_DIR").strip()
 
 
 def checkpoint_to_resume(output_dir: str) -> Optional[str]:

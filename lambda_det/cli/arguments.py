@@ -3,7 +3,9 @@ overrides (options may follow them), and user errors reported as one ``error: ..
 status 2 (as argparse's own usage errors), the traceback kept for ``--debug``."""
 import argparse
 import contextlib
+import os
 import pickle
+import re
 import sys
 from typing import Optional, Sequence, Tuple
 
@@ -61,11 +63,28 @@ def add_debug_argument(parser: argparse.ArgumentParser,
     return parser
 
 
+# A word written as config keys are (OUTPUT_DIR, SOLVER.MAX_ITER): never a dataset's file.
+_CONFIG_KEY = re.compile(r"[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*")
+
+
+class _CocoDatasetAction(argparse._AppendAction):
+    """``--coco-dataset``'s three words, refused when one of them is a config key: a word left
+    out takes the next override's key (``--coco-dataset x a.json OUTPUT_DIR out``), which would
+    leave the overrides one word short."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for meaning, word in zip(self.metavar, values):
+            if _CONFIG_KEY.fullmatch(word) and not os.path.exists(word):
+                parser.error(f"{option_string} {' '.join(values)}: {meaning} {word!r} is a config "
+                             f"key: give {option_string} NAME JSON IMAGE_DIR, then the overrides")
+        super().__call__(parser, namespace, values, option_string)
+
+
 def add_coco_dataset_argument(parser: argparse.ArgumentParser,
                               datasets: str = "DATASETS.TRAIN / TEST") -> argparse.ArgumentParser:
     """``--coco-dataset NAME JSON IMAGE_DIR`` (repeatable): a COCO-format dataset to register
     under NAME (:func:`lambda_det.data.coco.register_coco_triples`), named in ``datasets``."""
-    parser.add_argument("--coco-dataset", nargs=3, action="append", default=[],
+    parser.add_argument("--coco-dataset", nargs=3, action=_CocoDatasetAction, default=[],
                         metavar=("NAME", "JSON", "IMAGE_DIR"),
                         help=f"register a COCO-format dataset under NAME (repeatable); use NAME "
                              f"in {datasets}")
@@ -97,6 +116,12 @@ def parse_command_line(parser: argparse.ArgumentParser,
                            if word.split("=", 1)[0] in parser._option_string_actions), None)
             if option is None:
                 break
+            if option == 0:  # right after a tool's positionals, which argparse ended opts at
+                action = parser._option_string_actions[opts[0].split("=", 1)[0]]
+                taken = 1 + (action.nargs if isinstance(action.nargs, int) else
+                             int(action.nargs is None and "=" not in opts[0]))
+                argv = opts[:taken] + argv[:len(argv) - len(opts)] + opts[taken:]
+                continue
             overrides += opts[:option]
             argv = argv[:len(argv) - len(opts)] + opts[option:]
     finally:

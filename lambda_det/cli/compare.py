@@ -11,25 +11,20 @@ run (``compare_recipe.yaml``, written before training); a later invocation whose
 stops before training anything, so runs of two recipes never mix in one report.
 
 Ctrl-C reaches the parent and its train_net.py child alike (one process group): the child
-stops (its checkpoints are written atomically), and :class:`RunInterrupted` names the run and
-how to continue; the child's own KeyboardInterrupt traceback is dropped (its stderr reaches
-the terminal :data:`STDERR_DELAY_S` late so that it can be).
+saves the iteration in flight and stops, and :class:`RunInterrupted` names the run and how to
+continue; the child's own line is dropped (:func:`lambda_det.cli.interrupts.run_child`).
 """
-import codecs
-import collections
 import os
 import re
 import shlex
-import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.checkpoint import checkpoint_to_resume, last_checkpoint
+from lambda_det.cli.interrupts import run_child
 from lambda_det.config import config_differences, get_cfg, load_config, resolve_config_file
 from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.modeling.mixers import MIXERS
@@ -49,11 +44,6 @@ BASELINES: Dict[str, Tuple[str, ...]] = {
 DEFAULT_VARIANTS = ("conv", "se", "lambda")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _PER_RUN_KEYS = ("SEED", "OUTPUT_DIR")
-# How late a child's stderr is shown: what it writes after a Ctrl-C (its traceback) arrives
-# after the parent has seen the interrupt (within a poll of 0.05 s), and is dropped.
-STDERR_DELAY_S = 0.5
-# How long a child has to end after Ctrl-C (it got the signal too) before it is killed.
-INTERRUPT_GRACE_S = 30.0
 
 
 class RunFailedError(RuntimeError):
@@ -61,8 +51,12 @@ class RunFailedError(RuntimeError):
 
 
 class RunInterrupted(Exception):
-    """Ctrl-C stopped a train_net.py run of the comparison; the message names it and says how
-    to continue."""
+    """Ctrl-C (or SIGTERM) stopped a train_net.py run of the comparison; the message names it
+    and says how to continue; ``status``: the exit status (130, 143)."""
+
+    def __init__(self, message: str, status: int = 130):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -286,14 +280,15 @@ def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
         state = ("continuing from its last checkpoint" if run.started else "training")
         log(f"{where}: {state} in {run.folder}\n  {shlex.join(command)}")
         try:
-            status = _run_child(command)
-        except KeyboardInterrupt:
+            status = run_child(command)
+        except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM under reporting_interrupts
             latest = last_checkpoint(str(run.folder))
             resumes = (f"it resumes from {latest}" if latest else
                        "it starts over: it had written no checkpoint")
             raise RunInterrupted(
                 f"{run.variant.name} seed {run.seed} in {run.folder}: the same command "
-                f"continues the comparison ({resumes}; finished runs are reused)") from None
+                f"continues the comparison ({resumes}; finished runs are reused)",
+                status=getattr(interrupt, "status", 130)) from None
         if status != 0:
             raise RunFailedError(
                 f"{run.variant.name} seed {run.seed} failed (exit status {status}): see its "
@@ -302,59 +297,3 @@ def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
         if not run.finished:
             raise RunFailedError(f"{run.variant.name} seed {run.seed} ended without "
                                  f"{run.folder / 'eval_results.json'}: see its log.txt")
-
-
-class _DelayedStderr:
-    """A child's stderr copied to ours :data:`STDERR_DELAY_S` late, from a reading thread, so
-    that what it writes after a Ctrl-C can be dropped."""
-
-    def __init__(self, pipe):
-        self._pipe = pipe
-        self._chunks = collections.deque()  # (arrival time, bytes); appended by the thread
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._reader = threading.Thread(target=self._read, args=(pipe,), daemon=True)
-        self._reader.start()
-
-    def _read(self, pipe) -> None:
-        for chunk in iter(lambda: pipe.read1(1 << 16), b""):
-            self._chunks.append((time.monotonic(), chunk))
-
-    def write(self, delay: float = 0.0) -> None:
-        """Write the chunks that arrived at least ``delay`` seconds ago."""
-        while self._chunks and self._chunks[0][0] <= time.monotonic() - delay:
-            sys.stderr.write(self._decoder.decode(self._chunks.popleft()[1]))
-        sys.stderr.flush()
-
-    def finish(self, keep: bool) -> None:
-        """Wait for the rest (a descendant that outlives the child may keep the pipe open),
-        then write it or drop it."""
-        self._reader.join(timeout=5)
-        if keep:
-            self.write()
-        self._chunks.clear()
-        if not self._reader.is_alive():
-            self._pipe.close()
-
-
-def _run_child(command: Sequence[str]) -> int:
-    """Run ``command`` to its end and return its exit status; its stdout goes straight to
-    ours, its stderr :data:`STDERR_DELAY_S` late. On Ctrl-C, wait for the child to end (it got
-    the signal too; killed after :data:`INTERRUPT_GRACE_S` or a second Ctrl-C), drop what it
-    wrote to stderr since, and raise KeyboardInterrupt."""
-    process = subprocess.Popen(command, stderr=subprocess.PIPE)
-    stderr = _DelayedStderr(process.stderr)
-    try:
-        while process.poll() is None:
-            stderr.write(delay=STDERR_DELAY_S)
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        stderr.write(delay=STDERR_DELAY_S / 2)  # written well before the interrupt
-        try:
-            process.wait(timeout=INTERRUPT_GRACE_S)
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            process.kill()
-            process.wait()
-        stderr.finish(keep=False)
-        raise
-    stderr.finish(keep=True)
-    return process.returncode

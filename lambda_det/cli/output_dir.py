@@ -1,17 +1,19 @@
 """A run's OUTPUT_DIR: one run at a time (an OS lock), never trained over by mistake, and never
 written over by an evaluation."""
 import datetime
+import errno
 import fnmatch
 import os
 import socket
+import stat
 import time
 from typing import List, Optional, Sequence
 
 from lambda_det.checkpoint import last_checkpoint
-from lambda_det.utils.atomic import reporting_write_errors
+from lambda_det.utils.atomic import OutputWriteError, refuse_symlink, reporting_write_errors
 
 __all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir",
-           "holds_run_files", "evaluation_output_dir", "RUN_FILES",
+           "holds_run_files", "run_files_in", "evaluation_output_dir", "RUN_FILES",
            "PREVIOUS_RUN_PREFIX", "EVALUATION_PREFIX", "LOCK_FILE"]
 
 PREVIOUS_RUN_PREFIX = "previous_"
@@ -21,6 +23,10 @@ LOCK_FILE = "run.lock"
 # writers): what --restart moves aside. Other files there are left alone.
 RUN_FILES = ("last_checkpoint", "model_*.pth", "*.pth.*.tmp", "metrics.json",
              "eval_results.json", "config.yaml", "log.txt*", "events.out.tfevents.*", "inference")
+
+# The run's files that detectron2 writes in place (appends to, or rewrites) on --resume, rather
+# than through a temporary file: a link there would be written through.
+WRITTEN_IN_PLACE = ("config.yaml", "log.txt*", "metrics.json", "events.out.tfevents.*")
 
 
 class OutputDirBusyError(RuntimeError):
@@ -46,7 +52,8 @@ class OutputDirLock:
     def acquire(self) -> "OutputDirLock":
         """Raises :class:`OutputDirBusyError` naming the holder when another process has it, and
         :class:`~lambda_det.utils.atomic.OutputWriteError` when the folder cannot be written
-        (read-only, full): the lock file is the run's first write."""
+        (read-only, full: the lock file is the run's first write) or ``run.lock`` is a link or
+        another file than a lock."""
         with reporting_write_errors(self.output_dir, self.key):
             try:
                 return self._acquire()
@@ -59,7 +66,19 @@ class OutputDirLock:
 
         self._created_folder = not os.path.isdir(self.output_dir)
         os.makedirs(self.output_dir, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # The lock is written in place (its inode is what is locked): never through a link
+        # (O_NOFOLLOW), and an existing file only when it is a lock file.
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            created = True
+        except FileExistsError:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW)
+            except OSError as error:
+                if error.errno == errno.ELOOP:
+                    refuse_symlink(self.path, f"remove the link, or pass another {self.key}")
+                raise
+            created = False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -68,11 +87,31 @@ class OutputDirLock:
             raise OutputDirBusyError(
                 f"{self.key} {self.output_dir!r} is in use by another run ({holder}): wait for "
                 f"it to end, or pass another {self.key}") from None
+        if not created:
+            self._check_lock_file(fd)
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         self._fd = fd
         os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)  # after _check_lock_file's read
         os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}, started {started}\n".encode())
         return self
+
+    def _check_lock_file(self, fd: int) -> None:
+        """An existing ``run.lock`` (opened as ``fd``) is rewritten only when it is an earlier
+        run's lock: a plain file with no other name (hard link), empty or holding a holder line.
+
+        Raises:
+            OutputWriteError: naming the file and the fix (the file is left as it was).
+        """
+        status = os.fstat(fd)
+        text = os.read(fd, 1024)
+        reason = ("not a plain file" if not stat.S_ISREG(status.st_mode) else
+                  f"it has {status.st_nlink} names (hard links)" if status.st_nlink != 1 else
+                  "it holds other data" if text and not text.startswith(b"pid ") else None)
+        if reason is not None:
+            os.close(fd)
+            raise OutputWriteError(f"{self.path!r} is not a run's lock file ({reason}): move it "
+                                   f"away, or pass another {self.key}")
 
     def release(self) -> None:
         """Release the lock; a folder the lock created and nothing else wrote into (a run that
@@ -112,10 +151,17 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
     Raises:
         FileExistsError: ``output_dir`` holds a run and neither ``resume`` (with a checkpoint to
             continue) nor ``restart`` is set.
+        OutputWriteError: ``resume``, and a file the run writes in place
+            (:data:`WRITTEN_IN_PLACE`) is a symbolic link.
     """
     latest = last_checkpoint(output_dir)
-    names = _run_files_in(output_dir, run_files)
-    if not names or (resume and latest is not None):
+    names = run_files_in(output_dir, run_files)
+    if not names:
+        return None
+    if resume and latest is not None:
+        for name in run_files_in(output_dir, WRITTEN_IN_PLACE):  # detectron2 appends to these
+            refuse_symlink(os.path.join(output_dir, name), f"a run writes its own {name}: "
+                           f"replace the link with a copy of its file, or pass --restart")
         return None
     if not restart:
         moved = f"the previous run's files are moved to {PREVIOUS_RUN_PREFIX}<date-time>/"
@@ -141,7 +187,7 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
 def holds_run_files(output_dir: str) -> bool:
     """Whether ``output_dir`` holds any of a run's files (:data:`RUN_FILES`): a training run's,
     or an earlier evaluation's."""
-    return bool(_run_files_in(output_dir, RUN_FILES))
+    return bool(run_files_in(output_dir, RUN_FILES))
 
 
 def evaluation_output_dir(output_dir: str) -> str:
@@ -157,7 +203,7 @@ def evaluation_output_dir(output_dir: str) -> str:
     return _new_dated_folder(output_dir, EVALUATION_PREFIX)
 
 
-def _run_files_in(output_dir: str, run_files: Sequence[str]) -> List[str]:
+def run_files_in(output_dir: str, run_files: Sequence[str] = RUN_FILES) -> List[str]:
     """The names in ``output_dir`` that match one of ``run_files``, sorted."""
     if not os.path.isdir(output_dir):
         return []

@@ -14,6 +14,8 @@ import argparse
 import copy
 import functools
 import logging
+import os
+import sys
 import warnings
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -26,10 +28,12 @@ from detectron2.engine import default_argument_parser
 from detectron2.modeling import build_model
 from detectron2.utils import comm
 from lambda_det.checkpoint import (
-    AtomicCheckpointer, check_weights, checkpoint_to_resume, evaluation_weights, load_weights)
+    AtomicCheckpointer, check_weights, checkpoint_to_resume, evaluation_weights, last_checkpoint,
+    load_weights)
 from lambda_det.cli.arguments import (
     USAGE_ERROR_STATUS, add_coco_dataset_argument, add_debug_argument, parse_command_line,
     reporting_user_errors)
+from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command
 from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.compat import quiet_detectron2_warnings
@@ -38,9 +42,11 @@ from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, s
 from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import coco_dataset_overrides, register_coco_triples
 from lambda_det.engine import lazy_training, preflight
+from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
 from lambda_det.engine.preflight import (
-    check_batch_size, check_launch_arguments, check_training_memory, check_training_settings)
+    check_batch_size, check_evaluation_memory, check_launch_arguments, check_training_memory,
+    check_training_settings)
 from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_run_settings
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
@@ -49,7 +55,9 @@ from lambda_det.utils.setting import Setting
 __all__ = ["ConfigSystem", "YAML_CONFIGS", "LAZY_CONFIGS", "argument_parser", "main",
            "lazyconfig_main", "load_run_config", "load_lazy_run_config", "scale_yaml_to_world_size", "launch_checked", "check_model",
            "check_config_before_launch", "check_weights_fit", "check_device", "plan_evaluation",
-           "Evaluation", "prepare_training_output_dir"]
+           "Evaluation", "prepare_training_output_dir", "interrupted_line"]
+
+INTERRUPTED_STATUSES = tuple(128 + signum for signum in SIGNALS)  # 130, 143
 
 
 class ConfigSystem(NamedTuple):
@@ -62,6 +70,7 @@ class ConfigSystem(NamedTuple):
     scale: Callable[[Any, int], Any]  # the config for a number of processes
     build_model: Callable[[Any], nn.Module]  # the model (built under a device context)
     run: Callable[[argparse.Namespace], Any]  # what every process runs
+    tool: str = "tools/train_net.py"  # the script, for the command that resumes a run
 
 
 def argument_parser(output_dir: str = "OUTPUT_DIR",
@@ -86,41 +95,70 @@ def argument_parser(output_dir: str = "OUTPUT_DIR",
 def run(args: argparse.Namespace):
     """What every process of tools/train_net.py runs (detectron2's ``main(args)``)."""
     quiet_detectron2_warnings()
-    with reporting_user_errors(args.debug):
-        cfg = setup_cfg(args)
-        if args.eval_only:
-            model = Trainer.build_model(cfg)
-            settings = yaml_run_settings(cfg)
-            load_weights(model, evaluation_weights(settings.output_dir, settings.training.weights,
-                                                   args.resume))
-            return Trainer.test(cfg, model)
-        trainer = Trainer(cfg)
-        trainer.resume_or_load(resume=args.resume)
-    with reporting_user_errors(args.debug, errors=(OutputWriteError,)), \
-            reporting_write_errors(cfg.OUTPUT_DIR, "OUTPUT_DIR", errnos=DISK_ERRNOS):
-        return trainer.train()
+    output_dir = []  # the run's, once its config is read
+    with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
+        with reporting_user_errors(args.debug):
+            cfg = setup_cfg(args)
+            output_dir.append(cfg.OUTPUT_DIR)
+            if args.eval_only:
+                model = Trainer.build_model(cfg)
+                settings = yaml_run_settings(cfg)
+                load_weights(model, evaluation_weights(
+                    settings.output_dir, settings.training.weights, args.resume))
+                return Trainer.test(cfg, model)
+            trainer = Trainer(cfg)
+            trainer.resume_or_load(resume=args.resume)
+        with reporting_user_errors(args.debug, errors=(OutputWriteError,)), \
+                reporting_write_errors(cfg.OUTPUT_DIR, "OUTPUT_DIR", errnos=DISK_ERRNOS):
+            return trainer.train()
 
 
 def run_lazy(args: argparse.Namespace):
     """What every process of tools/lazyconfig_train_net.py runs."""
     quiet_detectron2_warnings()
-    with reporting_user_errors(args.debug):
-        register_coco_triples(args.coco_dataset, source="--coco-dataset")
-        cfg = load_lazy_config(args.config_file, args.opts)
-        evaluation = getattr(args, "evaluation", None)  # set before launch: plan_evaluation
-        if evaluation is not None:
-            cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
-        scale_to_world_size(cfg, comm.get_world_size())
-        plain_default_setup(cfg, args)
-        if args.eval_only:
-            model = instantiate(cfg.model).to(cfg.train.device)
-            settings = lazy_run_settings(cfg)
-            weights = evaluation_weights(settings.output_dir, settings.training.weights,
-                                         args.resume)
-            AtomicCheckpointer(model, require="all").load(weights, checkpointables=[])
-            return lazy_training.evaluate(cfg, model)
-    with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
-        return lazy_training.train(cfg, args.resume)
+    output_dir = []  # the run's, once its config is read
+    with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
+        with reporting_user_errors(args.debug):
+            register_coco_triples(args.coco_dataset, source="--coco-dataset")
+            cfg = load_lazy_config(args.config_file, args.opts)
+            evaluation = getattr(args, "evaluation", None)  # set before launch: plan_evaluation
+            if evaluation is not None:
+                cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
+            output_dir.append(cfg.train.output_dir)
+            scale_to_world_size(cfg, comm.get_world_size())
+            plain_default_setup(cfg, args)
+            if args.eval_only:
+                model = instantiate(cfg.model).to(cfg.train.device)
+                settings = lazy_run_settings(cfg)
+                weights = evaluation_weights(settings.output_dir, settings.training.weights,
+                                             args.resume)
+                AtomicCheckpointer(model, require="all").load(weights, checkpointables=[])
+                return lazy_training.evaluate(cfg, model)
+        with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+            return lazy_training.train(cfg, args.resume)
+
+
+def interrupted_line(interrupt: Interrupted, args: argparse.Namespace,
+                     output_dir: Sequence[str]) -> Optional[str]:
+    """The line a run that SIGINT or SIGTERM stopped prints (on the main process): the
+    checkpoint it saved, or its last one, and the command that continues it. ``output_dir``:
+    the run's folder (empty before its config is read)."""
+    if not comm.is_main_process():
+        return None
+    stopped = f"interrupted by {interrupt.name}"
+    tool, argv = getattr(args, "command", (YAML_CONFIGS.tool, ()))
+    if args.eval_only:
+        return f"{stopped}: the evaluation stopped; run it again with: {rerun_command(tool, argv)}"
+    resume = rerun_command(tool, argv, add=["--resume"], drop=["--restart"])
+    if interrupt.checkpoint:
+        return (f"{stopped} after iteration {interrupt.iteration}: saved "
+                f"{interrupt.checkpoint}; continue with: {resume}")
+    latest = last_checkpoint(output_dir[0]) if output_dir else None
+    if latest:
+        return (f"{stopped}: the run's last checkpoint is {os.path.join(output_dir[0], latest)}; "
+                f"continue with: {resume}")
+    restart = rerun_command(tool, argv, add=["--restart"], drop=["--resume"])
+    return f"{stopped} before the run's first checkpoint: start again with: {restart}"
 
 
 def check_model(cfg) -> nn.Module:
@@ -174,10 +212,13 @@ def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, c
     the model (built on the meta device, returned for the weights' checks) and, for training,
     every setting that would fail after launch (as the user wrote it) and, for the batch
     scaled to the processes, whether it splits over them and the memory a process needs at
-    least (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``."""
+    least; with test sets, the memory an evaluation process needs at least
+    (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``."""
     preflight.check_device(run.device, args.num_gpus)
     with torch.device("meta"):
         model = system.build_model(cfg)
+    if run.data.test.value:  # evaluated by --eval-only, or at the end of training
+        check_evaluation_memory(model, run.training.test_size, run.device.value, args.num_gpus)
     if args.eval_only:
         return model
     check_training_settings(run.training)
@@ -276,7 +317,8 @@ LAZY_CONFIGS = ConfigSystem(
     datasets_help="dataloader.train.dataset.names / dataloader.test.dataset.names",
     load=load_lazy_run_config, settings=lazy_run_settings,
     scale=lambda cfg, world_size: scale_to_world_size(copy.deepcopy(cfg), world_size),
-    build_model=lambda cfg: instantiate(cfg.model), run=run_lazy)
+    build_model=lambda cfg: instantiate(cfg.model), run=run_lazy,
+    tool="tools/lazyconfig_train_net.py")
 
 
 def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS) -> int:
@@ -284,17 +326,24 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
     (:data:`LAZY_CONFIGS`): returns the exit status."""
     parser = argument_parser(system.output_dir_key, system.datasets_help)
     parser.description = system.description
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
     print("Command Line Args:", args)
-    with reporting_user_errors(args.debug):
-        check_launch_arguments(args)
-        cfg = system.load(args)
-        run = system.settings(cfg)
-        model = check_config_before_launch(args, system, cfg, run)
-    cpu = torch.device(run.device.value).type == "cpu"
-    return launch_checked(system.run, args, run.output_dir.value,
-                          lambda: check_before_launch(args, run, model), cpu=cpu,
-                          output_dir_key=run.output_dir.key)
+    invoked = sys.argv[0] if os.path.basename(sys.argv[0]) == os.path.basename(system.tool) \
+        else system.tool
+    args.command = (invoked, argv)  # for the line of an interrupted run
+    output_dir = []
+    with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
+        with reporting_user_errors(args.debug):
+            check_launch_arguments(args)
+            cfg = system.load(args)
+            run = system.settings(cfg)
+            output_dir.append(run.output_dir.value)
+            model = check_config_before_launch(args, system, cfg, run)
+        cpu = torch.device(run.device.value).type == "cpu"
+        return launch_checked(system.run, args, run.output_dir.value,
+                              lambda: check_before_launch(args, run, model), cpu=cpu,
+                              output_dir_key=run.output_dir.key)
 
 
 lazyconfig_main = functools.partial(main, system=LAZY_CONFIGS)
@@ -307,7 +356,8 @@ def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
     that the folder can be written), run ``check``, then ``run_function(args)`` in every
     process (on the CPU, ``--num-gpus N`` starts N gloo processes: detectron2's launch needs
     CUDA). Returns the exit status: 2 when a check or a
-    worker reported a user error. ``output_dir_key`` names the folder in errors."""
+    worker reported a user error, 130 / 143 when SIGINT / SIGTERM stopped the workers.
+    ``output_dir_key`` names the folder in errors."""
     lock = None
     with reporting_user_errors(args.debug):
         if args.machine_rank == 0:
@@ -317,10 +367,10 @@ def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
             check()
         launch(run_function, args.num_gpus, num_machines=args.num_machines,
                machine_rank=args.machine_rank, dist_url=args.dist_url, args=(args,), cpu=cpu)
-    except ProcessExitedException as error:  # a worker reported a user error and exited 2
-        if error.exit_code != USAGE_ERROR_STATUS:
+    except ProcessExitedException as error:  # a worker reported a user error or an interrupt
+        if error.exit_code not in (USAGE_ERROR_STATUS, *INTERRUPTED_STATUSES):
             raise
-        return USAGE_ERROR_STATUS
+        return error.exit_code
     finally:
         if lock is not None:
             lock.release()

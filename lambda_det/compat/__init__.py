@@ -7,12 +7,15 @@ This module only imports detectron2 for lambda_det: with a clear error when it i
 without the deprecation warning that torch >= 2.10 prints when fvcore and detectron2 call
 ``torch.jit.script`` at import time (they must stay scriptable, so the call itself is kept).
 """
+import contextlib
 import importlib
+import logging
 import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["import_detectron2", "ddp_without_buffer_sync", "quiet_detectron2_warnings"]
+__all__ = ["import_detectron2", "ddp_without_buffer_sync", "quiet_detectron2_warnings",
+           "without_cuda_home_warning"]
 
 _DETECTRON2_MODULES = ("detectron2.modeling", "detectron2.data", "detectron2.evaluation",
                        "detectron2.engine", "detectron2.checkpoint")
@@ -71,3 +74,18 @@ def quiet_detectron2_warnings() -> None:
     ``comm.all_gather`` serialises through ``TypedStorage`` (nothing a user can change)."""
     warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated",
                             category=UserWarning, module=r"detectron2\.")
+
+
+@contextlib.contextmanager
+def without_cuda_home_warning():
+    """Within: torch's "No CUDA runtime is found, using CUDA_HOME=..." is not logged. torch logs
+    it when ``torch.utils.cpp_extension`` is first imported on a machine with a CUDA toolkit but
+    no GPU; detectron2's ``collect_env_info`` (run by ``default_setup``) imports it to report the
+    compiler, and no lambda_det run compiles an extension."""
+    cpp_extension_logger = logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_extension_logger.level
+    cpp_extension_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        cpp_extension_logger.setLevel(level)

@@ -17,6 +17,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 from lambda_det.compat import import_detectron2
+from lambda_det.utils.text import not_text
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
@@ -217,6 +218,8 @@ def _load_plain_yaml(stream, where: str):
             f"write the value itself") from None
     except yaml.YAMLError as error:
         raise ConfigFileError(f"{where}: {' '.join(str(error).split())}") from None
+    except UnicodeDecodeError as error:  # a binary file, read as text
+        raise ConfigFileError(str(not_text(where, error, "pass a yaml config"))) from None
 
 
 def _base_path(base: str, config_file: str) -> str:
@@ -274,9 +277,6 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
         raise FileNotFoundError(f"{where} does not exist or is not a readable file"
                                 + (" (a relative _BASE_ is relative to the file naming it)"
                                    if chain else "")) from None
-    except UnicodeDecodeError:
-        raise ConfigFileError(f"{where} is not a text file (not UTF-8): a config is a yaml "
-                              f"mapping of KEY: value") from None
     if data is None:
         raise ConfigFileError(f"{where} is empty: a config is a yaml mapping of KEY: value")
     if not isinstance(data, dict):

@@ -3,7 +3,10 @@
 Detectron2 reports an annotation file that is not JSON as a bare ``JSONDecodeError``, an unknown
 category id without the file, a missing or corrupt image from inside a data-loader worker
 (possibly hours into training) and a dataset with nothing to learn from as an assertion; it
-reads a COCO file with a repeated image id, and a 16-bit grayscale image, wrongly without a word.
+reads a COCO file with a repeated image id, short polygons or annotations of unknown images, and
+a 16-bit grayscale image, wrongly without a word, and evaluates a NaN polygon until memory runs
+out and a test set without annotations as AP nan. tools/predict.py reads its images through the
+same check (:func:`read_checked_image`).
 These checks run once, before training: :func:`check_run_datasets` is the pre-flight of both
 training tools (tools/check_dataset.py's too), :func:`load_training_dicts` is what the trainer's
 loader trains on. They take the values they check (:class:`DataSettings`, with the keys that set
@@ -32,11 +35,12 @@ from detectron2.data.build import (
     print_instances_class_histogram)
 from detectron2.structures import BoxMode
 from detectron2.utils.file_io import PathManager
-from lambda_det.utils.setting import Setting, override
+from lambda_det.utils.setting import Setting, is_integer, override
 
 __all__ = ["DataSettings", "yaml_data_settings", "yaml_num_classes",
            "load_checked_dataset_dicts", "load_training_dicts", "load_checked_test_dicts",
-           "load_dataset", "check_dataset_dicts", "check_unique_ids", "check_usable_annotations",
+           "load_dataset", "check_dataset_dicts", "check_annotation_file", "check_annotation_files",
+           "segmentation_problem", "check_usable_annotations", "read_checked_image",
            "check_num_classes", "check_images", "check_image_file", "check_image_mode",
            "check_run_datasets", "check_prediction_classes", "IMAGE_CHECKS",
            "READABLE_IMAGE_MODES", "MISSING_DATASET_HINT", "RUN_CONFIG_FIX"]
@@ -166,7 +170,7 @@ def load_dataset(name: str) -> List[dict]:
             raise ValueError(f"{where} has no categories: list them under \"categories\" "
                              f"(id and name each)") from None
         if json_file and "are not unique" in str(error):  # load_coco_json's annotation ids
-            check_unique_ids([name])  # names the id
+            check_annotation_file(name)  # names the id
         raise ValueError(f"{where}: {' '.join(str(error).split())}") from None
     if not len(dicts):
         raise ValueError(f"{where} has no images: check that the file lists them under "
@@ -174,70 +178,157 @@ def load_dataset(name: str) -> List[dict]:
     return dicts
 
 
-def check_unique_ids(names: Sequence[str]) -> None:
-    """Each COCO annotation file's images, annotations and categories have ids of their own.
+def _is_finite_number(value) -> bool:
+    try:
+        return (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                and math.isfinite(value))
+    except OverflowError:  # an int too large for a float
+        return False
 
-    pycocotools (under detectron2's loader and its COCOEvaluator) indexes them by id and keeps
-    the last entry of a repeated one: an image id given twice puts both images' boxes on one of
-    them, and the other image is never seen. Datasets without a COCO file pass. Reads each file
-    once more (about as long as detectron2's loading): the pre-flight calls this, training does
-    not.
+
+def segmentation_problem(segmentation, height: Optional[int] = None,
+                         width: Optional[int] = None) -> Optional[str]:
+    """What is wrong with an annotation's ``segmentation``, in words (None: nothing): polygons
+    of 3 or more x, y pairs of finite numbers (detectron2 drops shorter or odd ones without a
+    word, trains on a NaN one as nothing and evaluates it until memory runs out), or an RLE mask
+    of the image's ``height`` x ``width`` (when known). Cheap for COCO-size sets: a polygon's
+    values are summed in C, and read one by one only when the sum is not finite."""
+    if isinstance(segmentation, dict):
+        size = segmentation.get("size")
+        if height is not None and width is not None and list(size or ()) != [height, width]:
+            return (f"an RLE mask of size {size} (height, width), not its image's "
+                    f"[{height}, {width}]")
+        return None
+    if not isinstance(segmentation, (list, tuple)):
+        return (f"a segmentation of type {type(segmentation).__name__}, neither a list of "
+                f"polygons nor an RLE mask")
+    for polygon in segmentation:
+        if not isinstance(polygon, (list, tuple)):
+            return f"a polygon {polygon!r} that is not a list of x, y values"
+        if len(polygon) < 6 or len(polygon) % 2:
+            return (f"a polygon of {len(polygon)} values, not 3 or more x, y pairs (an even "
+                    f"number, 6 or more)")
+        try:
+            finite = math.isfinite(sum(polygon))
+        except (TypeError, OverflowError):
+            finite = False
+        if not finite:  # an inf or NaN, a non-number, or finite values of an infinite sum
+            bad = [value for value in polygon if not _is_finite_number(value)]
+            if bad:
+                return f"a polygon with the value {bad[0]!r}, not a finite number"
+    return None
+
+
+def check_annotation_file(name: str) -> Optional[bool]:
+    """The COCO annotation file of dataset ``name`` as written, for what detectron2's loader
+    hides or reads wrongly: images, annotations and categories with ids of their own
+    (pycocotools indexes them by id and keeps the last entry of a repeated one: an image id
+    given twice puts both images' boxes on one of them, and the other image is never seen),
+    integer image ids, annotations of images the file lists (detectron2 drops the others), and
+    sound segmentations (:func:`segmentation_problem`; detectron2 drops short polygons). Reads
+    the file once more (about as long as detectron2's loading): the pre-flight calls this,
+    training does not.
+
+    Returns:
+        whether the file lists "annotations" (COCO evaluation evaluates only then); None for a
+        dataset without a COCO annotation file (nothing is checked).
 
     Raises:
-        ValueError: naming the file, the id and the two entries (file names for images).
+        ValueError: naming the file, the id (image, annotation) and the fix.
     """
+    json_file = MetadataCatalog.get(name).get("json_file")
+    if not json_file:
+        return None
+    with PathManager.open(json_file) as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        return None
+    where = _describe(name)
     kinds = (("images", "image", "file_name"), ("annotations", "annotation", "image_id"),
              ("categories", "category", "name"))
+    for key, kind, label in kinds:
+        first_with_id = {}
+        for entry in data.get(key) or ():
+            if not isinstance(entry, dict) or "id" not in entry:
+                continue
+            first = first_with_id.setdefault(entry["id"], entry)
+            if first is not entry:
+                what = "annotations of image ids" if kind == "annotation" else key
+                raise ValueError(
+                    f"{where}: {kind} id {entry['id']!r} is used twice, by {what} "
+                    f"{first.get(label)!r} and {entry.get(label)!r}: give each {kind} its "
+                    f"own id (pycocotools keeps only one of them)")
+    images = {}
+    for image in data.get("images") or ():
+        if isinstance(image, dict) and "id" in image:
+            if not is_integer(image["id"]):
+                raise ValueError(f"{where}: image {image.get('file_name')!r} has id "
+                                 f"{image['id']!r}, not an integer: give each image an integer "
+                                 f"id (COCO's format), and its annotations that image_id")
+            images[image["id"]] = image
+    for annotation in data.get("annotations") or ():
+        if not isinstance(annotation, dict):
+            continue
+        image = images.get(annotation.get("image_id"))
+        if image is None:
+            raise ValueError(f"{where}: annotation id {annotation.get('id')!r} has image_id "
+                             f"{annotation.get('image_id')!r}, which no image of the file has "
+                             f"(detectron2 drops such annotations): set it to the id of its "
+                             f"image, or remove the annotation")
+        segmentation = annotation.get("segmentation")
+        problem = segmentation_problem(segmentation, image.get("height"),
+                                       image.get("width")) if segmentation else None
+        if problem:
+            raise ValueError(f"{where}: annotation id {annotation.get('id')!r} of image id "
+                             f"{image['id']!r} ({image.get('file_name')}) has {problem}: fix "
+                             f"or remove the annotation")
+    return isinstance(data.get("annotations"), list)
+
+
+def check_annotation_files(names: Sequence[str]) -> None:
+    """:func:`check_annotation_file` of each dataset."""
     for name in names:
-        json_file = MetadataCatalog.get(name).get("json_file")
-        if not json_file:
-            continue
-        with PathManager.open(json_file) as f:
-            data = json.load(f)
-        if not isinstance(data, dict):
-            continue
-        for key, kind, label in kinds:
-            first_with_id = {}
-            for entry in data.get(key) or ():
-                if not isinstance(entry, dict) or "id" not in entry:
-                    continue
-                first = first_with_id.setdefault(entry["id"], entry)
-                if first is not entry:
-                    what = "annotations of image ids" if kind == "annotation" else key
-                    raise ValueError(
-                        f"{_describe(name)}: {kind} id {entry['id']!r} is used twice, by {what} "
-                        f"{first.get(label)!r} and {entry.get(label)!r}: give each {kind} its "
-                        f"own id (pycocotools keeps only one of them)")
+        check_annotation_file(name)
 
 
-def load_training_dicts(data: DataSettings) -> List[dict]:
+def load_training_dicts(data: DataSettings, check_files: bool = False) -> List[dict]:
     """The training set as the trainer trains on it: the one place that says what training
     requires of its datasets (:func:`load_checked_dataset_dicts` with ``filter_empty``, and
     segmentations when the model predicts masks), for the trainer, the pre-flight and
-    tools/check_dataset.py."""
+    tools/check_dataset.py (these two with ``check_files``)."""
     return load_checked_dataset_dicts(data.train.value, filter_empty=data.filter_empty,
-                                      require_masks=data.masks)
+                                      require_masks=data.masks, check_files=check_files)
 
 
-def load_checked_test_dicts(name: str, require_masks: bool = False) -> List[dict]:
-    """A test set, loaded (:func:`load_dataset`) and checked as a training set's records are
-    (:func:`check_dataset_dicts`: sound boxes, and segmentations when masks are evaluated),
-    its COCO ids unique (:func:`check_unique_ids`): COCO evaluation accepts a NaN box, and
+def load_checked_test_dicts(name: str, require_masks: bool = False,
+                            key: str = "DATASETS.TEST") -> List[dict]:
+    """A test set (of the list ``key``), loaded (:func:`load_dataset`), its COCO file checked
+    (:func:`check_annotation_file`), its records checked as a training set's are
+    (:func:`check_dataset_dicts`: sound boxes and segmentations, and segmentations when masks
+    are evaluated), with an annotation to evaluate against (:func:`check_usable_annotations`)
+    unless its file lists none, as COCO test-dev's (detectron2 then only writes the
+    predictions): COCO evaluation accepts a NaN box, reports AP nan without annotations, and
     fails on a missing segmentation only after inference."""
     dicts = load_dataset(name)
-    check_unique_ids([name])
+    listed = check_annotation_file(name)
     check_dataset_dicts(dicts, [name], require_masks)
+    if listed is not False and "annotations" in dicts[0]:
+        check_usable_annotations([dicts], [name], test_key=key)
     return dicts
 
 
 def load_checked_dataset_dicts(names: Sequence[str], filter_empty: bool = True,
-                               require_masks: bool = False) -> List[dict]:
+                               require_masks: bool = False,
+                               check_files: bool = False) -> List[dict]:
     """``get_detection_dataset_dicts(names, filter_empty)`` (the same records, in the same order),
-    with clearer errors: :func:`load_dataset`, :func:`check_usable_annotations` and
-    :func:`check_dataset_dicts`. Images without usable annotations are dropped by detectron2
-    when ``filter_empty`` (it logs how many)."""
+    with clearer errors: :func:`load_dataset`, :func:`check_annotation_files` (with
+    ``check_files``), :func:`check_usable_annotations` and :func:`check_dataset_dicts`. Images
+    without usable annotations are dropped by detectron2 when ``filter_empty`` (it logs how
+    many)."""
     _check_registered(names)
     per_dataset = [load_dataset(name) for name in names]
+    if check_files:
+        check_annotation_files(names)
     dicts = list(itertools.chain.from_iterable(per_dataset))
     if "annotations" not in dicts[0]:  # not an instance dataset: nothing more to check
         return dicts
@@ -257,9 +348,10 @@ def load_checked_dataset_dicts(names: Sequence[str], filter_empty: bool = True,
     return dicts
 
 
-def check_usable_annotations(per_dataset: Sequence[Sequence[dict]],
-                             names: Sequence[str]) -> None:
-    """At least one non-crowd annotation to train on, else a ValueError that says why."""
+def check_usable_annotations(per_dataset: Sequence[Sequence[dict]], names: Sequence[str],
+                             test_key: Optional[str] = None) -> None:
+    """At least one non-crowd annotation to train on (to evaluate against, for a test set of
+    the list ``test_key``), else a ValueError that says why."""
     counts = {"images": 0, "without annotations": 0, "with only crowd annotations": 0}
     for dicts in per_dataset:
         for record in dicts:
@@ -273,11 +365,17 @@ def check_usable_annotations(per_dataset: Sequence[Sequence[dict]],
                 return
     where = ", ".join(_describe(name) for name in names)
     reasons = [f"{count} {kind}" for kind, count in counts.items() if kind != "images" and count]
+    of = f"(of {counts['images']} images, {' and '.join(reasons)})"
+    if test_key:
+        raise ValueError(
+            f"{where}: no image has an annotation to evaluate against {of}, so COCO "
+            f"evaluation would report AP nan: add non-crowd annotations (iscrowd 0), or leave "
+            f"the dataset out of {test_key} (tools/predict.py predicts on its images)")
     raise ValueError(
-        f"{where}: no image has an annotation to train on (of {counts['images']} images, "
-        f"{' and '.join(reasons)}): add non-crowd annotations (iscrowd 0), and check that their "
-        f"image_id values are the images' ids (detectron2 drops annotations of unknown images) "
-        f"and that their polygons have 3 points or more (detectron2 drops shorter ones)")
+        f"{where}: no image has an annotation to train on {of}: add non-crowd annotations "
+        f"(iscrowd 0), and check that their image_id values are the images' ids (detectron2 "
+        f"drops annotations of unknown images) and that their polygons have 3 points or more "
+        f"(detectron2 drops shorter ones)")
 
 
 def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
@@ -313,6 +411,11 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
             if x1 < x0 or y1 < y0:
                 raise ValueError(f"{which} has a box of negative size, bbox={box} "
                                  f"({BoxMode(mode).name}): fix or remove the annotation")
+            segmentation = annotation.get("segmentation")
+            problem = segmentation_problem(segmentation, record.get("height"),
+                                           record.get("width")) if segmentation else None
+            if problem:
+                raise ValueError(f"{which} has {problem}: fix or remove the annotation")
 
 
 def check_num_classes(num_classes: Optional[Setting], names: Sequence[str],
@@ -380,6 +483,32 @@ def check_image_mode(file_name: str, mode: str) -> None:
                          f"to 0-255")
     raise ValueError(f"image file {file_name} has PIL mode {mode!r}, which detectron2's "
                      f"read_image does not read as it shows: convert it to 8-bit RGB")
+
+
+def read_checked_image(file_name: str, image_format: str = "BGR"):
+    """An image file as the dataset checks accept it and training reads it: refused when its
+    PIL mode does not read as it shows (:func:`check_image_mode`: 16-bit, 32-bit and float
+    grayscale), else detectron2's ``read_image`` in ``image_format`` (8 bits per channel, EXIF
+    rotation applied, palette and the other readable modes converted to what they show).
+    tools/predict.py reads its images with it.
+
+    Raises:
+        ValueError: the file is not a readable image, or its mode is refused.
+    """
+    def unreadable(error: Exception) -> ValueError:
+        problem = " ".join(f"{type(error).__name__}: {error}".split())
+        return ValueError(f"image file {file_name} is not a readable image ({problem})")
+
+    try:
+        with Image.open(file_name) as image:  # the header only
+            mode = image.mode
+    except Exception as error:  # PIL raises OSError, SyntaxError, ValueError, ...
+        raise unreadable(error) from None
+    check_image_mode(file_name, mode)
+    try:
+        return detection_utils.read_image(file_name, format=image_format)
+    except Exception as error:
+        raise unreadable(error) from None
 
 
 def check_image_file(file_name: str, width: Optional[int] = None, height: Optional[int] = None,
@@ -470,7 +599,8 @@ def check_run_datasets(data: DataSettings, training: bool = True,
                        threads: Optional[int] = None) -> int:
     """The pre-flight of the data of both training tools (tools/check_dataset.py's with a
     config): each training (when ``training``) and test dataset is registered and loads, its
-    COCO ids are unique, it has as many categories as the model has classes, and its images pass
+    COCO file is sound (:func:`check_annotation_file`), it has as many categories as the model
+    has classes, and its images pass
     ``data.check_images``; the training set is checked as the trainer loads it
     (:func:`load_training_dicts`), each test set as evaluation reads it
     (:func:`load_checked_test_dicts`). Returns the number of image files checked."""
@@ -481,12 +611,11 @@ def check_run_datasets(data: DataSettings, training: bool = True,
     _check_registered([*(train if training else ()), *test])
     checked = 0
     if training and train:
-        dicts = load_training_dicts(data)
-        check_unique_ids(train)
+        dicts = load_training_dicts(data, check_files=True)
         check_num_classes(data.num_classes, train)
         checked += check_images(dicts, mode, data.image_format, threads, key=key)
     for name in test:
-        dicts = load_checked_test_dicts(name, require_masks=data.masks)
+        dicts = load_checked_test_dicts(name, require_masks=data.masks, key=data.test.key)
         check_num_classes(data.num_classes, [name])
         checked += check_images(dicts, mode, data.image_format, threads, key=key)
     return checked

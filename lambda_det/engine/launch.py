@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 
 from detectron2.engine import launch as detectron2_launch
 from detectron2.utils import comm
+from lambda_det.engine.interrupt import watching_launcher_signals
 
 __all__ = ["launch"]
 
@@ -26,21 +27,25 @@ def launch(main_func, num_processes: int, num_machines: int = 1, machine_rank: i
     Args:
         cpu: use gloo CPU processes instead of detectron2's NCCL GPU launch.
         Others: as detectron2's ``launch`` (``dist_url`` "auto" picks a free local port).
+
+    With several processes, a SIGINT or SIGTERM that this process gets reaches the workers
+    (:func:`~lambda_det.engine.interrupt.watching_launcher_signals`).
     """
-    if not cpu:
-        return detectron2_launch(main_func, num_processes, num_machines=num_machines,
-                                 machine_rank=machine_rank, dist_url=dist_url, args=args,
-                                 timeout=timeout)
     world_size = num_processes * num_machines
     if world_size == 1:
         return main_func(*args)
-    if dist_url in (None, "auto"):
+    if cpu and dist_url in (None, "auto"):
         if num_machines != 1:
             raise ValueError("dist_url='auto' only works on one machine; pass tcp://HOST:PORT")
         dist_url = f"tcp://127.0.0.1:{_free_port()}"
-    mp.spawn(_cpu_worker, nprocs=num_processes, daemon=False,
-             args=(main_func, world_size, num_processes, num_machines, machine_rank, dist_url,
-                   args, timeout))
+    with watching_launcher_signals(main_func) as main_func:
+        if not cpu:
+            return detectron2_launch(main_func, num_processes, num_machines=num_machines,
+                                     machine_rank=machine_rank, dist_url=dist_url, args=args,
+                                     timeout=timeout)
+        mp.spawn(_cpu_worker, nprocs=num_processes, daemon=False,
+                 args=(main_func, world_size, num_processes, num_machines, machine_rank,
+                       dist_url, args, timeout))
 
 
 def _free_port() -> int:

@@ -9,14 +9,16 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig, OmegaConf
 from detectron2.config import instantiate
-from detectron2.engine import default_writers, hooks
+from detectron2.engine import hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
+from lambda_det.engine.interrupt import InterruptCheckpoint
 from lambda_det.engine.preflight import check_training_settings
+from lambda_det.engine.run_logging import resume_metrics, run_writers
 from lambda_det.engine.run_settings import lazy_training_settings
 from lambda_det.engine.trainer import FinalEvalHook, build_step_trainer, write_eval_results
 from lambda_det.utils.atomic import DISK_ERRNOS, reporting_write_errors
@@ -72,7 +74,9 @@ def train(cfg: DictConfig, resume: bool) -> None:
     """Train ``cfg.model`` for train.max_iter iterations, checkpointing and evaluating as
     ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint.
     With train.deterministic, every iteration is a function of (train.seed, iteration), so that
-    a resumed run continues exactly."""
+    a resumed run continues exactly. Under
+    :func:`~lambda_det.engine.interrupt.stopping_on_signals`, SIGINT or SIGTERM saves the
+    iteration in flight and stops, as the yaml trainer does."""
     check_training_settings(lazy_training_settings(cfg))  # as before launch, for API callers
     seed = _deterministic_seed(cfg)
     if seed is not None:
@@ -100,14 +104,17 @@ def train(cfg: DictConfig, resume: bool) -> None:
         hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
         hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
         FinalEvalHook(cfg.train.eval_period, lambda: evaluate(cfg, trainer.model)),
-        hooks.PeriodicWriter(default_writers(cfg.train.output_dir, cfg.train.max_iter),
+        hooks.PeriodicWriter(run_writers(cfg.train.output_dir, cfg.train.max_iter),
                              period=cfg.train.log_period) if main else None,
+        InterruptCheckpoint(),  # last: after the step's checkpoint and writes
     ])
     resuming = resume and checkpointer.has_checkpoint()
     # A resumed checkpoint must fit the whole model; initial weights, the image network.
     checkpointer.require = "all" if resuming else "backbone"
     checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=resume)
     start = trainer.iter + 1 if resuming else 0
+    if resuming and main:
+        resume_metrics(trainer._hooks, start - 1)
     if seed is not None:
         train_loader.start_iteration = start
     with reporting_write_errors(cfg.train.output_dir, "train.output_dir", errnos=DISK_ERRNOS):

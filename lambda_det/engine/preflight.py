@@ -2,8 +2,8 @@
 the launch arguments, the device, every training setting that would otherwise fail after launch
 (with a log, a config dump and metrics already written), a recipe that cannot train (ImageNet
 ResNet weights for a LambdaResNet, frozen random weights), and a lower bound of the memory a
-training process needs, so that an image size or a batch that cannot fit is refused before
-anything is allocated.
+training or evaluation process needs, so that an image size or a batch that cannot fit is
+refused before anything is allocated.
 
 tools/train_net.py (yaml configs) and tools/lazyconfig_train_net.py (LazyConfig recipes) spell
 the same settings with different keys: :mod:`lambda_det.engine.run_settings` reads either into
@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import os
-from typing import NamedTuple, Optional, Tuple
+from typing import Callable, NamedTuple, Optional, Tuple
 
 import torch
 from torch import nn
@@ -27,8 +27,9 @@ from lambda_det.utils.setting import Setting, is_integer, override
 
 __all__ = ["Setting", "BackboneSettings", "TrainingSettings", "check_launch_arguments",
            "check_device", "check_training_settings", "check_training_recipe",
-           "check_batch_size", "training_memory_lower_bound", "available_memory",
-           "check_training_memory"]
+           "check_batch_size", "inputs_lower_bound", "training_memory_lower_bound",
+           "evaluation_memory_lower_bound", "available_memory", "check_training_memory",
+           "check_evaluation_memory"]
 
 GIB = 2 ** 30
 logger = logging.getLogger(__name__)
@@ -56,6 +57,9 @@ class TrainingSettings(NamedTuple):
     input_size: Optional[Setting]  # the side of the largest training input (None: unknown)
     weights: Setting  # the initial weights ("": from scratch)
     backbone: Optional[BackboneSettings]  # None: not a lambda_det backbone
+    # The side of a square image at evaluation, with the key that bounds every image's size
+    # (None: unknown, or not resized).
+    test_size: Optional[Setting] = None
 
 
 def check_launch_arguments(args: argparse.Namespace) -> None:
@@ -213,6 +217,29 @@ def _least_saving_lambda_layers(module: nn.Module):
             layer.impl = "auto"
 
 
+def _padded_size(model: nn.Module, size: int) -> int:
+    """``size`` padded to the backbone's size divisibility, as detectron2 pads a batch."""
+    divisor = max(1, getattr(model.backbone, "size_divisibility", 1) or 1)
+    return math.ceil(size / divisor) * divisor
+
+
+def _channels(model: nn.Module) -> int:
+    return model.pixel_mean.numel() if hasattr(model, "pixel_mean") else 3
+
+
+def _weight_bytes(model: nn.Module) -> int:
+    return sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+
+
+def inputs_lower_bound(model: nn.Module, images: int, size: int) -> int:
+    """Bytes of the model's weights and of a float32 batch of ``images`` images of ``size`` x
+    ``size`` (padded): both exist in a process that trains or evaluates on them. Arithmetic
+    only, so that an absurd size is refused at once (a forward pass on the meta device loops
+    over a lambda layer's tiles, for hours at a side of 10^8)."""
+    side = _padded_size(model, size)
+    return _weight_bytes(model) + images * _channels(model) * side * side * 4
+
+
 def training_memory_lower_bound(model: nn.Module, images: int, size: int,
                                 mixed_precision: bool = False) -> int:
     """Bytes that one training process needs at least: the model's parameters, plus what its
@@ -225,8 +252,7 @@ def training_memory_lower_bound(model: nn.Module, images: int, size: int,
     float32 on the meta device; autocast keeps some in float32).
     """
     backbone = model.backbone
-    divisor = max(1, getattr(backbone, "size_divisibility", 1) or 1)
-    size = math.ceil(size / divisor) * divisor
+    size = _padded_size(model, size)
     parameters = {parameter.untyped_storage()._cdata for parameter in model.parameters()}
     saved = {}  # storage -> bytes; a view keeps its whole storage alive
 
@@ -239,7 +265,7 @@ def training_memory_lower_bound(model: nn.Module, images: int, size: int,
             saved[storage._cdata] = (nbytes, tensor)  # kept alive: the key stays its own
         return tensor
 
-    channels = model.pixel_mean.numel() if hasattr(model, "pixel_mean") else 3
+    channels = _channels(model)
     # In eval mode: a batch norm keeps the same input for backward as in training (only its
     # per-channel statistics differ), and torch's meta kernel of a training-mode batch norm
     # takes twice as long. Stochastic depth's masks are left out (the bound stays a bound).
@@ -251,9 +277,46 @@ def training_memory_lower_bound(model: nn.Module, images: int, size: int,
             backbone(torch.empty(images, channels, size, size, device="meta"))
     finally:
         backbone.train(training)
-    weights = sum(parameter.numel() * parameter.element_size()
-                  for parameter in model.parameters())
-    return weights + sum(nbytes for nbytes, _ in saved.values())
+    return _weight_bytes(model) + sum(nbytes for nbytes, _ in saved.values())
+
+
+def _tensors(value) -> list:
+    """The tensors in a module's inputs or output (tuples, lists and dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return []
+
+
+def evaluation_memory_lower_bound(model: nn.Module, size: int) -> int:
+    """Bytes that one evaluation process needs at least: the model's parameters, plus the
+    largest inputs and output of one module of its backbone (they exist together) in a forward
+    pass over one image of ``size`` x ``size`` (padded) that keeps nothing for backward, run
+    on the meta device as :func:`training_memory_lower_bound` runs it. The heads come on top."""
+    backbone = model.backbone
+    size = _padded_size(model, size)
+    largest = 0
+
+    def measure(module, inputs, output):
+        nonlocal largest
+        storages = {tensor.untyped_storage()._cdata: tensor.untyped_storage().nbytes()
+                    for tensor in _tensors((inputs, output))}
+        largest = max(largest, sum(storages.values()))
+
+    handles = [module.register_forward_hook(measure) for module in backbone.modules()]
+    training = backbone.training
+    backbone.eval()
+    try:
+        with _least_saving_lambda_layers(backbone), torch.no_grad():
+            backbone(torch.empty(1, _channels(model), size, size, device="meta"))
+    finally:
+        backbone.train(training)
+        for handle in handles:
+            handle.remove()
+    return _weight_bytes(model) + largest
 
 
 def _memory_available_on_this_machine() -> Optional[int]:
@@ -295,10 +358,25 @@ def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
     return available // processes, where
 
 
+def _lower_bound(model: nn.Module, images: int, size: int, available: int,
+                 count: Callable[[], int]) -> Optional[int]:
+    """:func:`inputs_lower_bound` when it already exceeds ``available``, else ``count()`` (a
+    forward pass on the meta device); None when an operator has no meta kernel (a custom
+    backbone's)."""
+    needed = inputs_lower_bound(model, images, size)
+    if needed > available:
+        return needed
+    try:
+        return count()
+    except NotImplementedError as error:
+        logger.info("no memory estimate before launch: %s", " ".join(str(error).split())[:200])
+        return None
+
+
 def check_training_memory(model: nn.Module, settings: TrainingSettings, device: str,
                           num_gpus: int, world_size: int) -> Optional[int]:
-    """Refuse a training whose lower bound of memory per process
-    (:func:`training_memory_lower_bound`) exceeds what the process can have
+    """Refuse a training whose lower bound of memory per process (:func:`inputs_lower_bound`
+    at once, then :func:`training_memory_lower_bound`) exceeds what the process can have
     (:func:`available_memory`): it would fail, or swap for hours, after allocating.
 
     Returns:
@@ -314,12 +392,11 @@ def check_training_memory(model: nn.Module, settings: TrainingSettings, device: 
         return None
     images = settings.batch.value // world_size
     size = settings.input_size.value
-    try:
-        needed = training_memory_lower_bound(model, images, size, settings.amp_dtype is not None)
-    except NotImplementedError as error:  # an operator with no meta kernel (a custom backbone's)
-        logger.info("no memory estimate before launch: %s", " ".join(str(error).split())[:200])
-        return None
     available, where = limit
+    needed = _lower_bound(model, images, size, available, lambda: training_memory_lower_bound(
+        model, images, size, settings.amp_dtype is not None))
+    if needed is None:
+        return None
     if needed > available:
         raise ValueError(
             f"training needs at least ~{needed / GIB:.1f} GiB per process for {images} images "
@@ -327,3 +404,34 @@ def check_training_memory(model: nn.Module, settings: TrainingSettings, device: 
             f"lower {settings.batch.key} or {settings.input_size.key}")
     return needed
 
+
+def check_evaluation_memory(model: nn.Module, test_size: Optional[Setting], device: str,
+                            num_gpus: int) -> Optional[int]:
+    """Refuse an evaluation (``--eval-only``, or a training run's) whose lower bound of memory
+    per process, one image of the test size at a time, exceeds what the process can have:
+    :func:`inputs_lower_bound` at once, then :func:`evaluation_memory_lower_bound`.
+
+    Returns:
+        the lower bound in bytes, or None where the test size or the memory is unknown.
+
+    Raises:
+        ValueError: naming the estimate, the limit and the key to lower.
+    """
+    if test_size is None or not hasattr(model, "backbone"):
+        return None
+    limit = available_memory(device, num_gpus)
+    if limit is None:
+        return None
+    available, where = limit
+    size = test_size.value
+    needed = _lower_bound(model, 1, size, available,
+                          lambda: evaluation_memory_lower_bound(model, size))
+    if needed is None:
+        return None
+    if needed > available:
+        raise ValueError(
+            f"evaluation needs at least ~{needed / GIB:.1f} GiB per process for one image of "
+            f"{size}x{size} (the model's weights and the backbone's largest activations), "
+            f"{where}: lower {test_size.key} (the longest side images are resized to for "
+            f"evaluation)")
+    return needed

@@ -6,15 +6,24 @@ log.txt keeps everything. The console shows the run: a long printout (the enviro
 config file, the full config, the model) appears there as its first line and the path of
 log.txt, which holds it in full.
 """
+import json
 import logging
 import os
 import sys
+from typing import List
 
 from detectron2.engine import defaults as engine_defaults
+from detectron2.engine.hooks import PeriodicWriter
 from detectron2.utils import comm
+from detectron2.utils.events import (
+    CommonMetricPrinter, EventWriter, JSONWriter, get_event_storage)
 from detectron2.utils.logger import setup_logger
+from lambda_det.utils.atomic import atomic_path
 
-__all__ = ["setup_run_logging", "PRINTOUTS"]
+__all__ = ["setup_run_logging", "PRINTOUTS", "MetricsWriter", "ProgressPrinter", "run_writers",
+           "resume_metrics"]
+
+logger = logging.getLogger(__name__)
 
 # The first words of the long printouts: detectron2's default_setup logs the first three,
 # DefaultTrainer (and lambda_det's LazyConfig trainer) the model.
@@ -58,3 +67,76 @@ def setup_run_logging(cfg) -> None:
             console = isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout
             if console and not isinstance(handler.formatter, _PrintoutsInLogFile):
                 handler.setFormatter(_PrintoutsInLogFile(handler.formatter, log_file))
+
+
+class MetricsWriter(JSONWriter):
+    """Detectron2's ``JSONWriter`` (OUTPUT_DIR/metrics.json, one record per line), which a
+    resumed run can cut back to the checkpoint it continues from (:meth:`drop_after`)."""
+
+    def __init__(self, json_file: str, window_size: int = 20):
+        super().__init__(json_file, window_size)
+        self.json_file = json_file
+
+    def drop_after(self, iteration: int) -> None:
+        """Rewrite the file (atomically) without the records of iterations after
+        ``iteration`` and lines that are not records (one cut short by a killed run): the
+        resumed run trains those iterations again and writes their records anew. Logs how
+        many lines went."""
+        self._file_handle.close()
+        with open(self.json_file) as f:
+            lines = f.read().splitlines()
+        kept = [line for line in lines if -1 < _iteration(line) <= iteration]
+        if len(kept) < len(lines):
+            with atomic_path(self.json_file) as temporary, open(temporary, "w") as f:
+                f.writelines(line + "\n" for line in kept)
+            logger.info("Resuming after iteration %d: dropped the %d last lines of %s (records "
+                        "of the iterations this run trains again)", iteration,
+                        len(lines) - len(kept), self.json_file)
+        self._file_handle = open(self.json_file, "a")
+
+
+def _iteration(line: str):
+    """The iteration of a metrics.json record, -1 for a line that is not one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return -1
+    value = record.get("iteration") if isinstance(record, dict) else None
+    return value if isinstance(value, int) else -1
+
+
+class ProgressPrinter(CommonMetricPrinter):
+    """Detectron2's console line of training progress, printed once per iteration: a run
+    stopped after an iteration that was printed (Ctrl-C, a failed save) writes again in
+    ``after_train``, where detectron2's printer would divide by zero in its ETA."""
+
+    _printed = None
+
+    def write(self):
+        iteration = get_event_storage().iter
+        if iteration != self._printed:
+            self._printed = iteration
+            super().write()
+
+
+def run_writers(output_dir: str, max_iter: int) -> List[EventWriter]:
+    """Detectron2's ``default_writers``, its ``JSONWriter`` a :class:`MetricsWriter` and its
+    ``CommonMetricPrinter`` a :class:`ProgressPrinter`."""
+    writers = engine_defaults.default_writers(output_dir, max_iter)
+    for index, writer in enumerate(writers):
+        if type(writer) is JSONWriter:
+            writer.close()
+            writers[index] = MetricsWriter(os.path.join(output_dir, "metrics.json"))
+        elif type(writer) is CommonMetricPrinter:
+            writers[index] = ProgressPrinter(max_iter)
+    return writers
+
+
+def resume_metrics(hooks, iteration: int) -> None:
+    """On a run resumed after ``iteration``: its metrics.json without later records
+    (:meth:`MetricsWriter.drop_after`)."""
+    for hook in hooks:
+        if isinstance(hook, PeriodicWriter):
+            for writer in hook._writers:
+                if isinstance(writer, MetricsWriter):
+                    writer.drop_after(iteration)

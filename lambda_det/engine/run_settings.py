@@ -6,9 +6,11 @@
 :func:`lambda_det.checkpoint.evaluation_weights`) take these values, so both tools run the same
 checks and name each value by the key the user wrote.
 """
+import sys
 from typing import Callable, NamedTuple, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from detectron2.data import transforms as T
 
 from lambda_det.data.checks import DataSettings, yaml_data_settings
 from lambda_det.data.mapper import build_lsj_augmentations
@@ -98,7 +100,20 @@ def yaml_training_settings(cfg) -> TrainingSettings:
         input_size=input_size,
         weights=Setting("MODEL.WEIGHTS", cfg.MODEL.WEIGHTS),
         backbone=_yaml_backbone(cfg),
+        test_size=_test_size("INPUT.MAX_SIZE_TEST", cfg.INPUT.MIN_SIZE_TEST,
+                             cfg.INPUT.MAX_SIZE_TEST),
     )
+
+
+def _test_size(key: str, short_side, max_size) -> Optional[Setting]:
+    """The side of a square image resized by detectron2's ``ResizeShortestEdge(short_side,
+    max_size)`` at evaluation, with ``key``, the maximum size's key (lowering it bounds every
+    image); None when it does not resize (a short side of 0) or the values are not sizes."""
+    sides = (list(short_side) if isinstance(short_side, (list, tuple, ListConfig))
+             else [short_side])
+    if not sides or not all(is_integer(side) and side > 0 for side in [*sides, max_size]):
+        return None
+    return Setting(key, min(min(sides), max_size))
 
 
 def _yaml_backbone(cfg) -> Optional[BackboneSettings]:
@@ -160,7 +175,20 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
         input_size=input_size,
         weights=Setting("train.init_checkpoint", train.init_checkpoint),
         backbone=_lazy_backbone(cfg),
+        test_size=_lazy_test_size(cfg),
     )
+
+
+def _lazy_test_size(cfg: DictConfig) -> Optional[Setting]:
+    """:func:`_test_size` of a recipe's test mapper, when it resizes with detectron2's
+    ``ResizeShortestEdge`` (None otherwise)."""
+    augmentations = OmegaConf.select(cfg, "dataloader.test.mapper.augmentations", default=None)
+    for index, augmentation in enumerate(augmentations or ()):
+        if _calls(augmentation, T.ResizeShortestEdge):
+            return _test_size(f"dataloader.test.mapper.augmentations.{index}.max_size",
+                              augmentation.get("short_edge_length"),
+                              augmentation.get("max_size", sys.maxsize))
+    return None
 
 
 def _lazy_backbone(cfg: DictConfig) -> Optional[BackboneSettings]:

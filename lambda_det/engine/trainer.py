@@ -21,14 +21,15 @@ from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
-from lambda_det.compat import ddp_without_buffer_sync
+from lambda_det.compat import ddp_without_buffer_sync, without_cuda_home_warning
 from lambda_det.config import load_config, resolve_config_file
 from lambda_det.data import build_mapper
 from lambda_det.data.checks import load_training_dicts, yaml_data_settings
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
+from lambda_det.engine.interrupt import InterruptCheckpoint
 from lambda_det.engine.preflight import check_batch_size, check_training_settings
-from lambda_det.engine.run_logging import setup_run_logging
+from lambda_det.engine.run_logging import resume_metrics, run_writers, setup_run_logging
 from lambda_det.engine.run_settings import yaml_training_settings
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
@@ -64,7 +65,8 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
     highlight = engine_defaults._highlight
     engine_defaults._highlight = lambda code, filename: code
     try:
-        default_setup(cfg, args)
+        with without_cuda_home_warning():
+            default_setup(cfg, args)
     finally:
         engine_defaults._highlight = highlight
     _log_write_errors_without_traceback()
@@ -151,7 +153,11 @@ class Trainer(DefaultTrainer):
       ``--resume`` continues exactly (see :mod:`lambda_det.engine.deterministic`);
     * a checkpoint that cannot be saved stops training (``OutputWriteError``, naming the last
       complete checkpoint), and the final evaluation runs only after every iteration completed
-      (:class:`FinalEvalHook`).
+      (:class:`FinalEvalHook`);
+    * under :func:`~lambda_det.engine.interrupt.stopping_on_signals`, SIGINT or SIGTERM saves
+      the iteration in flight and stops (:class:`~lambda_det.engine.interrupt.InterruptCheckpoint`);
+    * a resumed run's metrics.json without the records after its checkpoint
+      (:func:`~lambda_det.engine.run_logging.resume_metrics`).
     """
 
     def __init__(self, cfg: CfgNode):
@@ -187,8 +193,12 @@ class Trainer(DefaultTrainer):
             hooks.insert(0, SeedEachIteration(self.cfg.SEED))
         if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
             hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
-        return [FinalEvalHook(hook._period, hook._func) if type(hook) is EvalHook else hook
-                for hook in hooks]
+        hooks = [FinalEvalHook(hook._period, hook._func) if type(hook) is EvalHook else hook
+                 for hook in hooks]
+        return hooks + [InterruptCheckpoint()]  # last: after the step's checkpoint and writes
+
+    def build_writers(self):
+        return run_writers(self.cfg.OUTPUT_DIR, self.max_iter)
 
     def state_dict(self):
         # detectron2 0.6's DefaultTrainer saves only the iteration and hook states: the
@@ -206,6 +216,8 @@ class Trainer(DefaultTrainer):
         resuming = resume and self.checkpointer.has_checkpoint()
         self.checkpointer.require = "all" if resuming else "backbone"
         super().resume_or_load(resume=resume)
+        if resuming and comm.is_main_process():
+            resume_metrics(self._hooks, self.start_iter - 1)
         if isinstance(self.data_loader, DeterministicTrainLoader):
             self.data_loader.start_iteration = self.start_iter
 

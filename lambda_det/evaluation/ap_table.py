@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional
 
 from lambda_det.evaluation.plots import plot_ap_bars
+from lambda_det.utils.text import read_text
 
 __all__ = ["PAPER_TABLE_14", "SIZE_METRICS", "load_results", "format_ap_table", "plot_ap_by_size"]
 
@@ -48,37 +49,66 @@ def load_results(path: str, dataset: Optional[str] = None) -> Results:
         raise FileNotFoundError(f"{path} has neither eval_results.json nor metrics.json")
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
+    fix = "pass a run's folder, its eval_results.json or its metrics.json"
+    text = read_text(path, fix)
     if path.name == "metrics.json":  # one JSON object per line; keep the last value of each key
         results: Results = {}
-        for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+        for line_number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{line_number} is not JSON: {error}") from error
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{line_number} is not a JSON object: {fix}")
             for key, value in record.items():
                 task, _, metric = key.partition("/")
                 if task in ("bbox", "segm") and metric:
-                    results.setdefault(task, {})[metric] = float(value)
+                    results.setdefault(task, {})[metric] = value
         if not results:
             raise ValueError(f"{path} has no bbox/ or segm/ metrics: was the run evaluated?")
-        return results
+        return _checked(results, path)
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(text)
         per_dataset = record["results"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{path} is not an eval_results.json written by train_net.py: "
                          f"{error}") from error
+    if not isinstance(per_dataset, dict):
+        raise ValueError(f"{path} is not an eval_results.json written by train_net.py: its "
+                         f"'results' is {type(per_dataset).__name__}, not a mapping")
     # {dataset: {task: metrics}} from DefaultTrainer.test, or {task: metrics} for one dataset.
     if any(task in per_dataset for task, _ in TASKS):
-        return per_dataset
+        return _checked(per_dataset, path)
     if dataset is None and len(per_dataset) == 1:
-        return next(iter(per_dataset.values()))
+        return _checked(next(iter(per_dataset.values())), path)
     if dataset not in per_dataset:
         raise ValueError(f"{path} has results for the datasets {sorted(per_dataset)}: name one "
                          f"(got dataset={dataset!r})")
-    return per_dataset[dataset]
+    return _checked(per_dataset[dataset], path)
+
+
+def _checked(results, path: Path) -> Results:
+    """``results`` when each of its tasks (bbox, segm) maps metrics to numbers (or null: none
+    measured), with the numbers as floats; else a ValueError naming the file and the value."""
+    fix = "pass the eval_results.json or metrics.json that tools/train_net.py wrote"
+    if not isinstance(results, dict):
+        raise ValueError(f"{path} holds {type(results).__name__} where results by task "
+                         f"(bbox, segm) belong: {fix}")
+    checked: Results = dict(results)
+    for task, metrics in results.items():
+        if task not in dict(TASKS):
+            continue  # another evaluator's (sem_seg, ...): not shown
+        if not isinstance(metrics, dict):
+            raise ValueError(f"{path}: {task} is {metrics!r}, not a mapping of metrics: {fix}")
+        checked[task] = {}
+        for metric, value in metrics.items():
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float))):
+                raise ValueError(f"{path}: {task}/{metric} is {value!r}, not a number: {fix}")
+            checked[task][metric] = None if value is None else float(value)
+    return checked
 
 
 def _number(value: Optional[float]) -> str:
@@ -106,7 +136,8 @@ def format_ap_table(runs: Mapping[str, Results], baseline: Optional[str] = None,
     if paper:
         rows.update({f"{name} (paper)": results for name, results in PAPER_TABLE_14.items()})
     if baseline is not None and baseline not in rows:
-        raise ValueError(f"baseline {baseline!r} is not one of the rows {list(rows)}")
+        raise ValueError(f"baseline {baseline!r} is not one of the rows {list(rows)}: pass one "
+                         f"of them")
     header = "| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |"
     lines = [header, "|:--|--:|:-:|--:|:-:|"]
     for name, results in rows.items():

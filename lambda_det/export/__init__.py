@@ -36,8 +36,10 @@ values (that module lists each and why it is equal). The program takes any H, W 
 size 1), and any number of detections, 0 included. The lambda layers take their "conv" form
 under ``torch.compiler.is_exporting()``; impl "tiled" is refused. The ``.pt2`` files written here
 hold no pickle (torch.export.save's sample inputs are left out), and :class:`ExportedModel`
-loads a ``.pt2`` only if every pickle in it loads with ``weights_only=True``
-(``torch.export.load`` would otherwise fall back to a full unpickle).
+loads a ``.pt2`` only in the layout torch 2.14.1 writes, where every member that loading
+unpickles loads with ``weights_only=True`` and every string it evaluates is an expression of
+sizes (:mod:`lambda_det.export._archive`; ``torch.export.load`` would unpickle in full and
+evaluate any string).
 
 ONNX goes through torch's TorchScript-based exporter (``dynamo=False``); the ONNX exporter built
 on torch.export (``dynamo=True``) is not wired to the replacements above. Opset 16 or newer is
@@ -46,11 +48,9 @@ needed for ``RoIAlign`` with ``aligned=True``. Every lambda layer implementation
 with one index op instead of ``unfold``, which the ONNX exporter cannot convert on traced sizes.
 """
 import importlib.util
-import io
 import json
 import os
 import warnings
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple, Union
@@ -70,8 +70,9 @@ from detectron2.structures import Boxes, Instances
 from lambda_det.data.mapper import build_mapper
 from lambda_det.inference import metadata_of
 from lambda_det.layers import LambdaLayer
+from lambda_det.export._archive import load_program, zip_kind
 from lambda_det.export._torch_export import export_friendly_detectron2
-from lambda_det.utils.atomic import atomic_path
+from lambda_det.utils.atomic import atomic_path, check_output_file
 
 __all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
            "sample_image", "eager_outputs", "check_export_output", "metadata_path",
@@ -314,10 +315,13 @@ def metadata_path(output: PathLike) -> Path:
     return Path(f"{os.fspath(output)}.json")
 
 
-def check_export_output(output: PathLike, weights: str, overwrite: bool) -> None:
-    """Refuse an export path that would lose a file: never the checkpoint being exported
-    (``weights``, compared as files: ``os.path.samefile`` sees through links and spellings), and
-    another existing file only with ``overwrite``. The same for its :func:`metadata_path`.
+def check_export_output(output: PathLike, reads: Mapping[str, Optional[str]],
+                        overwrite: bool) -> None:
+    """Refuse an export path that would lose a file (the output rule,
+    :func:`~lambda_det.utils.atomic.check_output_file`): never a file the export reads
+    (``reads``: e.g. "MODEL.WEIGHTS" -> the checkpoint, "--config" -> the config; compared as
+    files, through links and spellings), another existing file only with ``overwrite``. The
+    same for its :func:`metadata_path`.
 
     Raises:
         IsADirectoryError: ``output`` (or its metadata path) is a folder.
@@ -329,14 +333,7 @@ def check_export_output(output: PathLike, weights: str, overwrite: bool) -> None
         if os.path.isdir(path):
             raise IsADirectoryError(f"{what} is a folder: pass another file path, e.g. "
                                     f"{os.path.join(output, 'model.ts')!r}")
-        if not os.path.exists(path):
-            continue
-        if os.path.isfile(weights) and os.path.samefile(path, weights):
-            raise FileExistsError(f"{what} is MODEL.WEIGHTS, the checkpoint being exported: pass "
-                                  f"another --output")
-        if not overwrite:
-            raise FileExistsError(f"{what} exists: pass another --output, or --overwrite to "
-                                  f"replace it")
+        check_output_file(path, overwrite, reads, "--output", what)
 
 
 def class_table(metadata, num_classes: int) -> List[dict]:
@@ -431,7 +428,7 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
                     torch.jit.save(traced.module, f, _extra_files=extra_files)
         elif format == "torch_export":
             # Not the sample in the file: it may be a user's image, and it is the archive's one
-            # pickle (what _check_pickles_hold_only_tensors guards against).
+            # pickle (lambda_det.export._archive checks that what loading unpickles is tensors).
             traced.module.example_inputs = None
             with open(temporary, "wb") as f:
                 torch.export.save(traced.module, f,
@@ -446,35 +443,12 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
 _ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
 
 
-def _check_pickles_hold_only_tensors(path: str) -> None:
-    """Refuse a .pt2 archive with a pickle that ``torch.load(weights_only=True)`` refuses.
-
-    ``torch.export.load`` reads the program (JSON) and weights (raw bytes) without running code,
-    but unpickles a few artifacts (the sample inputs) with ``weights_only=True`` and, where that
-    fails, again without it, which may run code. Checking every pickle first rules that out.
-    """
-    try:
-        archive = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as error:
-        raise ValueError(f"{path!r} is not a torch.export (.pt2) archive: {error}") from None
-    with archive:
-        for name in archive.namelist():
-            data = archive.read(name)
-            if not (data.startswith(b"PK\x03\x04") or data.startswith(b"\x80")):
-                continue  # not a torch.save zip nor a pickle: JSON, raw weights, text
-            try:
-                torch.load(io.BytesIO(data), weights_only=True)
-            except Exception as error:
-                raise ValueError(
-                    f"{path!r}: {name} holds objects other than tensors and plain containers, "
-                    f"which loading would unpickle by running code; refusing to load it "
-                    f"({type(error).__name__})") from None
-
-
 class ExportedModel:
     """An exported file loaded for inference: TorchScript on the device it was traced on (the
     trace holds that device as a constant), ONNX on the CPU through onnxruntime, a torch.export
-    ``.pt2`` on the device it was exported on (:func:`_check_pickles_hold_only_tensors` first).
+    ``.pt2`` on the device it was exported on, once :mod:`lambda_det.export._archive` has checked
+    that loading it runs no code from it. A TorchScript or torch.export file is known by its
+    contents, an ONNX file by its suffix ``.onnx``.
 
     Calling it with a (3, H, W) image of its dtype (and of the exported size, for an export
     fixed to one) returns the outputs by name, on the CPU.
@@ -508,11 +482,9 @@ class ExportedModel:
             self.output_names = tuple(output.name for output in self._session.get_outputs())
             self._module = None
             self.min_size = None
-        elif path.endswith(FILE_SUFFIXES["torch_export"]):
-            extra_files = {METADATA_NAME: ""}
-            _check_pickles_hold_only_tensors(path)
-            program = torch.export.load(path, extra_files=extra_files)
-            self._read_metadata(path, extra_files[METADATA_NAME], "a torch.export")
+        elif zip_kind(path) == "torch_export":
+            program, extra_files = load_program(path)
+            self._read_metadata(path, extra_files.get(METADATA_NAME, ""), "a torch.export")
             self._module = program.module()
         else:
             extra_files = {METADATA_NAME: ""}

@@ -9,7 +9,8 @@ question of a tensor's *values* (``if mask.all()``, ``.item()``), which ``torch.
 answer for every input (``GuardOnDataDependentSymNode``):
 
 * ``ImageList.from_tensors`` (one image): the padded size as symbolic integers rather than a
-  tensor of sizes that the padding then reads back as numbers (``.item()``). The same padding.
+  tensor of sizes that the padding then reads back as numbers (``.item()``). The same padding,
+  ``padding_constraints`` (detectron2 after 0.6: square size, divisibility) included.
 * ``detectron2.layers.Conv2d.forward``: asks ``self.training`` before ``x.numel() == 0`` (an
   assertion for SyncBatchNorm in training), so eval mode never asks the size of the RoI heads'
   data-dependent number of boxes.
@@ -44,7 +45,7 @@ answer for every input (``GuardOnDataDependentSymNode``):
   which the exported program would assert, failing on images with fewer than 2 detections.
 """
 import contextlib
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -64,17 +65,32 @@ from detectron2.structures import Boxes, ImageList, Instances
 __all__ = ["export_friendly_detectron2"]
 
 
+# The replacements take the parameters of the functions they stand in for, as detectron2 0.6 (the
+# release installed) and its main branch (at commit 02b5c4e) define them; a test compares
+# them with the installed detectron2's signatures.
+
+
 def _from_tensors(tensors: List[torch.Tensor], size_divisibility: int = 0,
-                  pad_value: float = 0.0) -> ImageList:
-    """ImageList.from_tensors for one image with symbolic sizes (several: the original)."""
+                  pad_value: float = 0.0,
+                  padding_constraints: Optional[Dict[str, int]] = None) -> ImageList:
+    """ImageList.from_tensors for one image with symbolic sizes (several: the original).
+    ``padding_constraints`` is detectron2 main's: {"square_size": pad to this square,
+    "size_divisibility": replaces the argument}; detectron2 0.6's callers never pass it."""
     if len(tensors) != 1:
-        return _ORIGINALS["from_tensors"](tensors, size_divisibility, pad_value)
+        extra = {} if padding_constraints is None else {"padding_constraints": padding_constraints}
+        return _ORIGINALS["from_tensors"](tensors, size_divisibility, pad_value, **extra)
     (image,) = tensors
     height, width = image.shape[-2], image.shape[-1]
     padded_height, padded_width = height, width
+    if padding_constraints is not None:
+        square_size = padding_constraints.get("square_size", 0)
+        if square_size > 0:
+            padded_height = padded_width = square_size
+        size_divisibility = padding_constraints.get("size_divisibility", size_divisibility)
     if size_divisibility > 1:
-        padded_height = (height + size_divisibility - 1) // size_divisibility * size_divisibility
-        padded_width = (width + size_divisibility - 1) // size_divisibility * size_divisibility
+        stride = size_divisibility
+        padded_height = (padded_height + stride - 1) // stride * stride
+        padded_width = (padded_width + stride - 1) // stride * stride
     batched = F.pad(image, [0, padded_width - width, 0, padded_height - height],
                     value=pad_value).unsqueeze_(0)
     return ImageList(batched.contiguous(), [(height, width)])
@@ -96,7 +112,10 @@ def _create_grid_offsets(size: List[int], stride: int, offset: float, device: to
     """anchor_generator._create_grid_offsets: the anchors' x and y shifts on a feature map, as
     ``arange(n) * stride + offset * stride`` rather than ``arange(offset * stride, n * stride,
     stride)``, whose length symbolic shapes cannot see to be n (a float ceil). The same values
-    (exact in float32 for grids under 2^24 / stride cells)."""
+    (exact in float32 for grids under 2^24 / stride cells). ``device``: detectron2 0.6 passes a
+    device, its main branch a tensor on it (``target_device_tensor``)."""
+    if isinstance(device, torch.Tensor):
+        device = device.device
     grid_height, grid_width = size
     shifts_x = torch.arange(grid_width, dtype=torch.float32, device=device) * stride \
         + offset * stride
@@ -160,14 +179,14 @@ def _convert_boxes_to_pooler_format(box_lists: List[Boxes]) -> torch.Tensor:
     return cat([indices, boxes], dim=1)
 
 
-def _batched_nms(boxes: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor,
+def _batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
                  iou_threshold: float) -> torch.Tensor:
     """NMS within each class: one NMS on boxes moved apart by class, as torchvision's
     ``batched_nms`` does for up to 4000 coordinates on the CPU. Its callers here clip the boxes
     first, so the largest coordinate is that of the boxes or 0 (none)."""
     boxes = boxes.float()
     largest = torch.cat([boxes.reshape(-1), boxes.new_zeros(1)]).max()
-    offsets = classes.to(boxes) * (largest + torch.tensor(1).to(boxes))
+    offsets = idxs.to(boxes) * (largest + torch.tensor(1).to(boxes))  # idxs: the classes
     keep = torch.ops.torchvision.nms(boxes + offsets[:, None], scores, iou_threshold)
     # What NMS returns is at most as long as its input: bounds later slices and indexing.
     torch._check(keep.shape[0] <= boxes.shape[0])

@@ -82,6 +82,12 @@ EINSUM_MAX_POSITIONS = 852
 CONV_MAX_POSITIONS_CUDA = 400
 
 
+def _norm_or_identity(norm_layer: Callable[[int], Optional[nn.Module]],
+                      channels: int) -> nn.Module:
+    norm = norm_layer(channels)
+    return nn.Identity() if norm is None else norm
+
+
 class LambdaLayer(nn.Module):
     """Multi-query lambda layer for (B, C, H, W) maps, or (B, C, L) sequences with spatial_dims=1.
 
@@ -102,7 +108,8 @@ class LambdaLayer(nn.Module):
         max_size: global context only: the largest H (or W, or L) the embeddings cover.
         spatial_dims: 2 for (B, C, H, W) maps, 1 for (B, C, L) sequences.
         norm_layer: builds the norm on queries and values from a channel count (default
-            BatchNorm), e.g. detectron2's ``lambda c: get_norm("SyncBN", c)``.
+            BatchNorm), e.g. detectron2's ``lambda c: get_norm("SyncBN", c)``; one that returns
+            None means no norm (detectron2's ``get_norm("", c)``).
         tuning: how impl "tiled" cuts its work (tiles, chunks; default: by device), see
             :class:`~lambda_det.layers.lambda_conv.TiledTuning`. The stride-1 tile also sets the
             halo size C of the "auto" rule.
@@ -162,10 +169,10 @@ class LambdaLayer(nn.Module):
         conv = CONV[spatial_dims]
         norm_layer = norm_layer or BATCH_NORM[spatial_dims]
         self.to_queries = conv(in_channels, dim_k * heads, 1, bias=False)
-        self.query_norm = norm_layer(dim_k * heads)
+        self.query_norm = _norm_or_identity(norm_layer, dim_k * heads)
         self.to_keys = conv(in_channels, dim_k * dim_u, 1, bias=False)
         self.to_values = conv(in_channels, self.dim_v * dim_u, 1, bias=False)
-        self.value_norm = norm_layer(self.dim_v * dim_u)
+        self.value_norm = _norm_or_identity(norm_layer, self.dim_v * dim_u)
 
         radius = max_size - 1 if scope is None else scope // 2
         if position_embedding is None:
@@ -255,12 +262,15 @@ class LambdaLayer(nn.Module):
             # windows of _context_radii, an "einsum" or "conv" trace holds for any input size.
             spatial = tuple(x.shape[2:])
         batch, num_positions = x.shape[0], math.prod(spatial)
-        queries, keys, values = self._project(x)
+        project = self._project_traced if torch.jit.is_tracing() else self._project
+        queries, keys, values = project(x)
         with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
             dtype = compute_dtype(x.dtype)
-            queries = queries.to(dtype).reshape(batch, self.heads, self.dim_k, num_positions)  # b h k n
-            keys = keys.to(dtype).reshape(batch, self.dim_k, self.dim_u, num_positions)  # b k u m
-            values = values.to(dtype).reshape(batch, self.dim_v, self.dim_u, num_positions)  # b v u m
+            # flatten, then unflatten: the same views as reshape to (b, ., ., n), without the
+            # divisibility guards that reshape puts on symbolic sizes under torch.export.
+            queries = queries.to(dtype).flatten(2).unflatten(1, (self.heads, self.dim_k))  # b h k n
+            keys = keys.to(dtype).flatten(2).unflatten(1, (self.dim_k, self.dim_u))  # b k u m
+            values = values.to(dtype).flatten(2).unflatten(1, (self.dim_v, self.dim_u))  # b v u m
             if context_mask is not None:
                 output = self._masked_output(queries, keys, values, spatial, context_mask)
             elif impl == "tiled" and self.stride == 2:
@@ -274,6 +284,10 @@ class LambdaLayer(nn.Module):
                 output = self._add_content_output(position_output(queries, values, spatial),
                                                   queries, keys, values)
         output = output.reshape(batch, self.out_channels, *spatial).to(x.dtype)  # b (h v) ...
+        if torch.compiler.is_exporting():
+            # The einsums leave a layout that depends on the sizes (channels last at batch 1);
+            # the next ops' layout checks on it are guards that named Dim ranges reject.
+            output = output.clone(memory_format=torch.contiguous_format)
         return self.pool(output)
 
     def _forward_scripted(self, x: torch.Tensor,
@@ -320,6 +334,15 @@ class LambdaLayer(nn.Module):
                  self.to_values.out_channels]
         queries, keys, values = projected.split(sizes, dim=1)
         return self.query_norm(queries), keys, self.value_norm(values)
+
+    def _project_traced(self, x: torch.Tensor
+                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`_project` under torch.jit.trace: each projection runs as its own module, so
+        that what reads a trace (fvcore's FLOP count, which credits ops to the modules that run
+        them) sees each one run. The same numbers: a 1x1 conv's output channels do not depend
+        on the others."""
+        return (self.query_norm(self.to_queries(x)), self.to_keys(x),
+                self.value_norm(self.to_values(x)))
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
         spatial = check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels)

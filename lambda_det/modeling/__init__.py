@@ -3,6 +3,7 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
+from lambda_det.layers import eager_impls, flop_handles, register_flop_handles
 from lambda_det.modeling.build import (
     build_lambda_resnet_backbone, build_lambda_resnet_fpn_backbone,
     build_retinanet_lambda_resnet_fpn_backbone)
@@ -15,4 +16,9 @@ from lambda_det.modeling.mixers import (
 __all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "DEPTHS", "BLOCKS_PER_STAGE",
            "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "build_lambda_resnet_backbone",
            "build_lambda_resnet_fpn_backbone", "build_retinanet_lambda_resnet_fpn_backbone",
-           "MIXERS", "register_mixer", "unregister_mixer", "build_mixer_factory"]
+           "MIXERS", "register_mixer", "unregister_mixer", "build_mixer_factory",
+           "flop_handles", "eager_impls"]
+
+# fvcore's FlopCountAnalysis (so detectron2's analyze_model) counts the layers' ops: see
+# lambda_det.layers.flops.
+register_flop_handles()

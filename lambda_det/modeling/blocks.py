@@ -15,7 +15,8 @@ from torch import nn
 from detectron2.layers import CNNBlockBase, get_norm
 from torchvision.ops import StochasticDepth
 
-__all__ = ["ResNetRSStem", "Bottleneck", "SqueezeExcite", "ConvNorm", "make_norm", "MixerFactory"]
+__all__ = ["ResNetRSStem", "Bottleneck", "ShortcutPool", "SqueezeExcite", "ConvNorm", "make_norm",
+           "MixerFactory"]
 
 # (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
 MixerFactory = Callable[[int, int, int], nn.Module]
@@ -68,6 +69,28 @@ class SqueezeExcite(nn.Module):
         return x * torch.sigmoid(scale)
 
 
+class ShortcutPool(nn.AvgPool2d):
+    """ResNet-D's shortcut pool: 2x2 average with stride 2; at an odd border the last window
+    averages the positions it has (ceil_mode, count_include_pad=False).
+
+    Decision: under torch.export the same numbers come from zero padding by one and a divisor
+    map, because ceil_mode's output size check is a guard (always true) that named ``Dim``
+    ranges reject. In float arithmetic it is the same: the window sums add the same values
+    (zeros change nothing), and sum / 4 / (count / 4) divides by powers of two only.
+    """
+
+    def __init__(self):
+        super().__init__(2, stride=2, ceil_mode=True, count_include_pad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            if torch.compiler.is_exporting():
+                pad = [0, 1, 0, 1]
+                inside = F.avg_pool2d(F.pad(torch.ones_like(x[:1, :1]), pad), 2)  # count / 4
+                return F.avg_pool2d(F.pad(x, pad), 2) / inside
+        return F.avg_pool2d(x, 2, 2, 0, ceil_mode=True, count_include_pad=False)
+
+
 class ResNetRSStem(CNNBlockBase):
     """Three 3x3 convs (stride 2, 1, 1), then a strided 3x3 conv in place of the max-pool: stride 4."""
 
@@ -108,8 +131,7 @@ class Bottleneck(CNNBlockBase):
         super().__init__(in_channels, out_channels, stride)
         if in_channels != out_channels or stride != 1:
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.
-            pool = (nn.AvgPool2d(2, stride=2, ceil_mode=True, count_include_pad=False)
-                    if stride != 1 else nn.Identity())
+            pool = ShortcutPool() if stride != 1 else nn.Identity()
             self.shortcut = nn.Sequential(pool, ConvNorm(in_channels, out_channels, 1, bias=False,
                                                        norm=make_norm(norm, out_channels)))
         else:

@@ -260,14 +260,29 @@ class LambdaResNet(Backbone):
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
         x = checked_images(x)
-        outputs = {}
+        outputs: Dict[str, torch.Tensor] = {}
         x = self.stem(x)
         if "stem" in self._out_features:
             outputs["stem"] = x
-        for name in self.stage_names:
-            x = getattr(self, name)(x)
-            if name in self._out_features:
-                outputs[name] = x
+        # Stage by stage, spelled out: TorchScript can neither getattr a name it computes nor
+        # iterate a plain list of modules, and a ModuleList would rename the parameters. A
+        # stage that is not built is skipped (hasattr is decided when TorchScript compiles).
+        if hasattr(self, "res2"):
+            x = self.res2(x)
+            if "res2" in self._out_features:
+                outputs["res2"] = x
+        if hasattr(self, "res3"):
+            x = self.res3(x)
+            if "res3" in self._out_features:
+                outputs["res3"] = x
+        if hasattr(self, "res4"):
+            x = self.res4(x)
+            if "res4" in self._out_features:
+                outputs["res4"] = x
+        if hasattr(self, "res5"):
+            x = self.res5(x)
+            if "res5" in self._out_features:
+                outputs["res5"] = x
         if self.num_classes is not None and "linear" in self._out_features:
             outputs["linear"] = self.linear(torch.flatten(self.avgpool(x), 1))
         return outputs
@@ -282,7 +297,9 @@ def checked_images(x: torch.Tensor) -> torch.Tensor:
     """``x``, or a ValueError unless it is a (N, C, H, W) batch. torch.fx records the call (see
     ``torch.fx.wrap`` below) rather than the Python check, so a traced model checks too."""
     if x.dim() != 4:
-        raise ValueError(f"LambdaResNet takes (N, C, H, W) images, got shape {tuple(x.shape)}")
+        # The sizes joined by hand: TorchScript cannot format a tuple of a tensor's sizes.
+        shape = ", ".join([str(size) for size in x.shape])
+        raise ValueError(f"LambdaResNet takes (N, C, H, W) images, got shape ({shape})")
     return x
 
 

@@ -16,7 +16,7 @@ so :func:`convert_classifier_checkpoint` only drops the classifier and adds the 
 prefix. Needs timm (``pip install timm``).
 """
 import inspect
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +44,6 @@ PRETRAINED_CFG = {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "
                   "crop_pct": 0.875, "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
                   "std": (0.229, 0.224, 0.225), "first_conv": "stem.convs.0",
                   "classifier": "linear"}
-# Global pools that keep num_features channels (timm's names); "" keeps the (B, C, H, W) map.
-GLOBAL_POOLS = ("avg", "max", "avgmax", "")
 # timm.create_model options that timm's builder takes before the model is built.
 CREATE_MODEL_OPTIONS = ("features_only", "out_indices", "feature_cls", "feature_cfg",
                         "pretrained_cfg", "pretrained_cfg_overlay", "scriptable", "exportable")
@@ -89,8 +87,9 @@ class TimmLambdaResNet(LambdaResNet):
 
     Args:
         num_classes, in_chans, drop_rate (dropout before the classifier), drop_path_rate
-            (stochastic depth, see :class:`LambdaResNet`), global_pool (one of GLOBAL_POOLS):
-            timm's names.
+            (stochastic depth, see :class:`LambdaResNet`), global_pool (any pool timm's
+            SelectAdaptivePool2d takes; "catavgmax" doubles the classifier's inputs): timm's
+            names.
         **kwargs: :class:`LambdaResNet` arguments and its mixer's options.
     """
 
@@ -111,9 +110,13 @@ class TimmLambdaResNet(LambdaResNet):
                              for name in ("stem",) + STAGES]
         self.grad_checkpointing = False
         self.global_pool = global_pool
-        self.avgpool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
+        self.avgpool = _pool(global_pool)
         if not num_classes:
             self.linear = nn.Identity()
+        elif self.avgpool.feat_mult() != 1:  # e.g. "catavgmax": the classifier takes 2 C
+            self.linear = nn.Linear(self.num_features * self.avgpool.feat_mult(), num_classes)
+            nn.init.normal_(self.linear.weight, std=0.01)
+            nn.init.zeros_(self.linear.bias)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)
@@ -179,6 +182,12 @@ class TimmLambdaResNet(LambdaResNet):
         self.grad_checkpointing = enable
 
     @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        """Regexes over parameter names that group them for timm's layer-wise learning rate
+        decay (``param_groups_layer_decay``): the stem, then each stage (coarse) or block."""
+        return dict(stem=r"^stem", blocks=r"^res(\d+)" if coarse else r"^res(\d+)\.(\d+)")
+
+    @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
         return self.linear
 
@@ -189,13 +198,23 @@ class TimmLambdaResNet(LambdaResNet):
         _check_head(num_classes, global_pool)
         self.num_classes = num_classes
         self.global_pool = global_pool
-        self.avgpool = SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
-        self.linear = nn.Linear(self.num_features, num_classes) if num_classes else nn.Identity()
+        self.avgpool = _pool(global_pool)
+        features = self.num_features * self.avgpool.feat_mult()
+        self.linear = nn.Linear(features, num_classes) if num_classes else nn.Identity()
+
+
+def _pool(global_pool: str) -> SelectAdaptivePool2d:
+    """timm's global pool of that name, flattened ("" keeps the map), as timm's ResNet has."""
+    return SelectAdaptivePool2d(pool_type=global_pool, flatten=bool(global_pool))
 
 
 def _check_head(num_classes: int, global_pool: str) -> None:
-    if global_pool not in GLOBAL_POOLS:
-        raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
+    try:
+        _pool(global_pool)
+    except (AssertionError, AttributeError):  # timm asserts; a non-string has no .lower()
+        raise ValueError(f"global_pool must be a pool timm's SelectAdaptivePool2d takes ("
+                         f"'avg', 'max', 'avgmax', 'catavgmax', their 'fast' forms, or '' for "
+                         f"none), got {global_pool!r}") from None
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
         raise ValueError(f"num_classes must be an integer >= 0, got {num_classes!r}")
     if num_classes and not global_pool:

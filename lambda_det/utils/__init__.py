@@ -1,1 +1,2 @@
-"""Small utilities the other rooms share: files written atomically, write errors in one line."""
+"""Small utilities the other rooms share: files written atomically, write errors in one line,
+text files that are not text named."""

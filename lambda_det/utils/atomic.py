@@ -1,15 +1,19 @@
 """Files that appear whole or not at all (checkpoints, last_checkpoint, results, exported
-models), and write failures (a read-only, full or missing disk) reported as one error that names
-the path and the fix."""
+models), the one rule every tool follows before writing a file (:func:`check_output_file`), and
+write failures (a read-only, full or missing disk) reported as one error that names the path and
+the fix."""
 import contextlib
 import errno
 import os
 import tempfile
 import uuid
-from typing import Container, Iterator, Optional, Union
+from typing import Container, Iterator, Mapping, Optional, Tuple, Union
 
-__all__ = ["atomic_path", "OutputWriteError", "write_error", "reporting_write_errors",
-           "check_writable_folder", "DISK_ERRNOS"]
+__all__ = ["atomic_path", "atomic_write", "check_output_file", "file_identity", "refuse_symlink",
+           "OutputWriteError", "write_error", "reporting_write_errors", "check_writable_folder",
+           "DISK_ERRNOS"]
+
+PathLike = Union[str, os.PathLike]
 
 # What a full or read-only disk raises, whatever file is being written.
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -38,13 +42,23 @@ def write_error(path: Union[str, os.PathLike], error: OSError,
 def reporting_write_errors(path: Union[str, os.PathLike], option: str = "the output folder",
                            errnos: Optional[Container[int]] = None) -> Iterator[None]:
     """Raise an ``OSError`` of the block (of ``errnos`` only, if given) as an
-    :class:`OutputWriteError` naming ``path`` and ``option``."""
+    :class:`OutputWriteError` naming ``path`` and ``option``; also one that a writer wrapped
+    in a RuntimeError (:func:`_wrapped_os_error`). Other RuntimeErrors pass unchanged."""
     try:
         yield
-    except OSError as error:
-        if errnos is not None and error.errno not in errnos:
+    except (OSError, RuntimeError) as error:
+        cause = error if isinstance(error, OSError) else _wrapped_os_error(error)
+        if cause is None or (errnos is not None and cause.errno not in errnos):
             raise
-        raise write_error(path, error, option) from error
+        raise write_error(path, cause, option) from cause
+
+
+def _wrapped_os_error(error: RuntimeError) -> Optional[OSError]:
+    """The OSError that ``error`` was raised while handling: torch.save into a file object
+    raises RuntimeError ("unexpected pos", "PytorchStreamWriter failed writing file") when the
+    file's write raised, e.g. ENOSPC on a full disk."""
+    context = error.__context__
+    return context if isinstance(context, OSError) and not error.__suppress_context__ else None
 
 
 def check_writable_folder(folder: Union[str, os.PathLike],
@@ -78,10 +92,69 @@ def check_writable_folder(folder: Union[str, os.PathLike],
                 os.rmdir(created)
 
 
+def file_identity(path: PathLike) -> Optional[Tuple[int, int]]:
+    """What ``os.path.samefile`` compares (device, inode), through links; None for a path that
+    leads to no file (missing, or a dangling link)."""
+    try:
+        status = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return status.st_dev, status.st_ino
+
+
+def check_output_file(path: PathLike, overwrite: bool,
+                      reads: Optional[Mapping[str, Optional[PathLike]]] = None,
+                      option: str = "--output", what: Optional[str] = None) -> None:
+    """The output rule of every tool, checked before the work: a file the command reads is
+    never written over (``reads``: what the user calls it, e.g. "MODEL.WEIGHTS" -> its path;
+    compared as files, through links and spellings), another existing file (or a link) only
+    with ``overwrite``. Writers then go through :func:`atomic_path`, which replaces a link
+    itself rather than the file it points to.
+
+    Args:
+        option: where the user chose ``path`` ("--output"), for the fix.
+        what: how errors name ``path`` (default ``<option> '<path>'``).
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder.
+        FileExistsError: ``path`` is a file the command reads, or exists without ``overwrite``.
+    """
+    what = what or f"{option} {os.fspath(path)!r}"
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{what} is a folder: pass a file path as {option}")
+    if not os.path.lexists(path):
+        return
+    identity = file_identity(path)
+    for role, read in (reads or {}).items():
+        if identity is not None and read is not None and file_identity(read) == identity:
+            raise FileExistsError(f"{what} is {role}, which this command reads: pass another "
+                                  f"{option}")
+    if not overwrite:
+        raise FileExistsError(f"{what} exists: pass another {option}, or --overwrite to "
+                              f"replace it")
+
+
+def refuse_symlink(path: PathLike, fix: str) -> None:
+    """For a file written in place (appended to, locked): refuse a symbolic link at ``path``,
+    which the write would follow to a file the command does not own.
+
+    Raises:
+        OutputWriteError: naming ``path`` and ``fix``.
+    """
+    if os.path.islink(path):
+        raise OutputWriteError(f"{os.fspath(path)!r} is a symbolic link (to "
+                               f"{os.readlink(path)!r}), and is written in place: {fix}")
+
+
 @contextlib.contextmanager
-def atomic_path(path: Union[str, os.PathLike]) -> Iterator[str]:
+def atomic_path(path: PathLike, suffix: str = "",
+                option: str = "the output folder") -> Iterator[str]:
     """A new temporary path beside ``path`` for the block to write; renamed over ``path`` if the
-    block succeeds, removed if it raises.
+    block succeeds, removed if it raises. ``suffix`` ends the temporary name, for writers that
+    choose the format by it (OpenCV); ``option`` names where the user chose ``path``, for a
+    write error.
+
+    A link at ``path`` is replaced by the new file: nothing is written through it.
 
     Readers see the previous file or the complete new one, never a partial one. The data is
     synced to disk before the rename, and the rename itself after it, so an OS crash cannot
@@ -93,8 +166,8 @@ def atomic_path(path: Union[str, os.PathLike]) -> Iterator[str]:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     # A fresh name (not mkstemp: the block creates the file, with the umask's permissions).
-    temporary = f"{path}.{uuid.uuid4().hex[:12]}.tmp"
-    with reporting_write_errors(path):
+    temporary = f"{path}.{uuid.uuid4().hex[:12]}.tmp{suffix}"
+    with reporting_write_errors(path, option):
         try:
             yield temporary
             with open(temporary, "rb") as written:
@@ -109,3 +182,10 @@ def atomic_path(path: Union[str, os.PathLike]) -> Iterator[str]:
             os.fsync(folder_handle)
         finally:
             os.close(folder_handle)
+
+
+def atomic_write(path: PathLike, data: Union[str, bytes],
+                 option: str = "the output folder") -> None:
+    """Write ``data`` (text as utf-8) to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path, option=option) as temporary, open(temporary, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)

@@ -108,3 +108,23 @@ def test_a_pkl_detectron2_cannot_load_is_named_with_the_layouts_it_can(tmp_path,
                                                      r"array\}, '__author__': source\} or "
                                                      r"Caffe2's \{name: numpy array\}"):
         load_checkpoint_file(str(path))
+
+
+def test_weights_at_a_url_that_cannot_be_downloaded_are_one_error(monkeypatch, caplog):
+    """An offline machine: the download fails before anything starts, naming the URL and the
+    fix (the .invalid domain never resolves; the socket is refused too, in case of a resolver
+    that answers everything)."""
+    import socket
+    from lambda_det.checkpoint import check_weights
+
+    def no_network(*args, **kwargs):
+        raise OSError("no network here")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    url = "https://lambda-det.invalid/model_final.pth"
+    with pytest.raises(FileNotFoundError) as error:
+        check_weights(url)
+    message = str(error.value)
+    assert message.startswith(f"MODEL.WEIGHTS {url!r} cannot be downloaded")
+    assert "MODEL.WEIGHTS path/to/model_final.pth" in message and "\n" not in message
+    assert "Failed to download" not in caplog.text  # iopath's own line is held back

@@ -284,3 +284,19 @@ def test_setup_stops_in_one_line_when_no_detectron2_is_visible(monkeypatch):
         setup_requirements(monkeypatch, set())
     message = str(stop.value.code)
     assert "--no-build-isolation" in message and "\n" not in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("quiet", [False, True])
+def test_no_cuda_home_warning_where_detectron2_reports_the_environment(tmp_path, quiet):
+    """torch warns once, at its first import of cpp_extension, on a machine with a CUDA toolkit
+    (here: CUDA_HOME) but no GPU; the run's setup hides it. quiet=False: the negative control."""
+    code = ("from lambda_det.compat import without_cuda_home_warning\n"
+            "from detectron2.utils.collect_env import collect_env_info\n"
+            + ("with without_cuda_home_warning():\n    " if quiet else "") + "collect_env_info()\n")
+    env = subprocess_env()
+    env["CUDA_HOME"] = str(tmp_path)
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert ("No CUDA runtime is found" in result.stderr) != quiet, result.stderr[-2000:]

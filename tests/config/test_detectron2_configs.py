@@ -156,13 +156,6 @@ def test_detectron2s_merge_of_a_base_keeps_its_rules(tmp_path):
         load_yaml_with_base(str(tmp_path / "bad.yaml"))
 
 
-def test_a_binary_config_is_named(tmp_path):
-    path = tmp_path / "config.yaml"
-    path.write_bytes(b"\xff\xfe\x00\x81garbage")
-    with pytest.raises(ConfigFileError, match=rf"config file {path} is not a text file"):
-        get_cfg().merge_from_file(str(path))
-
-
 def test_yaml_safe_loading_is_not_changed_globally():
     with pytest.raises(yaml.constructor.ConstructorError):
         yaml.safe_load(f"SIZES: {EVAL_TAG} ['1']")

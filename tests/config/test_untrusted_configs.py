@@ -244,3 +244,14 @@ def test_shared_bases_and_a_base_named_twice_are_no_loop(tmp_path):
     cfg = load_config(str(tmp_path / "top.yaml"))
     assert (cfg.SEED, cfg.SOLVER.MAX_ITER) == (3, 7)
     assert load_config(CONFIG).MODEL.LAMBDA_RESNET.DEPTH == 26
+
+
+def test_a_binary_config_is_one_line_naming_the_file(tmp_path, capsys):
+    config = tmp_path / "weights.yaml"
+    config.write_bytes(b"PK\x03\x04\xff\x00 a zip, passed as the config")
+    with pytest.raises(ConfigFileError, match=f"config file {config} is not utf-8 text "
+                                              f"\\(byte 4 is 0xff"):
+        load_config(str(config))
+    run_tool("train_net", ["--config-file", config, "OUTPUT_DIR", tmp_path / "run"], capsys,
+             f"config file {config} is not utf-8 text", "pass a yaml config")
+    assert not (tmp_path / "run").exists()

@@ -2,6 +2,7 @@
 or on tools/train_net.py's command line (the README's "Your own dataset" example included)."""
 import hashlib
 import json
+import math
 import re
 import shlex
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
 from PIL import Image
 import lambda_det
@@ -23,7 +25,8 @@ from lambda_det.config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
 from lambda_det.data.checks import (
     check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets,
-    load_checked_dataset_dicts, load_dataset, yaml_data_settings, yaml_num_classes)
+    load_checked_dataset_dicts, load_dataset, read_checked_image, segmentation_problem,
+    yaml_data_settings, yaml_num_classes)
 from lambda_det.engine import Trainer
 
 TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
@@ -338,6 +341,178 @@ def test_lazyconfig_tool_checks_its_test_set_boxes(tmp_path, register, capsys):
                                          r".* has bbox=\[8, 8, 24, inf\]", errors[0]), errors
 
 
+# ---- segmentations, image ids and annotations as the COCO file writes them ----
+
+def set_polygon_value(index, value):
+    def edit(data):
+        data["annotations"][1]["segmentation"][0][index] = value
+    return edit
+
+
+# How each annotation file is damaged (annotation id 2 of image id 2, or every image id), and
+# what the check says after the dataset is named.
+BAD_COCO_FILES = {
+    "NaN polygon coordinate": (set_polygon_value(2, float("nan")),
+                               r"annotation id 2 of image id 2 \(002.png\) has a polygon with the "
+                               r"value nan, not a finite number: fix or remove the annotation"),
+    "inf polygon coordinate": (set_polygon_value(5, float("inf")),
+                               r"annotation id 2 of image id 2 \(002.png\) has a polygon with the "
+                               r"value inf, not a finite number"),
+    "polygon of 4 values": (lambda data: data["annotations"][1].update(
+                                segmentation=[[8, 8, 32, 8]]),
+                            r"annotation id 2 of image id 2 \(002.png\) has a polygon of 4 "
+                            r"values, not 3 or more x, y pairs \(an even number, 6 or more\): fix "
+                            r"or remove the annotation"),
+    "polygon of 7 values": (lambda data: data["annotations"][1].update(
+                                segmentation=[[8, 8, 32, 8, 32, 24], [8, 8, 32, 8, 32, 24, 8]]),
+                            r"annotation id 2 of image id 2 \(002.png\) has a polygon of 7 "
+                            r"values"),
+    "RLE of another size": (lambda data: data["annotations"][1].update(
+                                segmentation={"size": [10, 10], "counts": [0, 100]}),
+                            r"annotation id 2 of image id 2 \(002.png\) has an RLE mask of size "
+                            r"\[10, 10\] \(height, width\), not its image's \[48, 64\]: fix or "
+                            r"remove the annotation"),
+    "annotation of an unknown image": (lambda data: data["annotations"][1].update(image_id=99),
+                                       r"annotation id 2 has image_id 99, which no image of the "
+                                       r"file has \(detectron2 drops such annotations\): set it "
+                                       r"to the id of its image, or remove the annotation"),
+    "string image ids": (lambda data: [entry.update(id=str(entry["id"])) for entry in
+                                       data["images"]] + [entry.update(image_id=str(
+                                           entry["image_id"])) for entry in data["annotations"]],
+                         r"image '001.png' has id '1', not an integer: give each image an integer "
+                         r"id \(COCO's format\), and its annotations that image_id"),
+}
+
+
+@pytest.mark.parametrize("problem", BAD_COCO_FILES)
+def test_a_coco_file_that_detectron2_reads_wrongly_is_named_in_training_and_test_sets(
+        tmp_path, register, problem):
+    edit, message = BAD_COCO_FILES[problem]
+    path = edit_json(write_dataset(tmp_path), edit)
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    load_dataset("lambda_det_test_own")  # detectron2 reads it without a word
+    named = rf"^dataset 'lambda_det_test_own' \(annotation file {re.escape(str(path))}\): {message}"
+    with pytest.raises(ValueError, match=named):
+        check_run_datasets(yaml_data_settings(cfg))
+    cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
+    with pytest.raises(ValueError, match=named):
+        check_run_datasets(yaml_data_settings(cfg), training=False)
+
+
+@pytest.mark.parametrize("problem", ["NaN polygon coordinate", "RLE of another size"])
+def test_the_trainer_refuses_what_detectron2_keeps_of_a_bad_segmentation(tmp_path, register,
+                                                                         problem):
+    """What detectron2's loader keeps (a NaN polygon, an RLE of another size) is named by the
+    records' own check, the one the trainer runs without the pre-flight."""
+    edit, _ = BAD_COCO_FILES[problem]
+    edit_json(write_dataset(tmp_path), edit)
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    problem_text = BAD_COCO_FILES[problem][1].split(" has ", 1)[1]  # the same words
+    with pytest.raises(ValueError, match=rf"dataset 'lambda_det_test_own', image id 2 \(.*/images/"
+                                         rf"002.png\), annotation 1 of 1 has {problem_text}"):
+        Trainer.build_train_loader(cfg)
+
+
+def test_segmentation_problems_of_records_from_any_loader():
+    assert segmentation_problem([[8, 8, 32, 8, 32, 24]], 48, 64) is None
+    assert segmentation_problem({"size": [48, 64], "counts": "xyz"}, 48, 64) is None
+    assert segmentation_problem([[1e308, 1e308, 1e308, 0, 0, 0]]) is None  # an infinite sum
+    assert segmentation_problem([[8, 8, "x", 8, 32, 24]]) == ("a polygon with the value 'x', not "
+                                                               "a finite number")
+    assert segmentation_problem([8, 8, 32, 8, 32, 24]) == ("a polygon 8 that is not a list of "
+                                                            "x, y values")
+    assert segmentation_problem("8 8 32 8") == ("a segmentation of type str, neither a list of "
+                                                "polygons nor an RLE mask")
+
+
+EVALUATION_FIX = (r"so COCO evaluation would report AP nan: add non-crowd annotations \(iscrowd "
+                  r"0\), or leave the dataset out of DATASETS.TEST \(tools/predict.py predicts "
+                  r"on its images\)")
+
+
+def evaluated_box_ap(name: str) -> float:
+    """The box AP of detectron2's COCOEvaluator for one detection on image 1 of ``name``."""
+    from detectron2.evaluation import COCOEvaluator
+    from detectron2.structures import Boxes, Instances
+
+    evaluator = COCOEvaluator(name, tasks=("bbox",), distributed=False)
+    evaluator.reset()
+    detection = Instances((48, 64), pred_boxes=Boxes(torch.tensor([[8.0, 8.0, 32.0, 24.0]])),
+                          scores=torch.tensor([0.9]), pred_classes=torch.tensor([0]))
+    evaluator.process([{"image_id": 1}], [{"instances": detection}])
+    return evaluator.evaluate()["bbox"]["AP"]
+
+
+@pytest.mark.parametrize("annotations,reason", [
+    ("none", "3 without annotations"), ("only crowd", "3 with only crowd annotations")])
+def test_a_test_set_without_annotations_to_evaluate_against_is_refused(tmp_path, register,
+                                                                       annotations, reason):
+    def edit(data):
+        if annotations == "none":
+            data["annotations"] = []
+        else:
+            for annotation in data["annotations"]:
+                annotation["iscrowd"] = 1
+
+    edit_json(write_dataset(tmp_path), edit)
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    assert math.isnan(evaluated_box_ap("lambda_det_test_own"))  # what evaluation would report
+    cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
+    with pytest.raises(ValueError, match=rf"\(annotation file .*\): no image has an annotation to "
+                                         rf"evaluate against \(of 3 images, {reason}\), "
+                                         rf"{EVALUATION_FIX}"):
+        check_run_datasets(yaml_data_settings(cfg), training=False)
+
+
+def test_a_test_set_whose_file_lists_no_annotations_is_predicted_on(tmp_path, register):
+    """COCO test-dev's files list no annotations: detectron2 writes the predictions only."""
+    edit_json(write_dataset(tmp_path), lambda data: data.pop("annotations"))
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
+    assert check_run_datasets(yaml_data_settings(cfg), training=False) == 3
+
+
+@pytest.mark.slow
+def test_eval_only_refuses_a_test_set_without_annotations_before_it_starts(tmp_path, register,
+                                                                         capsys):
+    edit_json(write_dataset(tmp_path), lambda data: data.update(annotations=[]))
+    triple = ["lambda_det_test_eval_empty", str(tmp_path / "instances.json"),
+              str(tmp_path / "images")]
+    register(triple)  # removed after the test
+    output_dir = tmp_path / "eval"
+    with pytest.raises(SystemExit) as caught:
+        load_tool("train_net").main([
+            "--config", "lambda_r26_shapes", "--eval-only", "--coco-dataset", *triple,
+            *TINY_ARGS, "MODEL.ROI_HEADS.NUM_CLASSES", "2",
+            "DATASETS.TEST", f"('{triple[0]}',)",
+            "MODEL.WEIGHTS", str(tmp_path / "model.pth"), "OUTPUT_DIR", str(output_dir)])
+    assert caught.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: dataset '{triple[0]}' \(annotation file {re.escape(triple[1])}\): no image has "
+        rf"an annotation to evaluate against \(of 3 images, 3 without annotations\), "
+        rf"{EVALUATION_FIX}", errors[0]), errors
+    assert not output_dir.exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("problem", BAD_COCO_FILES)
+def test_check_dataset_tool_names_each_bad_coco_file_in_one_line(tmp_path, register, capsys,
+                                                                 problem):
+    edit, message = BAD_COCO_FILES[problem]
+    edit_json(write_dataset(tmp_path), edit)
+    triple = ["lambda_det_test_tool_file", str(tmp_path / "instances.json"),
+              str(tmp_path / "images")]
+    register(triple)  # removed after the test
+    with pytest.raises(SystemExit) as caught:
+        load_tool("check_dataset").main(["--coco-dataset", *triple, triple[0]])
+    assert caught.value.code == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert len(errors) == 1 and re.fullmatch(
+        rf"error: dataset '{triple[0]}' \(annotation file {re.escape(triple[1])}\): {message}.*",
+        errors[0]), errors
+
+
 # ---- what training requires: one decision for the trainer and tools/check_dataset.py ----
 
 @pytest.mark.e2e
@@ -464,6 +639,8 @@ def test_8_bit_and_other_readable_images_pass_and_read_as_they_show(tmp_path, ki
     expected = shows if shows.ndim == 3 else np.repeat(shows[..., None], 3, axis=-1)
     difference = np.abs(read_image(str(path), "RGB").astype(int) - expected).max()
     assert difference <= (1 if kind == "CMYK jpeg" else 0)  # the JPEG's rounding
+    # tools/predict.py's reader reads it as training does.
+    assert np.array_equal(read_checked_image(str(path), "RGB"), read_image(str(path), "RGB"))
 
 
 # Images that detectron2's read_image clips to 0-255: the largest value it reads of them (all
@@ -488,12 +665,14 @@ def test_high_bit_depth_grayscale_is_refused_with_its_mode_and_the_fix(tmp_path,
     Image.fromarray(array).save(path)
     read = read_image(str(path), "BGR")
     assert read.max() == largest_read and np.unique(read).size <= 2  # the picture is lost
+    refused = (rf"image file {re.escape(str(path))} is {described}, which detectron2's "
+               rf"read_image clips to 0-255 .*: convert it to 8-bit, scaling its values to 0-255")
     for mode in ("header", "full"):
-        with pytest.raises(ValueError, match=rf"image file {re.escape(str(path))} is {described}, "
-                                             r"which detectron2's read_image clips to 0-255 .*: "
-                                             r"convert it to 8-bit, scaling its values to 0-255"):
+        with pytest.raises(ValueError, match=refused):
             check_image_file(str(path), 64, 48, mode)
     check_image_file(str(path), 64, 48, "none")
+    with pytest.raises(ValueError, match=refused):  # tools/predict.py's reader: the same words
+        read_checked_image(str(path))
 
 
 def test_an_image_mode_that_does_not_read_as_it_shows_is_refused():

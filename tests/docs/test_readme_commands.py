@@ -174,7 +174,7 @@ def test_the_quick_start_smoke_run_trains_predicts_and_prints_its_table(tmp_path
 
 
 @pytest.mark.slow
-def test_the_swap_in_example_builds_a_lambda_resnet_from_the_model_zoo():
+def test_the_swap_in_example_builds_a_lambda_resnet_from_the_model_zoo(capsys):
     """README's "In your own Detectron2 pipeline" snippet, as written: a stock config of the
     installed detectron2's model zoo, offline, with only the backbone's name changed."""
     from lambda_det.modeling import LambdaResNet
@@ -186,3 +186,6 @@ def test_the_swap_in_example_builds_a_lambda_resnet_from_the_model_zoo():
     exec(snippet, names)  # the README's own lines, as a user runs them
     backbone = names["model"].backbone.bottom_up
     assert isinstance(backbone, LambdaResNet) and backbone.depth == 101
+    # The build's swap-rule line reaches the console the snippet set up (detectron2's
+    # setup_logger writes to sys.stdout, captured here).
+    assert "MODEL.LAMBDA_RESNET follows MODEL.RESNETS for DEPTH 101" in capsys.readouterr().out

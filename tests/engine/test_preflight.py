@@ -67,6 +67,13 @@ def exit_status(main, argv) -> int:
         return error.code
 
 
+# The issue's evaluation: the demo (full width) at a test size of 16000 (the bound: ~17 GiB).
+FULL_WIDTH_AT_16000 = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "1.0", "INPUT.MIN_SIZE_TEST",
+                       "16000", "INPUT.MAX_SIZE_TEST", "16000",
+                       "DATASETS.TEST", "('lambda_det_shapes_val',)"]
+EVALUATION_TOO_LARGE = ["evaluation needs at least ~", "per process for one image of 16000x16000",
+                        "the machine has 16.0 GiB available: lower INPUT.MAX_SIZE_TEST"]
+
 # (tool flags, overrides, fragments of the error line)
 BAD_YAML_INPUTS = {
     "num-gpus -1": (["--num-gpus", "-1"], [], ["--num-gpus", "got -1"]),
@@ -97,6 +104,12 @@ BAD_YAML_INPUTS = {
                              ["16384x16384", "GiB", "INPUT.LSJ.IMAGE_SIZE"]),
     "batch too large": ([], ["SOLVER.IMS_PER_BATCH", "10000"],
                         ["10000 images", "GiB", "SOLVER.IMS_PER_BATCH"]),
+    "absurd image size": ([], ["INPUT.LSJ.IMAGE_SIZE", "100000000"],
+                          ["100000000x100000000", "INPUT.LSJ.IMAGE_SIZE"]),
+    "test size too large, eval-only": (["--eval-only"], FULL_WIDTH_AT_16000,
+                                       EVALUATION_TOO_LARGE),
+    "test size too large for the final evaluation": ([], FULL_WIDTH_AT_16000,
+                                                     EVALUATION_TOO_LARGE),
 }
 
 
@@ -144,6 +157,12 @@ BAD_LAZY_INPUTS = {
                              ["16384x16384", "augmentations.image_size"]),
     "batch too large": (["dataloader.train.total_batch_size=10000"],
                         ["10000 images", "dataloader.train.total_batch_size"]),
+    "test size too large, eval-only": (
+        ["--eval-only", "model.backbone.bottom_up.width_multiplier=1.0",
+         "dataloader.test.mapper.augmentations.0.short_edge_length=16000",
+         "dataloader.test.mapper.augmentations.0.max_size=16000"],
+        ["evaluation needs at least ~", "one image of 16000x16000",
+         "lower dataloader.test.mapper.augmentations.0.max_size"]),
 }
 
 
@@ -238,10 +257,71 @@ def test_the_estimate_refuses_what_cannot_fit_quickly(machine_memory):
 
 
 def test_the_estimate_accepts_the_demo(machine_memory):
-    """The negative control: the demo config (batch 8 of 256x256) fits."""
+    """The negative control: the demo config (batch 8 of 256x256, evaluated at 256) fits."""
     cfg = load_config("lambda_r26_shapes")
-    preflight.check_training_memory(check_model(cfg), yaml_training_settings(cfg), "cpu",
-                                    num_gpus=1, world_size=1)
+    settings = yaml_training_settings(cfg)
+    preflight.check_training_memory(check_model(cfg), settings, "cpu", num_gpus=1, world_size=1)
+    assert preflight.check_evaluation_memory(check_model(cfg), settings.test_size, "cpu",
+                                             num_gpus=1) < 0.1 * GIB
+
+
+def test_an_absurd_size_is_refused_at_once_without_a_forward_pass(machine_memory, monkeypatch):
+    """A side of 10^8 is refused by arithmetic: the forward pass on the meta device loops over
+    a lambda layer's tiles (the issue's run printed nothing for 300 s)."""
+    def no_forward_pass(*args, **kwargs):
+        raise AssertionError("the forward pass ran")
+
+    monkeypatch.setattr(preflight, "training_memory_lower_bound", no_forward_pass)
+    monkeypatch.setattr(preflight, "evaluation_memory_lower_bound", no_forward_pass)
+    cfg = tiny_cfg("INPUT.LSJ.IMAGE_SIZE", "100000000", "INPUT.MAX_SIZE_TEST", "100000000",
+                   "INPUT.MIN_SIZE_TEST", "100000000")
+    model, settings = check_model(cfg), yaml_training_settings(cfg)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^training needs at least ~\d+\.\d GiB per process for "
+                                         r"2 images of 100000000x100000000 .*: lower "
+                                         r"SOLVER.IMS_PER_BATCH or INPUT.LSJ.IMAGE_SIZE$"):
+        preflight.check_training_memory(model, settings, "cpu", num_gpus=1, world_size=1)
+    with pytest.raises(ValueError, match=r"^evaluation needs at least ~\d+\.\d GiB per process "
+                                         r"for one image of 100000000x100000000 .*: lower "
+                                         r"INPUT.MAX_SIZE_TEST \(the longest side"):
+        preflight.check_evaluation_memory(model, settings.test_size, "cpu", num_gpus=1)
+    assert time.perf_counter() - start < 1
+
+
+def test_the_evaluation_estimate_is_a_lower_bound_of_a_forward_pass():
+    """On the meta device, the count lies between what a real forward pass on the CPU (no
+    gradients) holds at its end, its input and outputs, and all it ever allocates."""
+    cfg = tiny_cfg("MODEL.LAMBDA_RESNET.IMPL", "auto")
+    estimate = preflight.evaluation_memory_lower_bound(check_model(cfg), size=96)
+    model = build_model(cfg).eval()
+    outputs = []
+    handles = [module.register_forward_hook(lambda module, args, output: outputs.append(output))
+               for module in model.backbone.modules()]
+    image = torch.zeros(1, 3, 96, 96)
+    with torch.no_grad():
+        features = model.backbone(image)
+    for handle in handles:
+        handle.remove()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    def nbytes(tensors):
+        return sum(tensor.untyped_storage().nbytes() for tensor in tensors)
+
+    at_the_end = nbytes([image, *features.values()])
+    allocated = nbytes([image]) + nbytes(preflight._tensors(outputs))
+    assert at_the_end <= estimate - weights <= allocated
+
+
+def test_the_test_size_of_both_config_systems():
+    """A square image's side at evaluation, named by the key that bounds every image."""
+    assert yaml_training_settings(load_config(CONFIG)).test_size == Setting(
+        "INPUT.MAX_SIZE_TEST", 256)
+    assert yaml_training_settings(load_config(CONFIG, [
+        "INPUT.MIN_SIZE_TEST", "800", "INPUT.MAX_SIZE_TEST", "1333"])).test_size.value == 800
+    assert yaml_training_settings(load_config(CONFIG, ["INPUT.MIN_SIZE_TEST", "0"])).test_size \
+        is None  # no resize: the images' own sizes
+    assert lazy_training_settings(load_lazy_config("lambda_r26_shapes")).test_size == Setting(
+        "dataloader.test.mapper.augmentations.0.max_size", 256)
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 model) in log.txt only, the count of loaded weights, and the warning for autocast on a CPU
 without kernels for its dtype."""
 import argparse
+import json
 import logging
 import re
 
@@ -122,3 +123,32 @@ def test_the_amp_warning_follows_the_cpus_kernels(monkeypatch):
     monkeypatch.setattr(amp, "_has_fast_cpu_kernels", lambda dtype: True)  # AVX-512 FP16 / AMX
     assert amp.cpu_amp_warning(amp_cfg()) is None
     assert amp.cpu_amp_warning(amp_cfg("bfloat16")) is None
+
+
+# ---- metrics.json of a resumed run ----
+
+def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path, caplog):
+    from detectron2.utils.events import EventStorage
+    from lambda_det.engine.run_logging import MetricsWriter
+
+    metrics = tmp_path / "metrics.json"
+    records = [json.dumps({"iteration": i, "total_loss": 1.0 / (i + 1)}) for i in range(4)]
+    # A run killed after its checkpoint of iteration 1: two later records and a cut line.
+    metrics.write_text("\n".join(records) + "\n" + '{"iteration": 4, "to')
+    writer = MetricsWriter(str(metrics))
+    with caplog.at_level(logging.INFO, logger="lambda_det"):
+        writer.drop_after(1)
+    assert metrics.read_text().splitlines() == records[:2]
+    assert f"Resuming after iteration 1: dropped the 3 last lines of {metrics}" in caplog.text
+    with EventStorage(2) as storage:  # the resumed run appends its own records
+        storage.put_scalar("total_loss", 0.5)
+        writer.write()
+    writer.close()
+    assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [
+        0, 1, 2]
+    # Nothing past the checkpoint: the file is left as it is.
+    before = metrics.stat().st_ino
+    writer = MetricsWriter(str(metrics))
+    writer.drop_after(2)
+    writer.close()
+    assert metrics.stat().st_ino == before

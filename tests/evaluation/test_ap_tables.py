@@ -75,3 +75,32 @@ def test_ap_bars_leave_out_missing_metrics_and_cut_errors_at_zero(tmp_path, monk
     # below); a value without a std (one seed) has no error bar; the file is whole.
     assert drawn == [([0.0, 2.0, 3.0], [10.0, 1.0, 4.0], [(2.0, 1.0, 0.0), (2.0, 3.0, 0.0)])]
     assert Path(png).read_bytes()[:4] == b"\x89PNG" and list(tmp_path.iterdir()) == [Path(png)]
+
+
+@pytest.mark.parametrize("case", ["baseline", "not a number", "not utf-8", "results a string"])
+def test_ap_table_mistakes_are_one_line_naming_the_file(case, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    results = run / "eval_results.json"
+    record = {"config": "", "results": {"bbox": {"AP": 40.0, "APs": 20.0}}}
+    arguments, expected = [str(run)], [f"{results}"]
+    if case == "baseline":
+        arguments, expected = [str(run), "--baseline", "nope"], [
+            "baseline 'nope' is not one of the rows ['run']: pass one of them"]
+    elif case == "not a number":
+        record["results"]["bbox"]["APs"] = "high"
+        expected += ["bbox/APs is 'high', not a number"]
+    elif case == "results a string":
+        record["results"] = "the run's"
+        expected += ["its 'results' is str, not a mapping"]
+    results.write_text(json.dumps(record))
+    if case == "not utf-8":
+        results.write_bytes(b"\xff\xfe\x00 a binary file")
+        expected += ["is not utf-8 text (byte 0 is 0xff", "pass a run's folder"]
+    with pytest.raises(SystemExit) as exit_info:
+        load_tool("ap_table").main(arguments)
+    assert exit_info.value.code == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: "), errors
+    for fragment in expected:
+        assert fragment in errors[0], errors[0]

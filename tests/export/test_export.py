@@ -10,7 +10,6 @@ tests need onnx and onnxruntime (the "dev" extra) and skip without them.
 
 import json
 import math
-import pickle
 import zipfile
 from pathlib import Path
 
@@ -201,12 +200,15 @@ def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
     assert smallest.shape == (3, TORCH_EXPORT_MIN_SIZE, 96)
     for image in other_sizes + [smallest]:
         assert_matches_eager(model, exported, image, TOLERANCES["torch_export"])
-    # The file holds no pickle (torch.export.save's sample inputs are left out: the sample may
-    # be a user's image).
+    # The file holds no pickle: no weight or constant marked use_pickle, and no sample inputs
+    # (torch.export.save's: the sample may be a user's image).
     with zipfile.ZipFile(torch_export_file) as archive:
-        assert not [name for name in archive.namelist()
-                    if archive.read(name).startswith((b"PK\x03\x04", b"\x80"))]
-    # torch.export.load alone runs it too: a tuple in output_names' order.
+        for config in ("weights/model_weights_config", "constants/model_constants_config"):
+            entries = json.loads(archive.read(f"archive/data/{config}.json"))["config"]
+            assert entries and not any(entry["use_pickle"] for entry in entries.values())
+        assert archive.read("archive/data/sample_inputs/model.pt") == b""
+    # torch.export.load alone runs it too (torchvision imported: its ops are in the program): a
+    # tuple in output_names' order.
     program = torch.export.load(str(torch_export_file))
     with torch.no_grad():
         outputs = program.module()(other_sizes[1])
@@ -286,25 +288,29 @@ def test_export_friendly_detectron2_computes_the_same_numbers(model, images, oth
             fast_rcnn.fast_rcnn_inference_single_image) == originals
 
 
-class _WritesAFile:
-    """Unpickling it would create ``path``: what a crafted archive could run."""
+def test_export_friendly_detectron2_takes_the_parameters_of_the_originals():
+    """Each replacement accepts every parameter of the installed detectron2's function (by name
+    too), and ImageList.from_tensors's padding_constraints of detectron2's main branch."""
+    import inspect
+    from detectron2.structures import ImageList
+    from lambda_det.export._torch_export import _REPLACEMENTS, export_friendly_detectron2
 
-    def __init__(self, path):
-        self.path = path
-
-    def __reduce__(self):
-        return Path.touch, (self.path,)
-
-
-def test_torch_export_file_with_code_in_a_pickle_is_refused(tmp_path):
-    marker = tmp_path / "code_ran"
-    path = tmp_path / "model.pt2"
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("archive/data/sample_inputs/model.pt",
-                         pickle.dumps(_WritesAFile(marker), protocol=2))
-    with pytest.raises(ValueError, match="sample_inputs/model.pt holds objects other than"):
-        ExportedModel(path)
-    assert not marker.exists()
+    for owner, name, replacement in _REPLACEMENTS:
+        original = inspect.signature(getattr(owner, name))
+        arguments = {parameter.name: None for parameter in original.parameters.values()
+                     if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)}
+        if isinstance(replacement, staticmethod):
+            replacement = replacement.__func__
+        inspect.signature(replacement).bind(**arguments)  # TypeError: a parameter is missing
+    image = torch.rand(3, 50, 70)
+    expected = ImageList.from_tensors([image], 32)
+    with export_friendly_detectron2():
+        padded = ImageList.from_tensors([image], 0, padding_constraints={"size_divisibility": 32})
+        square = ImageList.from_tensors([image], 32, 0.5, padding_constraints={"square_size": 80})
+    assert torch.equal(padded.tensor, expected.tensor) and padded.image_sizes == [(50, 70)]
+    assert square.tensor.shape == (1, 3, 96, 96) and square.image_sizes == [(50, 70)]
+    assert torch.equal(square.tensor[0, :, :50, :70], image)
+    assert (square.tensor[0, :, 50:] == 0.5).all() and (square.tensor[0, :, :, 70:] == 0.5).all()
 
 
 @pytest.mark.parametrize("format", ["torchscript", ONNX, TORCH_EXPORT])

@@ -148,3 +148,55 @@ def test_torch_export_takes_the_conv_form_at_any_size(stride, monkeypatch):
         x = torch.randn(1, 8, *size)
         with torch.no_grad():
             torch.testing.assert_close(program.module()(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_torchscript_backbone_and_fpn_equal_eager():
+    """torch.jit.script of the backbone alone and under detectron2's FPN (detectron2.export's
+    patches make its FPN scriptable) runs the lambda layers' "conv" form: eager's outputs."""
+    import detectron2.export  # noqa: F401
+    from detectron2.layers import ShapeSpec
+    from detectron2.modeling import build_backbone
+    torch.manual_seed(0)
+    cfg = load_config("lambda_r26_shapes", ["MODEL.LAMBDA_RESNET.NORM", "BN", "MODEL.FPN.NORM", ""])
+    x = torch.randn(1, 3, 64, 96)
+    for model in (tiny_lambda_resnet(3).eval(), build_backbone(cfg, ShapeSpec(channels=3)).eval()):
+        scripted = torch.jit.script(model)
+        expected, actual = model(x), scripted(x)
+        assert actual.keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5)
+    with pytest.raises(Exception, match=r"takes \(N, C, H, W\) images, got shape \(3, 64, 64\)"):
+        torch.jit.script(tiny_lambda_resnet(3))(torch.randn(3, 64, 64))
+
+
+@pytest.mark.slow
+def test_torch_export_of_the_backbone_takes_named_dim_ranges():
+    """A user's Dim ranges (as detectron2's ResNet exports with): no guard narrows them, and the
+    program equals eager at sizes inside them, odd ones included."""
+    torch.manual_seed(0)
+    model = tiny_lambda_resnet(3).eval()
+    height, width = torch.export.Dim("h", min=64, max=2048), torch.export.Dim("w", min=64, max=2048)
+    program = torch.export.export(model, (torch.randn(1, 3, 96, 128),),
+                                  dynamic_shapes=({2: height, 3: width},), strict=False)
+    for size in [(64, 64), (97, 131)]:
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            actual, expected = program.module()(x), model(x)
+        for name in expected:
+            torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [(6, 8), (7, 9), (5, 4)])
+def test_shortcut_pool_under_export_is_eagers_pool_bit_for_bit(size, monkeypatch):
+    """The padded form torch.export runs gives the same floats as ceil_mode pooling."""
+    from lambda_det.modeling.blocks import ShortcutPool
+    pool = ShortcutPool()
+    x = torch.randn(2, 3, *size, requires_grad=True)
+    eager = pool(x)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    exported = pool(x)
+    assert exported.shape == eager.shape and torch.equal(exported, eager)
+    gradient = torch.randn_like(eager)
+    assert torch.equal(torch.autograd.grad(exported, x, gradient)[0],
+                       torch.autograd.grad(eager, x, gradient)[0])

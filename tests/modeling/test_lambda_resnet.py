@@ -5,6 +5,7 @@ import torch
 import lambda_det
 from conftest import CONFIGS, tiny_detection_batch
 from detectron2.config import get_cfg as get_detectron2_cfg
+from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, build_model
 from detectron2.utils.events import EventStorage
 from lambda_det.layers import LambdaLayer
@@ -139,6 +140,29 @@ def test_freeze_at_and_norms():
     for norm in ("GN", "FrozenBN", "SyncBN"):
         net = lambda_resnet(26, width_multiplier=0.25, scope=3, norm=norm).eval()
         assert net(torch.randn(1, 3, 64, 64))["res5"].shape == (1, 512, 2, 2)
+
+
+@pytest.mark.parametrize("mixer", ["lambda", "aft_conv"])
+def test_empty_norm_means_no_norm(mixer):
+    """detectron2's convention (MODEL.RESNETS.NORM ""): no norm anywhere, the lambda layers'
+    queries and values included."""
+    net = lambda_resnet(26, width_multiplier=0.25, norm="", mixer=mixer).train()
+    norms = (torch.nn.modules.batchnorm._NormBase, torch.nn.GroupNorm)
+    assert not any(isinstance(module, norms) for module in net.modules())
+    outputs = net(torch.randn(2, 3, 64, 64))
+    assert outputs["res5"].shape == (2, 512, 2, 2)
+    sum(output.sum() for output in outputs.values()).backward()
+
+
+def test_empty_norm_from_a_config():
+    cfg = lambda_det.get_cfg()
+    cfg.MODEL.RESNETS.NORM = ""
+    cfg.MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER = 0.25
+    cfg.MODEL.RESNETS.RES2_OUT_CHANNELS = 64  # what the C4 heads of the default config take
+    backbone = BACKBONE_REGISTRY.get("build_lambda_resnet_backbone")(cfg, ShapeSpec(channels=3))
+    layers = [module for module in backbone.modules() if isinstance(module, LambdaLayer)]
+    assert layers and all(type(layer.query_norm) is torch.nn.Identity for layer in layers)
+    assert backbone(torch.randn(1, 3, 64, 64))["res4"].shape == (1, 256, 4, 4)
 
 
 @pytest.mark.parametrize("kwargs,error,message", [

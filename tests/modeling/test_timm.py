@@ -1,5 +1,6 @@
 """The LambdaResNet family in timm: build, train a few steps, convert, fine-tune a detector."""
 import argparse
+import re
 import subprocess
 import sys
 
@@ -83,9 +84,9 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
                               cwd=REPO_ROOT, timeout=600)
 
     converted = tmp_path / "detector_init.pth"
-    result = tool("convert_timm_checkpoint.py", "--config", "lambda_r26_shapes", classifier,
-                  converted, *DETECTOR)
-    assert result.returncode == 0, result.stderr[-3000:]
+    conversion = tool("convert_timm_checkpoint.py", "--config", "lambda_r26_shapes", classifier,
+                      converted, *DETECTOR)
+    assert conversion.returncode == 0, conversion.stderr[-3000:]
     # Every backbone weight loads, equal to the classifier's; the classifier is gone.
     detector = build_model(load_config("lambda_r26_shapes", DETECTOR))
     load_weights(detector, str(converted), require="backbone")
@@ -101,6 +102,9 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
                   "OUTPUT_DIR", tmp_path / "detector")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "detector/model_final.pth").is_file()
+    # The converter and the training count the same weights.
+    written = re.search(r"wrote .*: (\d+) backbone weights", conversion.stdout).group(1)
+    assert f"loaded {written} of {written} backbone weights" in result.stdout + result.stderr
     # A classifier of another depth is refused in one line, and nothing is written.
     result = tool("convert_timm_checkpoint.py", "--config", "lambda_r26_shapes", classifier,
                   tmp_path / "other.pth", *DETECTOR, "MODEL.LAMBDA_RESNET.DEPTH", "50")

@@ -59,11 +59,44 @@ def test_heads_without_classifier_or_pool(name):
 def test_head_arguments_are_checked():
     with pytest.raises(ValueError, match="global_pool='' .* needs num_classes=0"):
         timm.create_model("resnetrs26_det", global_pool="", **TINY)
-    with pytest.raises(ValueError, match=r"global_pool must be one of .* got 'catavgmax'"):
-        timm.create_model("resnetrs26_det", global_pool="catavgmax", **TINY)
+    with pytest.raises(ValueError, match=r"global_pool must be a pool timm's .* got 'median'"):
+        timm.create_model("resnetrs26_det", global_pool="median", **TINY)
     model = timm.create_model("resnetrs26_det", num_classes=0, **TINY)
     with pytest.raises(ValueError, match="num_classes must be an integer >= 0, got -1"):
         model.reset_classifier(-1)
+
+
+@pytest.mark.parametrize("pool", ["avg", "max", "avgmax", "catavgmax", "fast", "fastcatavgmax"])
+def test_every_global_pool_timm_takes(pool):
+    """As timm's ResNet: the classifier takes the pool's features (2 C for "catavgmax")."""
+    torch.manual_seed(0)
+    model = timm.create_model("resnetrs26_det", global_pool=pool, num_classes=5, **TINY).eval()
+    x = images()
+    multiple = 2 if pool.endswith("catavgmax") else 1
+    assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (
+        2, multiple * model.num_features)
+    assert model(x).shape == (2, 5) and model.get_classifier().in_features == multiple * 512
+    model.reset_classifier(3, "catavgmax")
+    assert model(x).shape == (2, 3) and model.get_classifier().in_features == 2 * 512
+    model.reset_classifier(0, pool)
+    assert model(x).shape == (2, multiple * model.num_features)
+
+
+def test_group_matcher_groups_for_layer_decay():
+    """timm's layer-wise learning rate decay groups the stem, then each block in order."""
+    from timm.optim import create_optimizer_v2
+    model = timm.create_model("lambda_resnet26_det", num_classes=5, **TINY)
+    fine = model.group_matcher()
+    assert fine == {"stem": r"^stem", "blocks": r"^res(\d+)\.(\d+)"}
+    assert model.group_matcher(coarse=True)["blocks"] == r"^res(\d+)"
+    groups = timm.models.group_parameters(model, fine)
+    # stem, the 8 blocks, then what no pattern matches (the classifier) last
+    assert len(groups) == 10 and all(name.startswith("stem") for name in groups[0])
+    assert groups[1][0].startswith("res2.0.") and groups[8][0].startswith("res5.1.")
+    assert all(name.startswith("linear") for name in groups[9])
+    optimizer = create_optimizer_v2(model, "adamw", lr=1e-3, layer_decay=0.5)
+    scales = sorted({group["lr_scale"] for group in optimizer.param_groups})
+    assert len(scales) == 10 and scales[-1] == 1.0  # one scale per layer, the head's 1
 
 
 @pytest.mark.parametrize("name", ["lambda_resnet26_det", "resnetrs26_det"])

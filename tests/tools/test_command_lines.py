@@ -24,6 +24,21 @@ def test_options_after_the_overrides_are_parsed_as_options():
     assert plain.opts == ["SEED", "3"] and plain.coco_dataset == [] and not plain.debug
 
 
+@pytest.mark.parametrize("words,meaning", [(["x", "a.json", "OUTPUT_DIR"], "IMAGE_DIR"),
+                                           (["x", "SOLVER.MAX_ITER", "images"], "JSON")])
+def test_a_coco_dataset_short_of_a_word_does_not_take_an_override(words, meaning, capsys):
+    """``--coco-dataset x a.json OUTPUT_DIR out``: the image folder left out, argparse would
+    take the override's key for it and leave the overrides a word short."""
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_command_line(cli.argument_parser(),
+                               ["--config", "X", "--coco-dataset", *words, "out"])
+    assert stop.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    key = words[2] if meaning == "IMAGE_DIR" else words[1]
+    assert f"--coco-dataset {' '.join(words)}: {meaning} '{key}' is a config key" in error, error
+    assert "is a config key: give --coco-dataset NAME JSON IMAGE_DIR" in error, error
+
+
 def test_train_net_takes_debug_after_a_misspelt_override(tmp_path):
     """--debug after the overrides is --debug (the traceback), not a config key; the key gets
     its closest spelling."""

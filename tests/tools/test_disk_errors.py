@@ -146,6 +146,48 @@ def test_a_failed_save_names_the_last_complete_checkpoint(tmp_path, monkeypatch)
                                                                 "model_0000004.pth"]
 
 
+class FillingDisk:
+    """A file on a disk that fills after its first kilobyte: a write beyond raises ENOSPC."""
+
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        if self.file.tell() + len(data) > 1024:
+            raise ENOSPC
+        return self.file.write(data)
+
+    def flush(self):
+        self.file.flush()
+
+
+def test_torch_saving_onto_a_full_disk_is_one_error_naming_the_checkpoint(tmp_path,
+                                                                         monkeypatch):
+    """torch.save into a file whose write fails raises RuntimeError ("unexpected pos") while
+    the file's OSError is handled (two tracebacks): the save names the file and the fix."""
+    real_save = torch.save
+    with pytest.raises(RuntimeError, match="unexpected pos") as raised, \
+            open(tmp_path / "plain.pth", "wb") as f:
+        real_save({"weights": torch.zeros(100_000)}, FillingDisk(f))  # torch alone
+    assert isinstance(raised.value.__context__, OSError)
+    (tmp_path / "plain.pth").unlink()
+    monkeypatch.setattr(checkpoint_module.torch, "save",
+                        lambda data, f: real_save(data, FillingDisk(f)))
+    checkpointer = AtomicCheckpointer(tiny_model(), save_dir=str(tmp_path))
+    with pytest.raises(OutputWriteError, match=(
+            f"saving checkpoint {tmp_path / 'model_0000001.pth'} failed \\(No space left on "
+            f"device\\): the run stopped and it has saved no checkpoint; free space on that "
+            f"disk")) as raised:
+        checkpointer.save("model_0000001", iteration=1)
+    assert isinstance(raised.value.__cause__, OSError)
+    assert list(tmp_path.iterdir()) == []
+    # Another RuntimeError of torch.save is not a write error: it goes on as it is.
+    monkeypatch.setattr(checkpoint_module.torch, "save",
+                        lambda data, f: torch.zeros(2) @ torch.zeros(3))
+    with pytest.raises(RuntimeError, match="inconsistent tensor size"):
+        checkpointer.save("model_0000001", iteration=1)
+
+
 TRAINING = ["--config-file", CONFIG, *TINY, "SOLVER.CHECKPOINT_PERIOD", "1"]
 
 
@@ -266,6 +308,23 @@ def test_a_last_checkpoint_that_names_no_checkpoint_is_named(tmp_path, problem):
         checkpoint_to_resume(str(folder))
     (folder / "last_checkpoint").write_text("model_0000000.pth")  # the negative control
     assert checkpoint_to_resume(str(folder)) == str(folder / "model_0000000.pth")
+
+
+@pytest.mark.parametrize("tool", ["checkpoint_to_resume", pytest.param(
+    "train_net", marks=[pytest.mark.slow, pytest.mark.e2e])])
+def test_a_binary_last_checkpoint_is_named(tool, tmp_path, capsys, request):
+    folder = broken_pointer(tmp_path / "run", "missing")
+    (folder / "last_checkpoint").write_bytes(b"\x80\x04 a pickle, not a file name")
+    if tool == "checkpoint_to_resume":
+        with pytest.raises(ValueError, match=f"'{folder / 'last_checkpoint'}' is not utf-8 text "
+                                             f"\\(byte 0 is 0x80.*write the name of one of "
+                                             f"the run's checkpoints"):
+            checkpoint_to_resume(str(folder))
+        return
+    request.getfixturevalue("shapes")  # train_net checks its datasets first
+    status, stderr = exit_status(load_tool("train_net").main, [
+        "--resume", "--config-file", CONFIG, *TINY, "OUTPUT_DIR", folder], capsys)
+    assert_one_line_error(status, stderr, f"'{folder / 'last_checkpoint'}' is not utf-8 text")
 
 
 @pytest.mark.parametrize("problem", [

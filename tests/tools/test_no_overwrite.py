@@ -1,6 +1,9 @@
-"""No tool writes over a user's files: tools/predict.py, tools/export_model.py and --eval-only of
-tools/train_net.py and tools/lazyconfig_train_net.py. Each case hashes every file of the folders
-concerned before and after the command."""
+"""No tool writes over a user's files (the output rule, lambda_det.utils.atomic.check_output_file):
+tools/predict.py, tools/export_model.py, tools/ap_table.py, tools/convert_timm_checkpoint.py,
+--eval-only of tools/train_net.py and tools/lazyconfig_train_net.py, and a run's run.lock. A file
+the command reads is never replaced, another existing file only with --overwrite, and a link is
+replaced rather than written through. Each case hashes every file of the folders concerned
+before and after the command."""
 import hashlib
 import json
 import os
@@ -11,17 +14,19 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import load_tool
+from conftest import load_tool, tiny_model
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.config import instantiate
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.cli.train_net import lazyconfig_main
-from lambda_det.cli.output_dir import EVALUATION_PREFIX, evaluation_output_dir
+from lambda_det.cli.output_dir import (
+    EVALUATION_PREFIX, LOCK_FILE, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.cli.train_net import main as train_net_main
-from lambda_det.config import load_config
+from lambda_det.config import load_config, resolve_config_file
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.inference import collect_inputs, drawing_names
+from lambda_det.utils.atomic import OutputWriteError
 
 CONFIG = "lambda_r26_shapes"
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
@@ -44,9 +49,11 @@ def _one_thread():
 
 
 def hashes(folder: Path) -> Dict[str, str]:
-    """Every file under ``folder``: its path relative to ``folder`` -> sha256 of its bytes."""
-    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(folder.rglob("*")) if path.is_file()}
+    """Every file under ``folder``: its path relative to ``folder`` -> sha256 of its bytes (a
+    link: ``-> target``)."""
+    return {str(path.relative_to(folder)): f"-> {os.readlink(path)}" if path.is_symlink() else
+            hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(folder.rglob("*")) if path.is_file() or path.is_symlink()}
 
 
 def write_image(path: Path, value: int) -> Path:
@@ -79,12 +86,20 @@ def model_not_loaded(*args, **kwargs):
 
 # ---- tools/predict.py ----
 
-def predict(*arguments, weights, model=True):
+def predict(*arguments, weights, model=True, config=CONFIG):
     tool = load_tool("predict")
     if not model:  # a refusal must come before the model is loaded
         tool.build_trained_model = model_not_loaded
-    return tool.main([*map(str, arguments), "--config", CONFIG, *TINY,
+    return tool.main([*map(str, arguments), "--config", str(config), *TINY,
                       "MODEL.WEIGHTS", str(weights)])
+
+
+def user_config(folder: Path) -> Path:
+    """A config of the user's: the shipped one, as a _BASE_."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.yaml"
+    path.write_text(f"_BASE_: {resolve_config_file(CONFIG)}\n")
+    return path
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
@@ -153,6 +168,61 @@ def test_predict_keeps_inputs_of_one_name_apart(weights, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert f"{second} is drawn as {output / 'x_3.png'}" in printed
     assert "of 3 inputs" in printed and "3 drawn files" in printed
+
+
+@pytest.mark.parametrize("read", ["MODEL.WEIGHTS", "--config"])
+def test_predict_never_writes_over_a_file_it_reads(read, weights, tmp_path, capsys):
+    """Not even with --overwrite: MODEL.WEIGHTS kept as predictions.json in --output, or a
+    drawing's name in --output linked to the config."""
+    image = write_image(tmp_path / "photos" / "a.png", 40)
+    output = tmp_path / "out"
+    output.mkdir()
+    config = user_config(tmp_path / "user")
+    if read == "MODEL.WEIGHTS":
+        written, read_path = "predictions.json", output / "predictions.json"
+        read_path.write_bytes(weights.read_bytes())
+        weights = read_path
+    else:
+        written, read_path = "a.png", config
+        (output / "a.png").symlink_to(config)
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        predict("--input", image, "--output", output, "--overwrite", weights=weights,
+                model=False, config=config)
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys, f"--output '{output}' holds {read} '{read_path}', which "
+                                  f"would be written over by {written}", "pass another --output")
+    assert hashes(tmp_path) == before
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_predict_replaces_links_in_its_output_rather_than_writing_through_them(weights, tmp_path):
+    """--overwrite over a drawing, a video and predictions.json that are links to the user's
+    files: the links are replaced by the new files; the files they led to stay as they were."""
+    image = write_image(tmp_path / "photos" / "a.png", 40)
+    video = tmp_path / "photos" / "clip.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 5, (64, 48))
+    for value in (40, 120):
+        writer.write(cv2.imread(str(write_image(tmp_path / "frame.png", value))))
+    writer.release()
+    user = tmp_path / "user"
+    output = tmp_path / "out"
+    output.mkdir()
+    for name in ("a.png", "clip.mp4", "predictions.json"):
+        (user / name).parent.mkdir(exist_ok=True)
+        (user / name).write_bytes(b"the user's own " + name.encode())
+        (output / name).symlink_to(user / name)
+    before = hashes(user)
+    assert predict("--input", image, video, "--output", output, "--overwrite",
+                   weights=weights) == 0
+    assert hashes(user) == before
+    for name in ("a.png", "clip.mp4", "predictions.json"):
+        assert not (output / name).is_symlink() and (output / name).stat().st_size > 0, name
+    assert cv2.imread(str(output / "a.png")).shape == (48, 64, 3)
+    assert cv2.VideoCapture(str(output / "clip.mp4")).read()[0]  # a video with a frame
+    assert sorted(path.name for path in output.iterdir()) == [  # no temporary file left
+        "a.png", "clip.mp4", "predictions.json"]
 
 
 def test_drawing_names_are_distinct_and_deterministic():
@@ -241,6 +311,195 @@ def test_export_with_overwrite_replaces_the_file(weights, tmp_path):
     output.write_bytes(b"an earlier export")
     assert export("--output", output, "--overwrite", weights=weights) == 0
     assert output.read_bytes()[:2] == b"PK"  # a TorchScript archive now
+
+
+@pytest.mark.parametrize("read", ["--config", "--sample-image"])
+def test_export_never_writes_over_a_file_it_reads(read, weights, tmp_path, capsys):
+    """Not even with --overwrite (MODEL.WEIGHTS: the tests above)."""
+    config = user_config(tmp_path / "user")
+    sample = write_image(tmp_path / "user" / "sample.png", 40)
+    target = config if read == "--config" else sample
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        export("--config", config, "--sample-image", sample, "--output", target, "--overwrite",
+               weights=weights, model=False)
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys, f"--output '{target}' is {read}, which this command reads",
+                          "pass another --output")
+    assert hashes(tmp_path) == before
+
+
+# ---- tools/ap_table.py ----
+
+def ap_table(*arguments) -> int:
+    return load_tool("ap_table").main([*map(str, arguments)])
+
+
+def finished_run(folder: Path) -> Path:
+    """A run's folder with its config, results and checkpoint (as bytes of its own)."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("the run's config")
+    (folder / "model_final.pth").write_text("the run's checkpoint")
+    (folder / "eval_results.json").write_text(json.dumps({"config": "", "results": {
+        "bbox": {"AP": 40.0, "APs": 20.0, "APm": 45.0, "APl": 55.0}}}))
+    return folder
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("option, name, read", [
+    ("--plot", "eval_results.json", "."), ("--output", "config.yaml", "."),
+    ("--output", "eval_results.json", "eval_results.json"), ("--output", "model_final.pth", "."),
+    ("--output", "link.md", ".")])
+def test_ap_table_never_writes_over_a_run_it_reads(option, name, read, overwrite, tmp_path,
+                                                    capsys):
+    """Not even with --overwrite: the run's results, config or checkpoint, by name or by a link
+    to one of them."""
+    run = finished_run(tmp_path / "run")
+    target = run / name
+    if name == "link.md":
+        target = tmp_path / "link.md"
+        target.symlink_to(run / "eval_results.json")
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        ap_table(run / read if read != "." else run, option, target, *overwrite)
+    assert exit_info.value.code == 2
+    error = assert_one_line_error(capsys, f"{option} '{target}' is ")
+    assert "which this command reads" in error or not overwrite, error
+    assert hashes(tmp_path) == before
+
+
+def test_ap_table_replaces_an_existing_file_only_with_overwrite(tmp_path, capsys):
+    run = finished_run(tmp_path / "run")
+    table = tmp_path / "table.md"
+    table.write_text("the user's notes")
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        ap_table(run, "--output", table)
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys, f"--output '{table}' exists", "--overwrite")
+    assert hashes(tmp_path) == before
+    assert ap_table(run, "--output", table, "--overwrite") == 0
+    assert table.read_text().startswith("| Backbone |")
+    # A link is replaced by the table, the file it led to kept as it was.
+    notes = tmp_path / "notes.md"
+    notes.write_text("the user's notes")
+    table.unlink()
+    table.symlink_to(notes)
+    assert ap_table(run, "--output", table, "--overwrite") == 0
+    assert not table.is_symlink() and table.read_text().startswith("| Backbone |")
+    assert notes.read_text() == "the user's notes"
+    with pytest.raises(SystemExit):
+        ap_table(run, "--output", tmp_path / "one", "--plot", tmp_path / "one")
+    assert_one_line_error(capsys, "--output and --plot name one file")
+
+
+# ---- tools/convert_timm_checkpoint.py ----
+
+@pytest.mark.parametrize("target", ["classifier", "config", "existing"])
+def test_convert_never_writes_over_what_it_reads_and_an_existing_file_only_with_overwrite(
+        target, tmp_path, capsys):
+    config = user_config(tmp_path / "user")
+    classifier = tmp_path / "user" / "classifier.pth"
+    classifier.write_bytes(b"a timm checkpoint")
+    output = {"classifier": classifier, "config": config,
+              "existing": tmp_path / "user" / "detector.pth"}[target]
+    output.write_bytes(output.read_bytes() if output.exists() else b"an earlier conversion")
+    before = hashes(tmp_path)
+    tool = load_tool("convert_timm_checkpoint")
+    tool.load_checkpoint_file = model_not_loaded  # a refusal comes before reading it
+    overwrite = [] if target == "existing" else ["--overwrite"]
+    with pytest.raises(SystemExit) as exit_info:
+        tool.main(["--config", str(config), str(classifier), str(output), *overwrite])
+    assert exit_info.value.code == 2
+    expected = {"classifier": "is the classifier checkpoint, which this command reads",
+                "config": "is --config, which this command reads",
+                "existing": "exists: pass another output file, or --overwrite"}[target]
+    assert_one_line_error(capsys, f"output file '{output}' {expected}")
+    assert hashes(tmp_path) == before
+
+
+# ---- the benchmarks' result folders ----
+
+@pytest.mark.parametrize("tool, option, name", [("benchmark_lambda", "--out", "results.md"),
+                                                ("benchmark_detector", "--output", "table.md")])
+def test_a_benchmark_replaces_earlier_results_only_with_overwrite(tool, option, name, tmp_path,
+                                                                  capsys):
+    """Refused before any measurement (the measuring function would fail the test)."""
+    (tmp_path / name).write_text("an earlier run's results")
+    before = hashes(tmp_path)
+    module = load_tool(tool)
+    for function in ("run", "benchmark_detector"):
+        if hasattr(module, function):
+            setattr(module, function, model_not_loaded)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([option, str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys, f"{option} '{tmp_path / name}' exists",
+                          f"pass another {option}, or --overwrite")
+    assert hashes(tmp_path) == before
+    with pytest.raises(AssertionError, match="before refusing"):  # --overwrite goes on to measure
+        module.main([option, str(tmp_path), "--overwrite"])
+
+
+# ---- OUTPUT_DIR/run.lock and the files detectron2 writes in place ----
+
+@pytest.mark.parametrize("kind", ["link", "foreign file", "hard link"])
+def test_the_lock_never_writes_a_file_it_did_not_make(kind, tmp_path):
+    output = tmp_path / "run"
+    output.mkdir()
+    user = tmp_path / "user.txt"
+    user.write_text("the user's own file")
+    lock = output / LOCK_FILE
+    if kind == "link":
+        lock.symlink_to(user)
+    elif kind == "hard link":
+        os.link(user, lock)
+    else:
+        lock.write_text("the user's notes, named run.lock")
+    before = hashes(tmp_path)
+    with pytest.raises(OutputWriteError, match=f"'{lock}' is (a symbolic link|not a run's lock "
+                                               f"file).*pass another OUTPUT_DIR"):
+        OutputDirLock(str(output)).acquire()
+    assert hashes(tmp_path) == before
+    # The negative control: an earlier run's lock file is taken over.
+    lock.unlink()
+    lock.write_text("pid 1 on host, started 2020-01-01T00:00:00+00:00\n")
+    with OutputDirLock(str(output)):
+        assert lock.read_text().startswith(f"pid {os.getpid()} on ")
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_training_with_a_linked_run_lock_is_one_line(tmp_path, capsys):
+    output = tmp_path / "run"
+    output.mkdir()
+    user = tmp_path / "user.txt"
+    user.write_text("the user's own file")
+    (output / LOCK_FILE).symlink_to(user)
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        train_net_main(["--config", CONFIG, *TINY, "OUTPUT_DIR", str(output)])
+    assert exit_info.value.code == 2
+    assert_one_line_error(capsys, f"'{output / LOCK_FILE}' is a symbolic link",
+                          "remove the link, or pass another OUTPUT_DIR")
+    assert hashes(tmp_path) == before
+
+
+def test_resuming_refuses_a_link_at_a_file_detectron2_appends_to(tmp_path):
+    run = tmp_path / "run"
+    fake_training_run(run, tiny_model())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's own file")
+    (run / "log.txt").unlink()
+    (run / "log.txt").symlink_to(notes)
+    before = hashes(tmp_path)
+    with pytest.raises(OutputWriteError, match=f"'{run / 'log.txt'}' is a symbolic link.*"
+                                               f"pass --restart"):
+        prepare_output_dir(str(run), resume=True, restart=False)
+    assert hashes(tmp_path) == before
+    (run / "log.txt").unlink()  # the negative control: a plain log.txt is continued
+    (run / "log.txt").write_text("log")
+    assert prepare_output_dir(str(run), resume=True, restart=False) is None
 
 
 # ---- --eval-only ----

@@ -13,7 +13,7 @@ from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer, load_weights
 from lambda_det.checkpoint.checkpointer import _class_counts
 from lambda_det.config import load_config
-from lambda_det.data.checks import check_prediction_classes
+from lambda_det.data.checks import check_image_file, check_prediction_classes
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"  # 3 classes, DATASETS.TEST lambda_det_shapes_val
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
@@ -88,6 +88,33 @@ def test_predict_refuses_an_unregistered_test_dataset(two_class_weights, image, 
                                              "MODEL.WEIGHTS", two_class_weights), capsys)
     assert "'lambda_det_shapes_vall' is not registered" in error
     assert "did you mean 'lambda_det_shapes_val'" in error
+
+
+@pytest.mark.parametrize("threshold", ["5", "-0.1", "nan"])
+def test_predict_refuses_a_confidence_threshold_that_is_not_a_score(image, tmp_path, capsys,
+                                                                     threshold):
+    error = run_tool("predict", ["--config", CONFIG, "--input", str(image), "--output",
+                                 str(tmp_path / "out"), "--confidence-threshold", threshold,
+                                 *TINY], capsys)
+    assert error == (f"error: --confidence-threshold must be a score in [0, 1], got "
+                     f"{float(threshold)}: pass e.g. 0.5 (0.05 keeps what evaluation keeps)")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.e2e
+def test_predict_refuses_a_16_bit_image_as_the_dataset_checks_do(two_class_weights, image,
+                                                                 tmp_path, capsys):
+    """detectron2's read_image reads a 16-bit grayscale PNG as solid white; predict refuses it
+    in the dataset checks' words."""
+    deep = tmp_path / "deep.png"
+    cv2.imwrite(str(deep), np.full((64, 96), 40000, np.uint16))
+    with pytest.raises(ValueError) as checked:
+        check_image_file(str(deep))
+    error = run_tool("predict", predict_argv(deep, tmp_path / "out", *TWO_CLASSES,
+                                             *two_class_dataset(tmp_path, image),
+                                             "MODEL.WEIGHTS", two_class_weights), capsys)
+    assert error == f"error: {checked.value}"
+    assert "16-bit grayscale (PIL mode 'I;16')" in error
 
 
 def two_class_dataset(folder, image) -> list:
