@@ -305,6 +305,7 @@ class CfgNode(CN):
 
     def merge_from_file(self, cfg_filename: str, allow_unsafe: bool = False) -> None:
         # allow_unsafe is accepted for detectron2's signature and ignored: nothing is unsafe here.
+        check_config_file(cfg_filename)  # a missing file: FileNotFoundError (detectron2 asserts)
         super().merge_from_file(cfg_filename, allow_unsafe=False)
 
     @classmethod
