@@ -34,7 +34,7 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet $(TORCH_PACKAGES)
 	$(PY) tools/build_detectron2.py
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[detectron2,dev,bench]'
 	@touch $@
 
 # Two pytest-xdist workers, one torch thread each (tests/conftest.py): on 2 cores the suite's

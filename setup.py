@@ -3,15 +3,19 @@
 Install with the Makefile (``make test`` bootstraps ``.venv/``), or by hand into an environment that
 already has torch and detectron2::
 
-    pip install --no-build-isolation -e '.[dev]'
+    pip install --no-build-isolation -e '.[detectron2,dev]'
 
 Detectron2 has no wheels on PyPI. If no detectron2 is importable, run
 ``python tools/build_detectron2.py`` first (it builds the patched pure-Python 0.6 from
 the ``pb1-detectron2`` source package). A detectron2 you built yourself is used as it is.
+
+The layers, the LambdaResNet and its timm models need no detectron2: ``pip install -e .`` (and
+timm) installs them alone; the detectron2 parts then say how to get detectron2 when first used.
 """
 import importlib.metadata
 import re
 from pathlib import Path
+from typing import List
 
 from setuptools import find_packages, setup
 
@@ -19,26 +23,22 @@ from setuptools import find_packages, setup
 PACKAGE_INIT = Path(__file__).with_name("lambda_det") / "__init__.py"  # holds __version__
 
 
-NO_DETECTRON2 = (
-    "lambda_det: no detectron2 is visible to this build. With pip's default build isolation the "
-    "build cannot see the detectron2 of your environment: install with `pip install "
-    "--no-build-isolation -e .`; with no detectron2 installed, run `python "
-    "tools/build_detectron2.py` first (or `make venv`, which does both)")
+def detectron2_requirements() -> List[str]:
+    """The ``detectron2`` extra: whichever detectron2 distribution is installed, so pip records it
+    and never replaces a user's own; nothing when this build sees none.
 
-
-def detectron2_requirement() -> str:
-    """Require whichever detectron2 distribution is installed, so pip never replaces a user's own.
-
-    With none visible, stop: pip's isolated build would otherwise ask for pb1-detectron2, whose
-    sdist cannot build there (it imports torch) and which would shadow a user's own build."""
+    It never asks for one that is not installed: pb1-detectron2's sdist cannot build in pip's
+    isolated build (it imports torch) and would shadow a user's own build. So detectron2 comes
+    first (``python tools/build_detectron2.py``, or your own), then ``pip install
+    --no-build-isolation -e '.[detectron2]'`` (an isolated build sees no detectron2)."""
     for distribution, minimum in (("detectron2", "detectron2>=0.6"),
                                   ("pb1-detectron2", "pb1-detectron2>=0.6")):
         try:
             importlib.metadata.version(distribution)
-            return minimum
+            return [minimum]
         except importlib.metadata.PackageNotFoundError:
             pass
-    raise SystemExit(NO_DETECTRON2)
+    return []
 
 
 setup(
@@ -59,7 +59,6 @@ setup(
         # torch.onnx.export(dynamo=...) needs 2.5; tested with 2.14 (CPU) and 2.11 (CUDA).
         "torch>=2.5",
         "torchvision>=0.20",
-        detectron2_requirement(),
         "fvcore>=0.1.5",
         "iopath>=0.1.7",
         "pycocotools>=2.0.2",
@@ -72,6 +71,8 @@ setup(
         "shapely",  # detectron2 clips polygons with it when LSJ crops
     ],
     extras_require={
+        # The detector backbones, configs, training and tools (see detectron2_requirements).
+        "detectron2": detectron2_requirements(),
         # timm: the suite covers tools/convert_timm_checkpoint.py among every tool's checks.
         "dev": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "onnx>=1.14",
                 "onnxruntime>=1.16", "psutil", "import-linter>=2", "timm>=0.9"],

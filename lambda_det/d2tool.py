@@ -9,8 +9,8 @@ after lambda_det has become part of detectron2:
 
 * the backbones and the bundled shapes datasets are registered;
 * ``detectron2.config.get_cfg()`` gives detectron2's defaults plus lambda_det's keys, and
-  freezing that config does what :func:`lambda_det.config.load_config` does after merging
-  (registers ``DATASETS.COCO_INSTANCES``; on the CPU, SyncBN becomes naiveSyncBN);
+  freezing that config does what :func:`lambda_det.run_config.load_config` does after merging
+  (on the CPU, SyncBN becomes naiveSyncBN) and registers its ``DATASETS.COCO_INSTANCES``;
 * a data loader built from a config without a mapper gets lambda_det's
   (:func:`lambda_det.data.build_mapper`): the large-scale-jitter crops that training uses when
   ``INPUT.LSJ.ENABLED``, and detectron2's test resize for evaluation;
@@ -51,6 +51,8 @@ from lambda_det.checkpoint import (CorruptCheckpointError, UnsafeCheckpointError
 from lambda_det.config import CfgNode as SafeCfgNode  # noqa: E402
 from lambda_det.config import ConfigFileError  # noqa: E402
 from lambda_det.config.lazy import load_lazy_config_file  # noqa: E402
+# Imported before detectron2's get_cfg is patched: it takes detectron2's own.
+from lambda_det.run_config import get_cfg as lambda_det_get_cfg  # noqa: E402
 
 __all__ = ["main", "detectron2_tool_path", "lambda_det_in_detectron2"]
 
@@ -119,20 +121,20 @@ def detectron2_tool_path(script: str) -> str:
 class _LambdaDetConfig(SafeCfgNode):
     """A detectron2 config with lambda_det's keys, whose ``merge_from_file`` runs no code from
     the file (:class:`lambda_det.config.CfgNode`); freezing it prepares it for the run, as
-    :func:`lambda_det.config.load_config` does."""
+    :func:`lambda_det.run_config.load_config` does, and registers its datasets."""
 
     def freeze(self):
         if "MODEL" in self:  # the root (nodes below it are of this class too)
             from lambda_det.config import prepare_merged_config
+            from lambda_det.data import register_datasets
 
+            register_datasets(self)
             prepare_merged_config(self)
         super().freeze()
 
 
 def _get_cfg() -> CfgNode:
-    from lambda_det.config import get_cfg
-
-    return _LambdaDetConfig(get_cfg())
+    return _LambdaDetConfig(lambda_det_get_cfg())
 
 
 def _mapper(*args, **kwargs):
@@ -167,8 +169,10 @@ def lambda_det_in_detectron2() -> Iterator[None]:
     """Within: detectron2's ``get_cfg`` has lambda_det's keys and its loaders lambda_det's mapper,
     its checkpointers and ``LazyConfig.load`` run no code from a file (see the module docstring);
     the backbones and datasets are registered."""
-    import lambda_det.data  # noqa: F401  (registers the bundled datasets)
     import lambda_det.modeling  # noqa: F401  (registers the backbones)
+    from lambda_det.data import register_datasets
+
+    register_datasets()
 
     with mock.patch("detectron2.config.get_cfg", _get_cfg), \
             mock.patch("detectron2.data.build.DatasetMapper", _mapper), \

@@ -229,7 +229,7 @@ class Payload:
 def tiny_model():
     """The Mask R-CNN of DEMO_CONFIG with TINY_OVERRIDES, seeded."""
     from detectron2.modeling import build_model
-    from lambda_det.config import load_config
+    from lambda_det.run_config import load_config
 
     torch.manual_seed(0)
     return build_model(load_config(DEMO_CONFIG, TINY_OVERRIDES))

@@ -1,5 +1,6 @@
 """Importing lambda_det's core needs torch alone: no detectron2, so it works in any PyTorch project."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -71,6 +72,41 @@ def test_layers_and_benchmark_import_and_run_without_detectron2():
             "lambda_det.benchmark.harness", "lambda_det.benchmark.candidates"} <= imported
 
 
+# The LambdaResNet, lambda_det's lazy names and the timm models, as a timm user runs them.
+USE_THE_MODEL = """
+import torch
+import timm
+
+import lambda_det
+import lambda_det.modeling.timm_models
+
+model = lambda_det.lambda_resnet(26, width_multiplier=0.25, scope=3, freeze_at=2).eval()
+assert isinstance(model, lambda_det.LambdaResNet) and lambda_det.LambdaLayer
+assert model(torch.randn(1, 3, 64, 64))["res5"].shape == (1, 512, 2, 2)
+classifier = timm.create_model("lambda_resnet26_det", num_classes=3, width_multiplier=0.25)
+assert classifier(torch.randn(2, 3, 64, 64)).shape == (2, 3)
+try:
+    lambda_det.LambdaResNetBackbone
+except ImportError as error:
+    assert str(error).startswith("lambda_det needs detectron2"), error
+else:
+    raise AssertionError("lambda_det.LambdaResNetBackbone without detectron2")
+loaded = sorted(name for name in sys.modules if name.split(".")[0] == "detectron2")
+assert not loaded, loaded
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_the_model_and_the_timm_models_run_without_detectron2():
+    pytest.importorskip("timm")
+    result = subprocess.run([sys.executable, "-c", BLOCK_DETECTRON2 + USE_THE_MODEL],
+                            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]
+
+
 def test_detectron2_parts_say_what_is_missing():
     code = BLOCK_DETECTRON2 + """
 import lambda_det
@@ -94,7 +130,7 @@ import lambda_det
 from detectron2.config import get_cfg
 from detectron2.modeling import build_model
 
-cfg = lambda_det.add_lambda_det_config(get_cfg())
+cfg = lambda_det.add_lambda_resnet_config(lambda_det.add_lambda_det_config(get_cfg()))
 cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME", "build_lambda_resnet_backbone",
                      "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
                      "0.25", "MODEL.RESNETS.RES2_OUT_CHANNELS", "64"])
@@ -103,7 +139,7 @@ print(type(build_model(cfg).backbone).__name__)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.split() == ["LambdaResNet"]
+    assert result.stdout.split() == ["LambdaResNetBackbone"]
 
 
 def test_the_missing_detectron2_message_names_the_checkouts_venv(tmp_path):
@@ -128,7 +164,20 @@ def _lint_imports(config: str) -> subprocess.CompletedProcess:
 def test_rooms_import_only_the_rooms_below_them():
     result = _lint_imports(str(REPO_ROOT / ".importlinter"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 kept, 0 broken" in result.stdout, result.stdout
+    assert "4 kept, 0 broken" in result.stdout, result.stdout
+
+
+def test_the_model_contract_catches_a_detectron2_import(tmp_path):
+    # The contract of the torch-only model modules, pointed at the builders: they import it.
+    contract = (REPO_ROOT / ".importlinter").read_text()
+    model = contract[contract.index("[importlinter:contract:model-without-detectron2]"):]
+    model = model.split("\n\n[")[0]
+    sources = model.split("source_modules =\n")[1].split("forbidden_modules")[0]
+    broken = model.replace(sources, "    lambda_det.modeling.build\n")
+    header = contract[:contract.index("[importlinter:contract:")]
+    (tmp_path / "contract.ini").write_text(header + broken + "\n")
+    result = _lint_imports(str(tmp_path / "contract.ini"))
+    assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout
 
 
 def test_the_import_contract_catches_an_upward_import(tmp_path):
@@ -139,3 +188,24 @@ def test_the_import_contract_catches_an_upward_import(tmp_path):
     (tmp_path / "contract.ini").write_text(upside_down)
     result = _lint_imports(str(tmp_path / "contract.ini"))
     assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout
+
+
+def test_the_import_contract_catches_config_importing_the_data(tmp_path):
+    # A copy of the package whose config imports the data stack, as its loader once did to
+    # register datasets: the forbidden contract must break, naming the import.
+    shutil.copytree(REPO_ROOT / "lambda_det", tmp_path / "lambda_det",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    config = tmp_path / "lambda_det/config/config.py"
+    config.write_text(config.read_text() + "\n\ndef _register(cfg):\n"
+                      "    from lambda_det.data.coco import register_coco_datasets\n\n"
+                      "    register_coco_datasets(cfg)\n")
+    contract = (REPO_ROOT / ".importlinter").read_text()
+    (tmp_path / ".importlinter").write_text(contract)
+    lint_imports = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    env = {**subprocess_env(), "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([lint_imports, "--no-cache"], capture_output=True, text=True,
+                            env=env, cwd=tmp_path, timeout=300)
+    assert result.returncode != 0, result.stdout
+    broken = result.stdout.split("Broken contracts")[-1]
+    assert "The config imports neither the model nor the data" in broken, result.stdout
+    assert "lambda_det.config.config -> lambda_det.data.coco" in broken, result.stdout

@@ -19,13 +19,13 @@ import argparse
 import sys
 import time
 
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.cli.arguments import (
     add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
 from lambda_det.cli.train_net import load_run_config
 from lambda_det.data.checks import (
     IMAGE_CHECKS, check_images, check_run_datasets, load_training_dicts,
     yaml_data_settings)
+from lambda_det.utils.run_defaults import CHECK_IMAGES
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -40,8 +40,8 @@ def argument_parser() -> argparse.ArgumentParser:
                              "--eval-only checks them")
     add_coco_dataset_argument(parser, "the NAME list or the config's DATASETS.TRAIN / TEST")
     parser.add_argument("--images", choices=IMAGE_CHECKS,
-                        help="what to read of each image (default: header, or the config's "
-                             "DATALOADER.CHECK_IMAGES)")
+                        help=f"what to read of each image (default: the config's "
+                             f"DATALOADER.CHECK_IMAGES, {CHECK_IMAGES} unless it sets another)")
     parser.add_argument("--threads", type=int, help="threads for the image checks")
     add_debug_argument(parser)
     parser.add_argument("arguments", nargs="*", metavar="NAME | KEY VALUE",
@@ -70,9 +70,9 @@ def check_named_datasets(args: argparse.Namespace) -> str:
     """Each NAME as a training set of the default config, timed; returns the summary."""
     if args.eval_only:
         raise ValueError("--eval-only checks a config's test sets: pass --config FILE")
-    mode = args.images or "header"
     args.opts = ["DATASETS.TRAIN", repr(tuple(args.arguments))]
     cfg = load_run_config(args)
+    mode = args.images or cfg.DATALOADER.CHECK_IMAGES
     start = time.perf_counter()
     dicts = load_training_dicts(yaml_data_settings(cfg), check_files=True)
     loaded = time.perf_counter()

@@ -22,8 +22,9 @@ from lambda_det.checkpoint import counted_weights, load_checkpoint_file
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
 from lambda_det.cli.train_net import check_model
-from lambda_det.config import load_config, resolve_config_file
+from lambda_det.config import resolve_config_file
 from lambda_det.modeling.timm_models import convert_classifier_checkpoint
+from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import atomic_path, check_output_file, check_writable_folder
 
 

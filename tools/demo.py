@@ -32,10 +32,11 @@ from lambda_det.cli.arguments import (
 from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command, run_child
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import config_differences, load_config, resolve_config_file
+from lambda_det.config import resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.inference import Predictor, draw, write_image
+from lambda_det.run_config import config_differences, load_config
 from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporting_write_errors
 from lambda_det.utils.text import read_text
 
@@ -85,6 +86,7 @@ def demo(args: argparse.Namespace) -> int:
     start = time.time()
     config_file = resolve_config_file(args.config)
     cfg = load_config(config_file, args.opts)  # as train_net.py loads it, so the dumps compare
+    lambda_det.data.register_datasets(cfg)
     check_device(cfg)
     output = Path(cfg.OUTPUT_DIR)
     check_writable_folder(output, "OUTPUT_DIR")

@@ -51,12 +51,14 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import load_config, resolve_config_file
+from lambda_det.config import resolve_config_file
+from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.export import (
     EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
     export_model, max_differences, metadata_path, sample_image)
 from lambda_det.inference import build_trained_model
+from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import check_writable_folder
 
 
@@ -88,6 +90,7 @@ def main(argv=None) -> int:
         parser.error("give --sample-image or --sample-size, not both")
     with reporting_user_errors(args.debug):
         cfg = load_config(args.config_file, args.opts)
+        register_datasets(cfg)
         check_prediction_classes(cfg)
         output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
         check_export_output(output, {"MODEL.WEIGHTS": cfg.MODEL.WEIGHTS,

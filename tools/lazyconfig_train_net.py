@@ -14,7 +14,6 @@ tools/train_net.py's command line (docs/lazyconfig.md).
 """
 import sys
 
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.cli.train_net import lazyconfig_main as main
 
 if __name__ == "__main__":

@@ -32,17 +32,18 @@ import json
 import sys
 from pathlib import Path
 
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
     add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
 from lambda_det.cli.interrupts import reporting_interrupts
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import load_config, resolve_config_file
+from lambda_det.config import resolve_config_file
+from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import (
     Predictor, build_trained_model, check_output_folder, collect_inputs, dataset_image_ids,
     drawing_names, metadata_of, predict_files)
+from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import atomic_write, check_writable_folder
 
 RESULTS_FILE = "predictions.json"
@@ -98,6 +99,7 @@ def predict(args, output: Path) -> int:
             "--config": resolve_config_file(args.config_file), "MODEL.WEIGHTS": cfg.MODEL.WEIGHTS})
         check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
         check_writable_folder(output, "--output")
+        register_datasets(cfg)
         check_prediction_classes(cfg)
         metadata = metadata_of(cfg)
         known_ids = dataset_image_ids(cfg.DATASETS.TEST[0]) if len(cfg.DATASETS.TEST) else {}

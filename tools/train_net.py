@@ -12,7 +12,6 @@ tools/lazyconfig_train_net.py is the same command line for LazyConfig recipes.
 """
 import sys
 
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
 from lambda_det.cli.train_net import main
 
 if __name__ == "__main__":

@@ -20,10 +20,10 @@ from lambda_det.benchmark.harness import (
     Candidate, free_memory, is_out_of_memory, median, paired_ratio, run_round_robin, synchronize)
 from lambda_det.benchmark.memory import peak_bytes
 from lambda_det.benchmark.report import markdown_table
-from lambda_det.config import load_config
 from lambda_det.engine.amp import AMP_DTYPES
 from lambda_det.engine.trainer import Trainer
 from lambda_det.layers import LambdaLayer
+from lambda_det.run_config import load_config
 
 __all__ = ["DetectorSettings", "DetectorStep", "benchmark_detector", "format_detector",
            "lambda_layer_share", "synthetic_batch", "parse_config_spec", "PRECISIONS", "MODES"]

@@ -149,7 +149,7 @@ def _fvcore_flops(model: torch.nn.Module, x: torch.Tensor) -> Optional[float]:
 
 def benchmark_backbone(settings: BackboneSettings) -> Dict[str, object]:
     """LambdaResNet (the paper's placement) against its ResNet-RS baseline (placement="none")."""
-    from lambda_det.modeling import lambda_resnet  # imports detectron2
+    from lambda_det.modeling import lambda_resnet
     device, depth = settings.device, settings.depth
     torch.manual_seed(0)
     x = torch.randn(1, 3, settings.image, settings.image, device=device, requires_grad=False)
@@ -204,7 +204,7 @@ def block_kinds(depth: int, image: int) -> List[Dict[str, object]]:
 
 def benchmark_blocks(settings: BackboneSettings) -> Dict[str, object]:
     """Each kind of lambda block against the conv block it replaces, as in the backbone."""
-    from lambda_det.modeling.blocks import Bottleneck  # imports detectron2
+    from lambda_det.modeling.blocks import Bottleneck
     from lambda_det.modeling.mixers import build_mixer_factory
     device = settings.device
     rows = []

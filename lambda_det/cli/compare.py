@@ -25,9 +25,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import lambda_det.modeling  # noqa: F401  (registers the backbones for the parameter counts)
 from lambda_det.checkpoint import checkpoint_to_resume, last_checkpoint
 from lambda_det.cli.interrupts import run_child
-from lambda_det.config import config_differences, get_cfg, load_config, resolve_config_file
+from lambda_det.config import resolve_config_file
 from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.modeling.mixers import MIXERS
+from lambda_det.run_config import config_differences, get_cfg, load_config
 from lambda_det.utils.atomic import atomic_path, reporting_write_errors
 
 __all__ = ["Variant", "PairRun", "Comparison", "BASELINES", "variant_presets", "DEFAULT_VARIANTS",

@@ -37,8 +37,8 @@ from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_c
 from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.compat import quiet_detectron2_warnings
-from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
+from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_run_datasets
 from lambda_det.data.coco import coco_dataset_overrides, register_coco_triples
 from lambda_det.engine import lazy_training, preflight
@@ -49,6 +49,7 @@ from lambda_det.engine.preflight import (
     check_training_settings)
 from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_run_settings
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
+from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 from lambda_det.utils.setting import Setting
 
@@ -119,6 +120,7 @@ def run_lazy(args: argparse.Namespace):
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
+            register_datasets()
             register_coco_triples(args.coco_dataset, source="--coco-dataset")
             cfg = load_lazy_config(args.config_file, args.opts)
             evaluation = getattr(args, "evaluation", None)  # set before launch: plan_evaluation
@@ -264,24 +266,27 @@ def check_before_launch(args: argparse.Namespace, run: RunSettings, model: nn.Mo
 def load_run_config(args: argparse.Namespace):
     """The config of ``--config-file`` and the trailing overrides (``args.opts``), with the
     ``--coco-dataset`` triples added to ``DATASETS.COCO_INSTANCES`` as an override in
-    ``args.opts``, so that every process registers them."""
+    ``args.opts``, so that every process registers them; its datasets registered in this
+    process (:func:`lambda_det.data.register_datasets`)."""
     cfg = load_config(args.config_file, args.opts)
     if args.coco_dataset:
         args.opts = [*args.opts, *coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES,
                                                          args.coco_dataset)]
         cfg = load_config(args.config_file, args.opts)
+    register_datasets(cfg)
     return cfg
 
 
 def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
     """The recipe of ``--config-file`` (a path or a shipped recipe's name, resolved in
     ``args`` for what default_setup logs) and the trailing ``key=value`` overrides, with the
-    ``--coco-dataset`` triples registered in this process (every training process registers
-    them again: :func:`run_lazy`)."""
+    bundled datasets and the ``--coco-dataset`` triples registered in this process (every
+    training process registers them again: :func:`run_lazy`)."""
     if not args.config_file:
         raise ValueError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
                          "lambda_r152_mask_rcnn)")
     args.config_file = resolve_lazy_config_file(args.config_file)
+    register_datasets()
     register_coco_triples(args.coco_dataset, source="--coco-dataset")
     return load_lazy_config(args.config_file, args.opts)
 

@@ -9,13 +9,14 @@ without the deprecation warning that torch >= 2.10 prints when fvcore and detect
 """
 import contextlib
 import importlib
+import importlib.util
 import logging
 import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["import_detectron2", "ddp_without_buffer_sync", "quiet_detectron2_warnings",
-           "without_cuda_home_warning"]
+__all__ = ["import_detectron2", "detectron2_installed", "without_jit_script_deprecation",
+           "ddp_without_buffer_sync", "quiet_detectron2_warnings", "without_cuda_home_warning"]
 
 _DETECTRON2_MODULES = ("detectron2.modeling", "detectron2.data", "detectron2.evaluation",
                        "detectron2.engine", "detectron2.checkpoint")
@@ -41,11 +42,19 @@ def missing_detectron2_message(checkout: Path = CHECKOUT) -> str:
         "install your own detectron2 build.")
 
 
-def import_detectron2() -> None:
-    """Import the detectron2 modules lambda_det builds on, quietly and with a helpful error."""
+@contextlib.contextmanager
+def without_jit_script_deprecation():
+    """Within: no FutureWarning for ``torch.jit.script``, which fvcore and detectron2 call when
+    they are imported."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated",
                                 category=FutureWarning)
+        yield
+
+
+def import_detectron2() -> None:
+    """Import the detectron2 modules lambda_det builds on, quietly and with a helpful error."""
+    with without_jit_script_deprecation():
         try:
             for name in _DETECTRON2_MODULES:
                 importlib.import_module(name)
@@ -53,6 +62,14 @@ def import_detectron2() -> None:
             if error.name is not None and error.name.split(".")[0] == "detectron2":
                 raise ImportError(missing_detectron2_message()) from error
             raise
+
+
+def detectron2_installed() -> bool:
+    """Whether detectron2 can be imported here, without importing it."""
+    try:
+        return importlib.util.find_spec("detectron2") is not None
+    except (ImportError, ValueError):  # a broken or blocked detectron2: as if absent
+        return False
 
 
 def ddp_without_buffer_sync() -> dict:

@@ -1,5 +1,8 @@
-"""Config: lambda_det's keys (:func:`add_lambda_det_config`) and the one loader of configs
-(:func:`load_config`) that training, evaluation, export and the demo share.
+"""Config: lambda_det's run keys (:func:`add_lambda_det_config`) and the one merge of a config
+file and overrides (:func:`merge_config`) under :func:`lambda_det.run_config.load_config`, which
+training, evaluation, export and the demo share. Nothing here knows the model or the data: the
+backbone's keys are :func:`lambda_det.modeling.add_lambda_resnet_config`'s, and loading a config
+registers no dataset.
 
 Config files run no code: yaml is read with yaml's safe loader only (detectron2's
 ``merge_from_file`` falls back to ``yaml.unsafe_load``, which runs ``!!python/...`` tags). The one
@@ -17,6 +20,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 from lambda_det.compat import import_detectron2
+from lambda_det.utils import run_defaults
 from lambda_det.utils.text import not_text
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
@@ -24,31 +28,22 @@ import_detectron2()  # quietly, and with a helpful error when it is missing
 from fvcore.common.config import BASE_KEY  # noqa: E402
 from lambda_det.config.expressions import ExpressionError, evaluate_expression  # noqa: E402
 from detectron2.config import CfgNode as CN  # noqa: E402
-from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
 
-__all__ = ["add_lambda_det_config", "add_lambda_resnet_config", "get_cfg", "load_config",
-           "resolve_config_file", "prepare_merged_config", "adapt_norms_to_device",
-           "config_differences", "check_config_file", "CfgNode", "ConfigFileError",
-           "RENAMED_KEYS", "config_keys", "did_you_mean"]
+__all__ = ["add_lambda_det_config", "merge_config", "prepare_merged_config", "resolve_config_file",
+           "adapt_norms_to_device", "check_config_file", "CfgNode", "ConfigFileError",
+           "config_keys", "did_you_mean", "flatten_config", "read_config_dump"]
 
 logger = logging.getLogger(__name__)
 
-# Keys that moved, and where to: a config that sets one gets an error naming the key to set
-# (yacs' renamed keys); a saved config that has one compares as if it had the new key.
-RENAMED_KEYS = {
-    "MODEL.LAMBDA_RESNET.AFT_HEADS": "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS",
-    "MODEL.LAMBDA_RESNET.AFT_WINDOW_SIZE": "MODEL.LAMBDA_RESNET.AFT_CONV.WINDOW_SIZE",
-}
 
 def add_lambda_det_config(cfg: CN) -> CN:
-    """Add lambda_det's keys to ``cfg`` in place (``MODEL.LAMBDA_RESNET``, ``INPUT.LSJ``,
-    ``DATALOADER.DETERMINISTIC``, ``DATALOADER.CHECK_IMAGES``, ``DATASETS.COCO_INSTANCES``,
-    ``SOLVER.LOG_PERIOD``, ``SOLVER.AMP.DTYPE``; docs/config.md lists them); returns ``cfg``.
+    """Add lambda_det's run keys to ``cfg`` in place (``INPUT.LSJ``, ``DATALOADER.DETERMINISTIC``,
+    ``DATALOADER.CHECK_IMAGES``, ``DATASETS.COCO_INSTANCES``, ``SOLVER.LOG_PERIOD``,
+    ``SOLVER.AMP.DTYPE``; docs/config.md lists them); returns ``cfg``. The backbone's keys,
+    ``MODEL.LAMBDA_RESNET``, are the model's: ``lambda_det.modeling.add_lambda_resnet_config``.
 
     Idempotent: a node that is already there is left as it is.
     """
-    if "LAMBDA_RESNET" not in cfg.MODEL:
-        cfg.MODEL.LAMBDA_RESNET = _lambda_resnet_node()
     if "LSJ" not in cfg.INPUT:
         cfg.INPUT.LSJ = _lsj_node()
     # Every iteration a function of (SEED, iteration): bit-exact --resume on the CPU, and the
@@ -58,84 +53,19 @@ def add_lambda_det_config(cfg: CN) -> CN:
         cfg.DATALOADER.DETERMINISTIC = False
     # How often the metric writers (metrics.json, the console) run; detectron2 fixes it at 20.
     if "LOG_PERIOD" not in cfg.SOLVER:
-        cfg.SOLVER.LOG_PERIOD = 20
+        cfg.SOLVER.LOG_PERIOD = run_defaults.LOG_PERIOD
     # The autocast dtype of SOLVER.AMP.ENABLED: "float16" (with loss scaling, detectron2's AMP)
     # or "bfloat16" (no scaling needed; A100/H100 GPUs and CPUs).
     if "DTYPE" not in cfg.SOLVER.AMP:
-        cfg.SOLVER.AMP.DTYPE = "float16"
+        cfg.SOLVER.AMP.DTYPE = run_defaults.AMP_DTYPE
     # What tools/train_net.py reads of every image before training (lambda_det.data.checks):
     # "header" (readable, size, not truncated), "full" (decoded as training will), "none".
     if "CHECK_IMAGES" not in cfg.DATALOADER:
-        cfg.DATALOADER.CHECK_IMAGES = "header"
+        cfg.DATALOADER.CHECK_IMAGES = run_defaults.CHECK_IMAGES
     # COCO-format datasets to register, [name, json_file, image_root] each (lambda_det.data.coco).
     if "COCO_INSTANCES" not in cfg.DATASETS:
         cfg.DATASETS.COCO_INSTANCES = []
-    _register_renamed_keys(cfg)
     return cfg
-
-
-def _register_renamed_keys(cfg: CN) -> None:
-    for old, new in RENAMED_KEYS.items():
-        if not cfg.key_is_renamed(old):
-            cfg.register_renamed_key(old, new)
-
-
-def _lambda_resnet_node() -> CN:
-    node = CN()
-    # One of lambda_det.modeling.lambda_resnet.DEPTHS. DEPTH, NORM and OUT_FEATURES left None take
-    # MODEL.RESNETS.DEPTH / NORM / OUT_FEATURES, so a stock config keeps its meaning when only
-    # MODEL.BACKBONE.NAME changes.
-    node.DEPTH = None
-    # "paper" (Table 19: listed c4 blocks + all c5), "c4" (all of c4 and c5), "none" (ResNet-RS
-    # baseline) or four C/L letters for c2..c5 (Table 12), e.g. "CCLL".
-    node.PLACEMENT = "paper"
-    # Squeeze-and-excitation (ratio 0.25) in the conv blocks: the "+SE" baselines.
-    node.SE = False
-    node.WIDTH_MULTIPLIER = 1.0
-    # Stochastic depth, the largest block's rate (linear in block order, Huang et al. 2016).
-    # The paper's detection recipe uses none; its ImageNet recipe does (Table 20).
-    node.DROP_PATH_RATE = 0.0
-    # Backbone norm (detectron2's get_norm names). The paper: synchronized BN, from scratch.
-    node.NORM = None
-    node.OUT_FEATURES = None
-    # What PLACEMENT puts in its blocks: "lambda", or "aft_conv" (Attention Free Transformer's
-    # conv form, lambda_det.layers.AFTConv), or any mixer registered with
-    # lambda_det.modeling.register_mixer.
-    node.MIXER = "lambda"
-    # Compile the backbone with torch.compile for training (LSJ crops give one input size).
-    node.COMPILE = False
-    _add_mixer_options(node)
-    return node
-
-
-def _add_mixer_options(node: CN) -> None:
-    """The config keys of every registered mixer's options, with their defaults, as its builder
-    declares them (lambda_det.modeling.mixers): the lambda mixer's in the backbone's node
-    (HEADS, DIM_K, DIM_U, SCOPE, MAX_SIZE, IMPL, SHARE_POSITION_EMBEDDINGS), another's in a node
-    of its name (AFT_CONV.HEADS, AFT_CONV.WINDOW_SIZE).
-
-    Raises:
-        ValueError: a mixer's keys would take a key the node has.
-    """
-    from lambda_det.modeling.mixers import MIXERS, mixer_config_defaults, mixer_config_node
-
-    for name in MIXERS:
-        defaults = mixer_config_defaults(name)
-        if not defaults:
-            continue
-        where = mixer_config_node(name)
-        if where:
-            if where in node:
-                raise ValueError(f"mixer {name!r} puts its options under MODEL.LAMBDA_RESNET."
-                                 f"{where}, which is taken: register it under another name")
-            node[where] = CN()
-        section = node[where] if where else node
-        for key, default in defaults.items():
-            if key in section:
-                raise ValueError(f"mixer {name!r} option {key.lower()!r} would be MODEL."
-                                 f"LAMBDA_RESNET.{key}, which is taken: put its options in a "
-                                 f"node of their own (CONFIG_NODE)")
-            section[key] = default
 
 
 def _lsj_node() -> CN:
@@ -148,9 +78,6 @@ def _lsj_node() -> CN:
     lsj.MIN_SCALE = 0.1
     lsj.MAX_SCALE = 2.0
     return lsj
-
-
-add_lambda_resnet_config = add_lambda_det_config  # the same function, by its backbone's name
 
 
 class ConfigFileError(ValueError):
@@ -305,7 +232,8 @@ class CfgNode(CN):
 
     def merge_from_file(self, cfg_filename: str, allow_unsafe: bool = False) -> None:
         # allow_unsafe is accepted for detectron2's signature and ignored: nothing is unsafe here.
-        check_config_file(cfg_filename)  # a missing file: FileNotFoundError (detectron2 asserts)
+        if not os.path.isfile(cfg_filename):  # detectron2 would assert; say it as the chain does
+            load_yaml_with_base(cfg_filename)
         super().merge_from_file(cfg_filename, allow_unsafe=False)
 
     @classmethod
@@ -313,46 +241,22 @@ class CfgNode(CN):
         return load_yaml_with_base(filename)
 
 
-def get_cfg() -> CfgNode:
-    """Detectron2's default config plus lambda_det's keys, as a :class:`CfgNode` (safe
-    ``merge_from_file``)."""
-    cfg = CfgNode(add_lambda_det_config(get_detectron2_cfg()))
-    _register_renamed_keys(cfg)  # the conversion keeps the keys, not yacs' list of renamed ones
-    return cfg
-
-
-def _flatten(node, prefix: str = "") -> dict:
+def flatten_config(node, prefix: str = "") -> dict:
+    """A nested config (dicts) as ``{"A.B.C": value}``."""
     if not isinstance(node, dict):
         return {prefix: node}
     flat = {}
     for key, value in node.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else key))
+        flat.update(flatten_config(value, f"{prefix}.{key}" if prefix else key))
     return flat
 
 
-def _read_dump(text: str, where: str) -> dict:
+def read_config_dump(text: str, where: str) -> dict:
     """A config dump (yaml text) as a dict, read with the safe loader."""
     data = _load_plain_yaml(text, where)
     if not isinstance(data, dict):
         raise ConfigFileError(f"{where} is not a config: it holds no yaml mapping of KEY: value")
     return data
-
-
-def config_differences(saved: str, wanted: str, saved_in: str = "the saved config") -> List[str]:
-    """``KEY: saved -> wanted`` for every key whose value differs between two config dumps
-    (yaml text), sorted by key. ``saved_in`` names where ``saved`` was read from, for the
-    :class:`ConfigFileError` of a dump that is not plain yaml.
-
-    A key that a dump lacks counts as its default: a run saved before lambda_det added the key
-    ran with the default's behaviour, so it is the same run under a newer lambda_det. A key of
-    ``saved`` that :data:`RENAMED_KEYS` lists counts as the key it became.
-    """
-    defaults = _flatten(yaml.safe_load(get_cfg().dump()))
-    saved_keys = _flatten(_read_dump(saved, saved_in)).items()
-    old = {**defaults, **{RENAMED_KEYS.get(key, key): value for key, value in saved_keys}}
-    new = {**defaults, **_flatten(_read_dump(wanted, "the wanted config"))}
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
 def adapt_norms_to_device(cfg) -> List[str]:
@@ -431,28 +335,25 @@ def resolve_config_file(name: str) -> str:
     return name if os.path.isfile(name) else get_config_file(name)
 
 
-def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
-                freeze: bool = True) -> CN:
-    """The config of a run: lambda_det's defaults, then the file, then ``KEY VALUE`` overrides;
-    the COCO-format datasets of ``DATASETS.COCO_INSTANCES`` are registered
-    (:func:`lambda_det.data.coco.register_coco_datasets`); on the CPU, SyncBN becomes naiveSyncBN
-    (:func:`adapt_norms_to_device`).
+def merge_config(cfg: CN, config_file: Optional[str] = None, opts: Sequence[str] = ()) -> CN:
+    """Merge into ``cfg`` (a :class:`CfgNode` of defaults, e.g.
+    :func:`lambda_det.run_config.get_cfg`) the file, then ``KEY VALUE`` overrides; on the CPU,
+    SyncBN becomes naiveSyncBN (:func:`prepare_merged_config`). In place; returns ``cfg``.
+    Registers no dataset: the tools register ``DATASETS.COCO_INSTANCES`` before reading data
+    (:func:`lambda_det.data.register_datasets`).
 
     Args:
         config_file: a path, or the name of a shipped config (see
             :func:`lambda_det.model_zoo.get_config_file`); None for the defaults alone.
         opts: overrides, as on detectron2's command line, e.g. ``["SOLVER.MAX_ITER", "10"]``.
-        freeze: freeze the returned config.
 
     Raises:
         FileNotFoundError: ``config_file`` is neither a file nor a shipped config, or a
             ``_BASE_`` it names does not exist.
         ConfigFileError: a file of the ``_BASE_`` chain holds a yaml tag (it would run code),
             is empty or no mapping, or the chain loops (:func:`check_config_file`).
-        ValueError: an unknown key, a value of the wrong type, a malformed file or overrides,
-            a dataset name registered with other files.
+        ValueError: an unknown key, a value of the wrong type, a malformed file or overrides.
     """
-    cfg = get_cfg()
     if config_file:
         path = resolve_config_file(config_file)
         if path.endswith(".py"):
@@ -472,18 +373,12 @@ def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
     except (KeyError, ValueError, AssertionError) as error:
         raise _config_error(error, "in the command-line overrides", cfg) from None
     prepare_merged_config(cfg)
-    if freeze:
-        cfg.freeze()
     return cfg
 
 
 def prepare_merged_config(cfg: CN) -> None:
-    """What :func:`load_config` does once the file and overrides are merged: registers the
-    COCO-format datasets of ``DATASETS.COCO_INSTANCES`` and, on the CPU, makes SyncBN
-    naiveSyncBN (:func:`adapt_norms_to_device`)."""
-    from lambda_det.data.coco import register_coco_datasets  # the data stack, only when loading
-
-    register_coco_datasets(cfg)
+    """What :func:`merge_config` does once the file and overrides are merged: on the CPU, makes
+    SyncBN naiveSyncBN (:func:`adapt_norms_to_device`), and logs it."""
     changed = adapt_norms_to_device(cfg)
     if changed:
         logger.info("MODEL.DEVICE is cpu: SyncBN -> naiveSyncBN for %s", ", ".join(changed))

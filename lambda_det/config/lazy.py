@@ -5,10 +5,9 @@ from lambda_det.config and detectron2's ``DefaultTrainer.auto_scale_workers``.
 A recipe defines ``model``, ``dataloader`` (``train``, ``test``, ``evaluator``), ``optimizer``,
 ``lr_multiplier`` and ``train`` (tools/lazyconfig_train_net.py reads them).
 """
-import inspect
 import logging
 import os
-from typing import MutableMapping, Sequence
+from typing import Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +21,7 @@ from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean  
 from lambda_det.config.config import _load_plain_yaml  # noqa: E402
 
 __all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
-           "scale_to_world_size", "use_mixer", "load_lazy_config_file", "REQUIRED_KEYS"]
+           "scale_to_world_size", "load_lazy_config_file", "REQUIRED_KEYS"]
 
 logger = logging.getLogger(__name__)
 
@@ -201,23 +200,3 @@ def load_lazy_config_file(filename: str, keys=None):
     if keys is None:
         return cfg
     return cfg[keys] if isinstance(keys, str) else tuple(cfg[key] for key in keys)
-
-
-def use_mixer(arguments: MutableMapping, name: str, **options) -> None:
-    """Make the LazyConfig arguments of a LambdaResNet (a recipe's ``model.backbone.bottom_up``)
-    use the mixer registered under ``name``, in place: the options of the mixer they name go,
-    the new mixer's come with their defaults
-    (:func:`lambda_det.modeling.mixers.mixer_option_defaults`), updated with ``options``.
-
-    Raises:
-        ValueError: an unknown mixer.
-        TypeError: options the mixer does not take.
-    """
-    from lambda_det.modeling import LambdaResNet
-    from lambda_det.modeling.mixers import check_mixer_options, mixer_option_defaults
-
-    check_mixer_options(name, options)
-    current = arguments.get("mixer", inspect.signature(LambdaResNet).parameters["mixer"].default)
-    for option in mixer_option_defaults(current):
-        arguments.pop(option, None)
-    arguments.update(mixer=name, **{**mixer_option_defaults(name), **options})

@@ -35,6 +35,7 @@ from detectron2.data.build import (
     print_instances_class_histogram)
 from detectron2.structures import BoxMode
 from detectron2.utils.file_io import PathManager
+from lambda_det.utils.run_defaults import CHECK_IMAGES
 from lambda_det.utils.setting import Setting, is_integer, override
 
 __all__ = ["DataSettings", "yaml_data_settings", "yaml_num_classes",
@@ -102,8 +103,8 @@ def yaml_data_settings(cfg) -> DataSettings:
         filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
         masks=cfg.MODEL.MASK_ON,
         num_classes=yaml_num_classes(cfg),
-        check_images=Setting("DATALOADER.CHECK_IMAGES", cfg.DATALOADER.get("CHECK_IMAGES",
-                                                                           "header")),
+        check_images=Setting("DATALOADER.CHECK_IMAGES",
+                             cfg.DATALOADER.get("CHECK_IMAGES", CHECK_IMAGES)),
         image_format=cfg.INPUT.FORMAT)
 
 
@@ -512,7 +513,7 @@ def read_checked_image(file_name: str, image_format: str = "BGR"):
 
 
 def check_image_file(file_name: str, width: Optional[int] = None, height: Optional[int] = None,
-                     mode: str = "header", image_format: str = "BGR") -> None:
+                     mode: str = CHECK_IMAGES, image_format: str = "BGR") -> None:
     """One image is readable as it shows (:func:`check_image_mode`) and, when given, ``width``
     x ``height`` (after EXIF rotation).
 
@@ -558,7 +559,7 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
                          f"file, or replace the image")
 
 
-def check_images(dicts: Sequence[dict], mode: str = "header", image_format: str = "BGR",
+def check_images(dicts: Sequence[dict], mode: str = CHECK_IMAGES, image_format: str = "BGR",
                  threads: Optional[int] = None, key: str = "DATALOADER.CHECK_IMAGES") -> int:
     """:func:`check_image_file` for every record's image, in a thread pool (reading files
     waits on storage, which threads overlap). Returns the number of images checked. ``key``

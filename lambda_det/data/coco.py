@@ -3,8 +3,9 @@
 ``DATASETS.COCO_INSTANCES`` lists ``[name, json_file, image_root]`` triples; tools/train_net.py's
 ``--coco-dataset NAME JSON IMAGE_DIR`` (repeatable) adds to it; tools/lazyconfig_train_net.py
 registers its ``--coco-dataset`` triples in every process. :func:`register_coco_datasets`
-registers each with detectron2's own ``register_coco_instances``; lambda_det's config loader
-calls it, so every process of a run (and the config dumped to OUTPUT_DIR) knows them.
+registers each with detectron2's own ``register_coco_instances``; the tools call it (through
+:func:`lambda_det.data.register_datasets`) in every process of a run, whose config (dumped to
+OUTPUT_DIR) keeps the list.
 """
 import os
 from typing import List, Sequence

@@ -12,6 +12,7 @@ import torch
 
 from detectron2.config import CfgNode
 from detectron2.engine import SimpleTrainer
+from lambda_det.utils.run_defaults import AMP_DTYPE
 
 __all__ = ["MixedPrecisionTrainer", "AMP_DTYPES", "cpu_amp_warning",
            "warn_about_slow_cpu_amp"]
@@ -37,12 +38,12 @@ def cpu_amp_warning(cfg) -> Optional[str]:
     LazyConfig. Measured per training iteration against float32: float16 14x to 17x (the
     tiny shapes model on an AVX2 host; an LSJ recipe), bfloat16 6.6x on the AVX2 host."""
     if isinstance(cfg, CfgNode):
-        enabled, dtype = cfg.SOLVER.AMP.ENABLED, cfg.SOLVER.AMP.get("DTYPE", "float16")
+        enabled, dtype = cfg.SOLVER.AMP.ENABLED, cfg.SOLVER.AMP.get("DTYPE", AMP_DTYPE)
         device, bfloat16, off = cfg.MODEL.DEVICE, "SOLVER.AMP.DTYPE bfloat16", \
             "SOLVER.AMP.ENABLED False"
     else:
         amp = cfg.train.get("amp", {})
-        enabled, dtype = amp.get("enabled", False), amp.get("dtype", "float16")
+        enabled, dtype = amp.get("enabled", False), amp.get("dtype", AMP_DTYPE)
         device, bfloat16, off = cfg.train.device, "train.amp.dtype=bfloat16", \
             "train.amp.enabled=False"
     if not enabled or dtype not in AMP_DTYPES or torch.device(device).type != "cpu" \
@@ -76,7 +77,7 @@ class MixedPrecisionTrainer(SimpleTrainer):
         device_type: "cuda" or "cpu", the device the model runs on.
     """
 
-    def __init__(self, model, data_loader, optimizer, dtype: str = "float16",
+    def __init__(self, model, data_loader, optimizer, dtype: str = AMP_DTYPE,
                  device_type: str = "cuda"):
         if dtype not in AMP_DTYPES:
             raise ValueError(f"SOLVER.AMP.DTYPE must be one of {sorted(AMP_DTYPES)}, got {dtype!r}")

@@ -22,6 +22,7 @@ from lambda_det.engine.run_logging import resume_metrics, run_writers
 from lambda_det.engine.run_settings import lazy_training_settings
 from lambda_det.engine.trainer import FinalEvalHook, build_step_trainer, write_eval_results
 from lambda_det.utils.atomic import DISK_ERRNOS, reporting_write_errors
+from lambda_det.utils.run_defaults import AMP_DTYPE
 
 __all__ = ["train", "evaluate"]
 
@@ -95,7 +96,7 @@ def train(cfg: DictConfig, resume: bool) -> None:
         ddp.update(ddp_without_buffer_sync())
     amp = cfg.train.amp
     trainer = build_step_trainer(model, train_loader, optimizer, cfg.train.device,
-                                 amp.get("dtype", "float16") if amp.enabled else None, **ddp)
+                                 amp.get("dtype", AMP_DTYPE) if amp.enabled else None, **ddp)
     checkpointer = AtomicCheckpointer(trainer.model, cfg.train.output_dir, trainer=trainer)
     main = comm.is_main_process()
     trainer.register_hooks([

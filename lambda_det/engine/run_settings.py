@@ -15,9 +15,10 @@ from detectron2.data import transforms as T
 from lambda_det.data.checks import DataSettings, yaml_data_settings
 from lambda_det.data.mapper import build_lsj_augmentations
 from lambda_det.engine.preflight import BackboneSettings, TrainingSettings
-from lambda_det.modeling import LambdaResNet
+from lambda_det.modeling import LambdaResNetBackbone
 from lambda_det.modeling.build import LAMBDA_DET_BACKBONES, backbone_setting
 from lambda_det.solver import warmup_multistep
+from lambda_det.utils.run_defaults import AMP_DTYPE, CHECK_IMAGES, LOG_PERIOD
 from lambda_det.utils.setting import Setting, is_integer
 
 __all__ = ["RunSettings", "yaml_run_settings", "lazy_run_settings", "yaml_training_settings",
@@ -63,8 +64,8 @@ def lazy_data_settings(cfg: DictConfig) -> DataSettings:
         masks=OmegaConf.select(cfg, "model.roi_heads.mask_in_features", default=None) is not None,
         num_classes=(None if num_classes is None
                      else Setting("model.roi_heads.num_classes", num_classes)),
-        check_images=Setting("dataloader.check_images", cfg.dataloader.get("check_images",
-                                                                           "header")),
+        check_images=Setting("dataloader.check_images",
+                             cfg.dataloader.get("check_images", CHECK_IMAGES)),
         image_format=train.mapper.get("image_format", "BGR"))
 
 
@@ -161,12 +162,12 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
         learning_rate=Setting("optimizer.lr", cfg.optimizer.get("lr")),
         max_iter=Setting("train.max_iter", max_iter),
         lr_steps=steps,
-        amp_dtype=(Setting("train.amp.dtype", amp.get("dtype", "float16"))
+        amp_dtype=(Setting("train.amp.dtype", amp.get("dtype", AMP_DTYPE))
                    if amp.get("enabled", False) else None),
         deterministic=Setting("train.deterministic", train.get("deterministic", False)),
         seed=Setting("train.seed", train.get("seed", -1)),
         lsj=lsj,
-        at_least_one=(Setting("train.log_period", train.get("log_period", 20)),
+        at_least_one=(Setting("train.log_period", train.get("log_period", LOG_PERIOD)),
                       Setting("train.checkpointer.period", train.checkpointer.get("period"))),
         at_least_zero=(Setting("train.eval_period", train.get("eval_period", 0)),
                        *(Setting(key, value) for key, value in optional_at_least_zero
@@ -193,7 +194,7 @@ def _lazy_test_size(cfg: DictConfig) -> Optional[Setting]:
 
 def _lazy_backbone(cfg: DictConfig) -> Optional[BackboneSettings]:
     bottom_up = OmegaConf.select(cfg, "model.backbone.bottom_up", default=None)
-    if not _calls(bottom_up, LambdaResNet):
+    if not _calls(bottom_up, LambdaResNetBackbone):
         return None
     prefix = "model.backbone.bottom_up."
     return BackboneSettings(norm=Setting(prefix + "norm", bottom_up.get("norm")),

@@ -22,8 +22,8 @@ from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync, without_cuda_home_warning
-from lambda_det.config import load_config, resolve_config_file
-from lambda_det.data import build_mapper
+from lambda_det.config import resolve_config_file
+from lambda_det.data import build_mapper, register_datasets
 from lambda_det.data.checks import load_training_dicts, yaml_data_settings
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
@@ -31,6 +31,7 @@ from lambda_det.engine.interrupt import InterruptCheckpoint
 from lambda_det.engine.preflight import check_batch_size, check_training_settings
 from lambda_det.engine.run_logging import resume_metrics, run_writers, setup_run_logging
 from lambda_det.engine.run_settings import yaml_training_settings
+from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
 __all__ = ["Trainer", "setup_cfg", "plain_default_setup", "build_step_trainer",
@@ -41,12 +42,14 @@ logger = logging.getLogger(__name__)
 
 def setup_cfg(args: argparse.Namespace) -> CfgNode:
     """The frozen config of ``--config-file`` and trailing overrides
-    (:func:`lambda_det.config.load_config`), with detectron2's ``default_setup`` (logging, seeds,
-    the config dumped to OUTPUT_DIR). An ``--eval-only`` run takes OUTPUT_DIR and MODEL.WEIGHTS
-    from ``args.evaluation`` when the launching process set it
+    (:func:`lambda_det.run_config.load_config`), its datasets registered
+    (:func:`lambda_det.data.register_datasets`), with detectron2's ``default_setup`` (logging,
+    seeds, the config dumped to OUTPUT_DIR). An ``--eval-only`` run takes OUTPUT_DIR and
+    MODEL.WEIGHTS from ``args.evaluation`` when the launching process set it
     (:func:`lambda_det.cli.train_net.plan_evaluation`)."""
     args.config_file = resolve_config_file(args.config_file) if args.config_file else ""
     cfg = load_config(args.config_file, args.opts, freeze=False)
+    register_datasets(cfg)
     evaluation = getattr(args, "evaluation", None)
     if evaluation is not None:
         cfg.OUTPUT_DIR, cfg.MODEL.WEIGHTS = evaluation.output_dir, evaluation.weights

@@ -17,13 +17,14 @@ __all__ = ["get_config_file", "get_config", "list_configs", "config_root"]
 
 def get_config(name: str, opts: Sequence[str] = ()):
     """The config of a shipped config name or a file: a yaml config with lambda_det's defaults
-    and ``KEY VALUE`` overrides (see :func:`lambda_det.config.load_config`; not frozen), or for a
-    .py name a LazyConfig with ``key=value`` overrides (see
-    :func:`lambda_det.config.lazy.load_lazy_config`)."""
+    and ``KEY VALUE`` overrides (see :func:`lambda_det.run_config.load_config`; not frozen), or
+    for a .py name a LazyConfig with ``key=value`` overrides (see
+    :func:`lambda_det.config.lazy.load_lazy_config`). It registers no dataset (training with it
+    in your own code: :func:`lambda_det.data.register_datasets` first)."""
     if name.endswith(".py"):
         from lambda_det.config.lazy import load_lazy_config
 
         return load_lazy_config(name, opts)
-    from lambda_det.config import load_config
+    from lambda_det.run_config import load_config
 
     return load_config(name, opts, freeze=False)

@@ -4,33 +4,85 @@ ResNet-RS (Bello et al. 2021) is the base of LambdaResNets (LambdaNetworks paper
 bottlenecks with the ResNet-D shortcut, a stem of 3x3 convs whose max-pool is replaced by a strided
 3x3 conv, the last BN gamma of each bottleneck initialised to zero, and squeeze-and-excitation only
 in the "+SE" baselines.
+
+They need torch alone: a norm is a name of :data:`NORMS` or a callable (the detectron2 adapter,
+:class:`~lambda_det.modeling.backbone.LambdaResNetBackbone`, passes detectron2's).
 """
 import math
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from detectron2.layers import CNNBlockBase, get_norm
-from torchvision.ops import StochasticDepth
+from torchvision.ops import FrozenBatchNorm2d, StochasticDepth
 
 __all__ = ["ResNetRSStem", "Bottleneck", "ShortcutPool", "SqueezeExcite", "ConvNorm", "make_norm",
-           "MixerFactory"]
+           "group_norm", "norm_factory", "freeze_batch_norms", "NORMS", "Norm",
+           "NormFactory", "MixerFactory", "DEFAULT_NORM"]
 
 # (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
 MixerFactory = Callable[[int, int, int], nn.Module]
+# channels -> the norm of that many channels, or None for none.
+NormFactory = Callable[[int], Optional[nn.Module]]
+Norm = Union[str, NormFactory, None]
+# The norm of a backbone built outside a config (detectron2's name for it); a config's is
+# MODEL.LAMBDA_RESNET.NORM, or MODEL.RESNETS.NORM.
+DEFAULT_NORM = "BN"
 
 
-def make_norm(norm: str, channels: int) -> Optional[nn.Module]:
-    """detectron2's ``get_norm``, except that "GN" uses gcd(32, channels) groups.
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with gcd(32, channels) groups.
 
-    Decision: detectron2 fixes 32 groups, but a lambda layer's value channels (width / heads * u)
-    and narrow test-size backbones can have fewer channels than that.
+    Decision: detectron2's "GN" fixes 32 groups, but a lambda layer's value channels (width /
+    heads * u) and narrow test-size backbones can have fewer channels than that.
     """
-    if norm == "GN":
-        return nn.GroupNorm(math.gcd(32, channels), channels)
-    return get_norm(norm, channels)
+    return nn.GroupNorm(math.gcd(32, channels), channels)
+
+
+# The norms a name gives with torch alone (detectron2's names for them).
+NORMS: Dict[str, NormFactory] = {"BN": nn.BatchNorm2d, "SyncBN": nn.SyncBatchNorm,
+                                 "FrozenBN": FrozenBatchNorm2d, "GN": group_norm}
+
+
+def _no_norm(channels: int) -> None:
+    return None
+
+
+def norm_factory(norm: Norm) -> NormFactory:
+    """The factory of ``norm``: a callable as it is, a name of :data:`NORMS`, or "" (or None)
+    for no norm."""
+    if callable(norm):
+        return norm
+    if norm is None or norm == "":
+        return _no_norm
+    if norm not in NORMS:
+        raise ValueError(f"norm must be one of {list(NORMS)}, \"\" for none, or a callable "
+                         f"(channels -> module); got {norm!r} (LambdaResNetBackbone, the "
+                         f"detectron2 backbone, takes detectron2's norm names too)")
+    return NORMS[norm]
+
+
+def make_norm(norm: Norm, channels: int) -> Optional[nn.Module]:
+    """The norm of ``channels`` channels that ``norm`` (see :func:`norm_factory`) makes."""
+    return norm_factory(norm)(channels)
+
+
+def freeze_batch_norms(module: nn.Module) -> nn.Module:
+    """``module`` with each (affine) BatchNorm in it replaced, in place, by torchvision's
+    ``FrozenBatchNorm2d`` holding its statistics and affine parameters; for a BatchNorm itself,
+    the replacement."""
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        frozen = FrozenBatchNorm2d(module.num_features, eps=module.eps)
+        for name in ("weight", "bias", "running_mean", "running_var"):
+            if getattr(module, name) is not None:
+                setattr(frozen, name, getattr(module, name).detach().clone())
+        return frozen
+    for name, child in module.named_children():
+        replacement = freeze_batch_norms(child)
+        if replacement is not child:
+            module.add_module(name, replacement)
+    return module
 
 
 class ConvNorm(nn.Conv2d):
@@ -91,12 +143,15 @@ class ShortcutPool(nn.AvgPool2d):
         return F.avg_pool2d(x, 2, 2, 0, ceil_mode=True, count_include_pad=False)
 
 
-class ResNetRSStem(CNNBlockBase):
-    """Three 3x3 convs (stride 2, 1, 1), then a strided 3x3 conv in place of the max-pool: stride 4."""
+class ResNetRSStem(nn.Module):
+    """Three 3x3 convs (stride 2, 1, 1), then a strided 3x3 conv in place of the max-pool: stride 4.
 
-    def __init__(self, in_channels: int = 3, out_channels: int = 64, norm: str = "BN"):
+    ``norm``: see :func:`norm_factory`.
+    """
+
+    def __init__(self, in_channels: int = 3, out_channels: int = 64, norm: Norm = DEFAULT_NORM):
         half = out_channels // 2
-        super().__init__(in_channels, out_channels, 4)
+        super().__init__()
         widths = [(in_channels, half, 2), (half, half, 1), (half, out_channels, 1),
                   (out_channels, out_channels, 2)]
         self.convs = nn.ModuleList(
@@ -109,7 +164,7 @@ class ResNetRSStem(CNNBlockBase):
         return x
 
 
-class Bottleneck(CNNBlockBase):
+class Bottleneck(nn.Module):
     """1x1 reduce, spatial mixer, 1x1 expand (+SE), plus the ResNet-D shortcut.
 
     Args:
@@ -119,7 +174,8 @@ class Bottleneck(CNNBlockBase):
         mixer: makes the mixer, ``mixer(width, width, stride)``: a factory from
             :func:`lambda_det.modeling.mixers.build_mixer_factory`, e.g. the 3x3 conv ("conv"), a
             lambda layer ("lambda") or AFT-conv ("aft_conv").
-        norm: detectron2 norm name for every norm in the block.
+        norm: every norm in the block: a name of :data:`NORMS` or a callable (channels ->
+            module or None; see :func:`norm_factory`).
         se: add squeeze-and-excitation (ratio 0.25) after the expanding conv.
         drop_path: stochastic depth (Huang et al. 2016): in training, the residual branch of
             each sample is dropped with this probability and scaled by 1 / (1 - drop_path)
@@ -127,8 +183,8 @@ class Bottleneck(CNNBlockBase):
     """
 
     def __init__(self, in_channels: int, out_channels: int, *, width: int, mixer: MixerFactory,
-                 stride: int = 1, norm: str = "BN", se: bool = False, drop_path: float = 0.0):
-        super().__init__(in_channels, out_channels, stride)
+                 stride: int = 1, norm: Norm = DEFAULT_NORM, se: bool = False, drop_path: float = 0.0):
+        super().__init__()
         if in_channels != out_channels or stride != 1:
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.
             pool = ShortcutPool() if stride != 1 else nn.Identity()

@@ -1,7 +1,7 @@
 """Detectron2 builders for LambdaResNet backbones (plain, FPN, RetinaNet FPN).
 
-Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has lambda_det's keys
-(``lambda_det.config.get_cfg`` or ``add_lambda_det_config``). The swap keeps what a stock
+Set ``MODEL.BACKBONE.NAME`` to one of these in any detectron2 config that has the backbone's keys
+(``lambda_det.run_config.get_cfg`` or ``add_lambda_resnet_config``). The swap keeps what a stock
 config says: ``MODEL.LAMBDA_RESNET.DEPTH``, ``NORM`` and ``OUT_FEATURES`` left unset (None)
 follow ``MODEL.RESNETS.DEPTH``, ``NORM`` and ``OUT_FEATURES``, and the build logs which it took;
 ``MODEL.RESNETS`` keys a LambdaResNet has no use for are named in a warning when set.
@@ -19,7 +19,7 @@ from detectron2.modeling import (
     BACKBONE_REGISTRY, FPN, META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, GeneralizedRCNN)
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.roi_heads import Res5ROIHeads
-from lambda_det.modeling.lambda_resnet import LambdaResNet
+from lambda_det.modeling.backbone import LambdaResNetBackbone
 from lambda_det.modeling.mixers import MIXERS, mixer_options_from_config
 
 __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
@@ -30,8 +30,8 @@ __all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
 # Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
 MISSING_CONFIG_HINT = (
     "this config uses lambda_det's MODEL.LAMBDA_RESNET node, which detectron2's defaults do not "
-    "have: call lambda_det.config.add_lambda_det_config(cfg) before merging it, or start from "
-    "lambda_det.config.get_cfg()")
+    "have: call lambda_det.modeling.add_lambda_resnet_config(cfg) before merging it, or start "
+    "from lambda_det.run_config.get_cfg()")
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def has_c4_heads(cfg) -> bool:
             and isinstance(heads, type) and issubclass(heads, Res5ROIHeads))
 
 
-def check_c4_head_channels(cfg, backbone: LambdaResNet) -> None:
+def check_c4_head_channels(cfg, backbone: LambdaResNetBackbone) -> None:
     """C4 heads take ``4 * MODEL.RESNETS.RES2_OUT_CHANNELS`` channels from their input feature;
     a LambdaResNet's res4 has 1024 x ``WIDTH_MULTIPLIER``.
 
@@ -111,9 +111,9 @@ def list_or_value(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
-    """A LambdaResNet from ``cfg.MODEL.LAMBDA_RESNET`` (DEPTH, NORM and OUT_FEATURES left None
-    follow ``MODEL.RESNETS``) and ``cfg.MODEL.BACKBONE.FREEZE_AT``."""
+def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNetBackbone:
+    """A LambdaResNetBackbone from ``cfg.MODEL.LAMBDA_RESNET`` (DEPTH, NORM and OUT_FEATURES
+    left None follow ``MODEL.RESNETS``) and ``cfg.MODEL.BACKBONE.FREEZE_AT``."""
     if "LAMBDA_RESNET" not in cfg.MODEL:
         raise KeyError(f"MODEL.LAMBDA_RESNET is missing: {MISSING_CONFIG_HINT}")
     node = cfg.MODEL.LAMBDA_RESNET
@@ -121,7 +121,7 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     if node.MIXER not in MIXERS:
         raise ValueError(f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
                          f"they are {', '.join(repr(name) for name in sorted(MIXERS))}")
-    return LambdaResNet(
+    return LambdaResNetBackbone(
         backbone_setting(cfg, "DEPTH"),
         placement=node.PLACEMENT,
         se=node.SE,
@@ -136,7 +136,7 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     )
 
 
-def _fpn_in_features(cfg, bottom_up: LambdaResNet):
+def _fpn_in_features(cfg, bottom_up: LambdaResNetBackbone):
     """MODEL.FPN.IN_FEATURES, checked against what the LambdaResNet outputs."""
     in_features = list(cfg.MODEL.FPN.IN_FEATURES)
     outputs = list(backbone_setting(cfg, "OUT_FEATURES"))
@@ -150,7 +150,7 @@ def _fpn_in_features(cfg, bottom_up: LambdaResNet):
 
 
 @BACKBONE_REGISTRY.register()
-def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNet:
+def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNetBackbone:
     """The LambdaResNet alone (e.g. for C4 heads): outputs MODEL.LAMBDA_RESNET.OUT_FEATURES, and
     builds the stages up to the last of them."""
     backbone = lambda_resnet_from_config(cfg, input_shape)
@@ -158,7 +158,7 @@ def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNet:
     return backbone
 
 
-def _fpn(cfg, bottom_up: LambdaResNet, top_block) -> FPN:
+def _fpn(cfg, bottom_up: LambdaResNetBackbone, top_block) -> FPN:
     """detectron2's FPN over ``bottom_up`` with ``cfg.MODEL.FPN``'s settings."""
     return FPN(bottom_up=bottom_up, in_features=_fpn_in_features(cfg, bottom_up),
                out_channels=cfg.MODEL.FPN.OUT_CHANNELS, norm=cfg.MODEL.FPN.NORM,

@@ -1,13 +1,16 @@
-"""LambdaResNets (LambdaNetworks, Bello 2021, F.2 and Table 19) as a detectron2 ``Backbone``."""
+"""LambdaResNets (LambdaNetworks, Bello 2021, F.2 and Table 19), with torch alone.
+
+:class:`LambdaResNet` needs no detectron2. ``lambda_det.modeling.backbone.LambdaResNetBackbone``
+makes it a detectron2 ``Backbone`` (detectron2's norms and frozen norms, ``output_shape``) with
+the same parameters and state dict keys.
+"""
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-import fvcore.nn.weight_init as weight_init
-from detectron2.layers import ShapeSpec, get_norm
-from detectron2.modeling import Backbone
-from lambda_det.modeling.blocks import Bottleneck, ResNetRSStem
+from lambda_det.modeling.blocks import (
+    DEFAULT_NORM, Bottleneck, Norm, ResNetRSStem, freeze_batch_norms, norm_factory)
 from lambda_det.modeling.mixers import build_mixer_factory, check_mixer_options, mixer_options
 
 __all__ = ["LambdaResNet", "lambda_resnet", "DEPTHS", "BLOCKS_PER_STAGE",
@@ -105,17 +108,7 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
     return resolved
 
 
-def _check_norm(norm) -> None:
-    """A norm detectron2's ``get_norm`` can build, or a ValueError that names it."""
-    try:
-        get_norm(norm, 32)
-    except KeyError:
-        raise ValueError(f"norm must be a detectron2 norm (\"BN\", \"SyncBN\", \"naiveSyncBN\", "
-                         f"\"FrozenBN\", \"GN\", ...; \"\" for none) or a callable, got {norm!r}"
-                         ) from None
-
-
-class LambdaResNet(Backbone):
+class LambdaResNet(nn.Module):
     """LambdaResNet / ResNet-RS backbone: stem, four bottleneck stages, optional classifier.
 
     Outputs ``res2``..``res5`` with strides 4, 8, 16, 32 and 256, 512, 1024, 2048 channels (times
@@ -130,9 +123,12 @@ class LambdaResNet(Backbone):
         out_features: names of the outputs to return (default: res2..res5, or ["linear"]).
             Without a classifier, the stages after the last one named are not built (a C4
             backbone, ["res4"], has no res5), as in detectron2's ResNet.
-        norm: detectron2 norm for the whole backbone: "BN", "SyncBN", "FrozenBN", "GN", ...
+        norm: the norm of the whole backbone: "BN", "SyncBN", "FrozenBN" (torchvision's),
+            "GN" (gcd(32, channels) groups), "" for none, or a callable (channels -> module or
+            None); :class:`~lambda_det.modeling.backbone.LambdaResNetBackbone` reads a name as
+            detectron2's ``get_norm`` does.
         freeze_at: detectron2's convention: 0 trains everything, 1 freezes the stem, 2 also
-            res2, and so on.
+            res2, and so on (no gradients, BatchNorms frozen).
         width_multiplier: scales every width (stem included).
         in_channels: image channels.
         drop_path_rate: stochastic depth with the linear rule of Huang et al. (2016): block i
@@ -150,14 +146,17 @@ class LambdaResNet(Backbone):
             "aft_conv": heads, window_size.
     """
 
+    # How ``norm`` becomes a factory, and how a frozen stem or block freezes its BatchNorms:
+    # with torch alone here; LambdaResNetBackbone puts detectron2's in their place.
+    norm_factory = staticmethod(norm_factory)
+    freeze_norms = staticmethod(freeze_batch_norms)
+
     def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
                  num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
-                 norm: str = "BN", freeze_at: int = 0, width_multiplier: float = 1.0,
+                 norm: Norm = DEFAULT_NORM, freeze_at: int = 0, width_multiplier: float = 1.0,
                  in_channels: int = 3, drop_path_rate: float = 0.0, mixer: str = "lambda",
                  **options):
         super().__init__()
-        if "norm" in mixer_options(mixer):
-            options = {**options, "norm": norm}  # the mixer's norms are the backbone's
         check_mixer_options(mixer, options)
         if not width_multiplier > 0:
             raise ValueError(f"width_multiplier must be > 0, got {width_multiplier!r}")
@@ -166,7 +165,9 @@ class LambdaResNet(Backbone):
         mixer_blocks = resolve_placement(depth, placement)
         self.depth = depth
         self.num_classes = num_classes
-        _check_norm(norm)
+        norm = self.norm_factory(norm)
+        if "norm" in mixer_options(mixer):
+            options = {**options, "norm": norm}  # the mixer's norms are the backbone's
 
         stem_width = int(64 * width_multiplier)
         self.stem = ResNetRSStem(in_channels, stem_width, norm)
@@ -228,7 +229,10 @@ class LambdaResNet(Backbone):
         zero gamma on its last norm, its mixer's init), then the classifier's."""
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
-                weight_init.c2_msra_fill(module)
+                # He init with fan-out, detectron2's (fvcore's c2_msra_fill): the same draws.
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+                if module.bias is not None:
+                    nn.init.constant_(module.bias, 0)
         for name in self.stage_names:
             for block in getattr(self, name):
                 block.init_weights()
@@ -245,11 +249,11 @@ class LambdaResNet(Backbone):
         if not isinstance(freeze_at, int) or not 0 <= freeze_at <= 5:
             raise ValueError(f"freeze_at must be an integer in [0, 5], got {freeze_at!r}")
         if freeze_at >= 1:
-            self.stem.freeze()
+            self._freeze_block(self.stem)
         for stage_index, name in enumerate(self.stage_names, start=2):
             if freeze_at >= stage_index:
                 for block in getattr(self, name):
-                    block.freeze()
+                    self._freeze_block(block)
         parts = [self.stem] + [getattr(self, name) for name in self.stage_names]
         frozen = {id(parameter) for part in parts[:freeze_at] for parameter in part.parameters()}
         for part in parts[freeze_at:]:
@@ -257,6 +261,12 @@ class LambdaResNet(Backbone):
                 if id(parameter) in frozen:  # shared with a frozen part: trains with this one
                     parameter.requires_grad_(True)
         return self
+
+    def _freeze_block(self, block: nn.Module) -> None:
+        """No gradients for the block's parameters, its BatchNorms frozen (``freeze_norms``)."""
+        for parameter in block.parameters():
+            parameter.requires_grad = False
+        self.freeze_norms(block)
 
     def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
         x = checked_images(x)
@@ -287,11 +297,6 @@ class LambdaResNet(Backbone):
             outputs["linear"] = self.linear(torch.flatten(self.avgpool(x), 1))
         return outputs
 
-    def output_shape(self) -> Dict[str, ShapeSpec]:
-        return {name: ShapeSpec(channels=self._out_feature_channels[name],
-                                stride=self._out_feature_strides[name])
-                for name in self._out_features if name != "linear"}
-
 
 def checked_images(x: torch.Tensor) -> torch.Tensor:
     """``x``, or a ValueError unless it is a (N, C, H, W) batch. torch.fx records the call (see
@@ -307,7 +312,9 @@ torch.fx.wrap("checked_images")
 
 
 def lambda_resnet(depth: int, **kwargs) -> LambdaResNet:
-    """Build a LambdaResNet (or, with ``placement="none"``, its ResNet-RS baseline).
+    """Build a LambdaResNet (or, with ``placement="none"``, its ResNet-RS baseline), with torch
+    alone; :class:`~lambda_det.modeling.backbone.LambdaResNetBackbone` takes the same arguments
+    for detectron2.
 
     Examples::
 

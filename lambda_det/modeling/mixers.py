@@ -17,10 +17,11 @@ Adding a mixer: write its builder and register it::
 
 then ``lambda_resnet(50, mixer="my_mixer", kernel_size=3)``, or in a yaml config
 ``MODEL.LAMBDA_RESNET.MIXER "my_mixer"`` with its options under ``MODEL.LAMBDA_RESNET.MY_MIXER``
-(``KERNEL_SIZE: 5``; :func:`lambda_det.config.get_cfg` adds the node of every registered mixer with
-options), or in a LazyConfig recipe ``use_mixer(model.backbone.bottom_up, "my_mixer")``. Every
-option has a default that a config can hold (a number, a string, a bool, a list, None). A builder
-may declare, as class attributes and field metadata:
+(``KERNEL_SIZE: 5``; :func:`lambda_det.modeling.add_lambda_resnet_config` adds the node of every
+registered mixer with options), or in a LazyConfig recipe
+``use_mixer(model.backbone.bottom_up, "my_mixer")``. Every option has a default that a config can
+hold (a number, a string, a bool, a list, None). A builder may declare, as class attributes and
+field metadata:
 
 * ``CONFIG_NODE``: where its config keys live, a node under ``MODEL.LAMBDA_RESNET`` (default: the
   mixer's name in capitals); ``""`` puts them in ``MODEL.LAMBDA_RESNET`` itself (the lambda
@@ -28,7 +29,8 @@ may declare, as class attributes and field metadata:
 * ``metadata={NONE_IN_CONFIG: value}`` on a field whose option may be None: the config value that
   stands for None (a config key keeps one type: ``SCOPE 0`` is ``scope=None``).
 
-A builder with a ``norm`` option gets the backbone's norm name (it has no config key).
+A builder with a ``norm`` option gets the backbone's norm, a factory (channels -> module or None;
+see ``blocks.norm_factory``); it has no config key.
 The backbone He-initialises every ``nn.Conv2d`` after building; a mixer module that is not itself a
 conv and has ``reset_parameters`` gets it called after that (see ``Bottleneck.init_weights``).
 """
@@ -42,7 +44,7 @@ from torch import nn
 
 from lambda_det.layers import (
     AFTConv, LambdaLayer, RelativePositionEmbedding, constructor_defaults)
-from lambda_det.modeling.blocks import MixerFactory, make_norm
+from lambda_det.modeling.blocks import DEFAULT_NORM, MixerFactory, Norm, make_norm
 
 __all__ = ["MixerFactory", "MIXERS", "register_mixer", "unregister_mixer", "mixer_options",
            "check_mixer_options", "build_mixer_factory", "mixer_option_defaults",
@@ -179,7 +181,7 @@ def mixer_options_from_config(name: str, node: Mapping[str, Any]) -> Dict[str, A
         if section is None or key not in section:
             full_key = ".".join(part for part in ("MODEL.LAMBDA_RESNET", where, key) if part)
             raise ValueError(f"the config has no {full_key} for mixer {name!r}: register the "
-                             f"mixer before making the config (lambda_det.config.get_cfg)")
+                             f"mixer before making the config (lambda_det.run_config.get_cfg)")
         options[option] = _from_config(builder, option, section[key])
     return options
 
@@ -219,7 +221,7 @@ class LambdaMixer:
                                              metadata={NONE_IN_CONFIG: 0})
     impl: str = _LAMBDA_DEFAULTS["impl"]
     max_size: int = _LAMBDA_DEFAULTS["max_size"]
-    norm: str = "BN"
+    norm: Norm = DEFAULT_NORM
     share_position_embeddings: bool = False
     shared_position_embedding: Optional[RelativePositionEmbedding] = dataclasses.field(
         init=False, default=None, repr=False, compare=False)

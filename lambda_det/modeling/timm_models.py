@@ -10,10 +10,11 @@ Importing this module registers, for every depth d of
 
 ``timm.create_model("lambda_resnet101_det", num_classes=1000)`` builds one; other keyword
 arguments go to :class:`~lambda_det.modeling.LambdaResNet` (e.g. ``scope=23``,
-``norm="SyncBN"``). Each name has a pretrained cfg in timm's registry (preprocessing, no weights),
-and the models keep timm's model contract (docs/ecosystem.md). The state dict has the backbone's own keys plus ``linear.*`` (the classifier),
-so :func:`convert_classifier_checkpoint` only drops the classifier and adds the detector's
-prefix. Needs timm (``pip install timm``).
+``norm="SyncBN"``). Each name has a pretrained cfg in timm's registry (preprocessing, no
+weights), and the models keep timm's model contract (docs/ecosystem.md). The state dict has the
+backbone's own keys plus ``linear.*`` (the classifier), so :func:`convert_classifier_checkpoint`
+only drops the classifier and adds the detector's prefix. Needs torch and timm, not detectron2
+(docs/timm.md).
 """
 import inspect
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -222,25 +223,186 @@ def _check_head(num_classes: int, global_pool: str) -> None:
                          f"pooled features, got num_classes={num_classes}")
 
 
-def _entrypoint(name: str, depth: int, variant: dict):
-    def create(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
-        if pretrained:
-            raise ValueError(f"no pretrained weights exist for {name}: train it (pretrained=False)")
-        return build_model_with_cfg(TimmLambdaResNet, name, pretrained, depth=depth,
-                                    **{**variant, **kwargs})
-
-    create.__name__ = create.__qualname__ = name
-    create.__module__ = __name__
-    create.__doc__ = f"{name}: LambdaResNet-{depth} {variant} for timm."
-    return create
+def _create(name: str, pretrained: bool, depth: int, kwargs: Dict[str, Any],
+            **variant) -> TimmLambdaResNet:
+    """The model registered as ``name``: LambdaResNet-``depth`` with the variant's arguments,
+    which ``kwargs`` (timm.create_model's) override."""
+    if pretrained:
+        raise ValueError(f"no pretrained weights exist for {name}: train it (pretrained=False)")
+    return build_model_with_cfg(TimmLambdaResNet, name, pretrained, depth=depth,
+                                **{**variant, **kwargs})
 
 
-_NAMES = {pattern.format(depth): (depth, variant)
-          for pattern, variant in TIMM_VARIANTS.items() for depth in DEPTHS}
 # timm's register_model picks up the pretrained cfg of each name from here.
-default_cfgs = generate_default_cfgs({name: dict(PRETRAINED_CFG) for name in _NAMES})
-for _name, (_depth, _variant) in _NAMES.items():
-    globals()[_name] = register_model(_entrypoint(_name, _depth, _variant))
+default_cfgs = generate_default_cfgs({pattern.format(depth): dict(PRETRAINED_CFG)
+                                      for pattern in TIMM_VARIANTS for depth in DEPTHS})
+
+# The models, one entrypoint per name as timm's own model files have them: TIMM_VARIANTS at every
+# depth of DEPTHS (tests/modeling/test_timm.py checks that they match).
+
+
+# LambdaResNets: lambda layers where the paper's Table 19 hybrids have them.
+@register_model
+def lambda_resnet26_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet26_det", pretrained, 26, kwargs, placement="paper")
+
+
+@register_model
+def lambda_resnet50_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet50_det", pretrained, 50, kwargs, placement="paper")
+
+
+@register_model
+def lambda_resnet101_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet101_det", pretrained, 101, kwargs, placement="paper")
+
+
+@register_model
+def lambda_resnet152_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet152_det", pretrained, 152, kwargs, placement="paper")
+
+
+@register_model
+def lambda_resnet200_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet200_det", pretrained, 200, kwargs, placement="paper")
+
+
+@register_model
+def lambda_resnet270_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet270_det", pretrained, 270, kwargs, placement="paper")
+
+
+@register_model
+def lambda_resnet350_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet350_det", pretrained, 350, kwargs, placement="paper")
+
+
+@register_model
+def lambda_resnet420_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet420_det", pretrained, 420, kwargs, placement="paper")
+
+
+# Lambda layers in every block of c4 and c5: the paper's "-C4" models.
+@register_model
+def lambda_resnet26_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet26_c4_det", pretrained, 26, kwargs, placement="c4")
+
+
+@register_model
+def lambda_resnet50_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet50_c4_det", pretrained, 50, kwargs, placement="c4")
+
+
+@register_model
+def lambda_resnet101_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet101_c4_det", pretrained, 101, kwargs, placement="c4")
+
+
+@register_model
+def lambda_resnet152_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet152_c4_det", pretrained, 152, kwargs, placement="c4")
+
+
+@register_model
+def lambda_resnet200_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet200_c4_det", pretrained, 200, kwargs, placement="c4")
+
+
+@register_model
+def lambda_resnet270_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet270_c4_det", pretrained, 270, kwargs, placement="c4")
+
+
+@register_model
+def lambda_resnet350_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet350_c4_det", pretrained, 350, kwargs, placement="c4")
+
+
+@register_model
+def lambda_resnet420_c4_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("lambda_resnet420_c4_det", pretrained, 420, kwargs, placement="c4")
+
+
+# The ResNet-RS twins.
+@register_model
+def resnetrs26_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs26_det", pretrained, 26, kwargs, placement="none")
+
+
+@register_model
+def resnetrs50_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs50_det", pretrained, 50, kwargs, placement="none")
+
+
+@register_model
+def resnetrs101_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs101_det", pretrained, 101, kwargs, placement="none")
+
+
+@register_model
+def resnetrs152_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs152_det", pretrained, 152, kwargs, placement="none")
+
+
+@register_model
+def resnetrs200_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs200_det", pretrained, 200, kwargs, placement="none")
+
+
+@register_model
+def resnetrs270_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs270_det", pretrained, 270, kwargs, placement="none")
+
+
+@register_model
+def resnetrs350_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs350_det", pretrained, 350, kwargs, placement="none")
+
+
+@register_model
+def resnetrs420_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs420_det", pretrained, 420, kwargs, placement="none")
+
+
+# The ResNet-RS twins with squeeze-and-excitation (the "+SE" baselines).
+@register_model
+def resnetrs26_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs26_se_det", pretrained, 26, kwargs, placement="none", se=True)
+
+
+@register_model
+def resnetrs50_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs50_se_det", pretrained, 50, kwargs, placement="none", se=True)
+
+
+@register_model
+def resnetrs101_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs101_se_det", pretrained, 101, kwargs, placement="none", se=True)
+
+
+@register_model
+def resnetrs152_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs152_se_det", pretrained, 152, kwargs, placement="none", se=True)
+
+
+@register_model
+def resnetrs200_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs200_se_det", pretrained, 200, kwargs, placement="none", se=True)
+
+
+@register_model
+def resnetrs270_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs270_se_det", pretrained, 270, kwargs, placement="none", se=True)
+
+
+@register_model
+def resnetrs350_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs350_se_det", pretrained, 350, kwargs, placement="none", se=True)
+
+
+@register_model
+def resnetrs420_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
+    return _create("resnetrs420_se_det", pretrained, 420, kwargs, placement="none", se=True)
 
 
 def convert_classifier_checkpoint(checkpoint: Dict, model: nn.Module, use_ema: bool = False

@@ -57,6 +57,8 @@ def _wrapped_os_error(error: RuntimeError) -> Optional[OSError]:
     """The OSError that ``error`` was raised while handling: torch.save into a file object
     raises RuntimeError ("unexpected pos", "PytorchStreamWriter failed writing file") when the
     file's write raised, e.g. ENOSPC on a full disk."""
+    if isinstance(error, OutputWriteError):  # already the one line (e.g. a refused link)
+        return None
     context = error.__context__
     return context if isinstance(context, OSError) and not error.__suppress_context__ else None
 

@@ -8,7 +8,6 @@ import pytest
 import torch
 from conftest import tiny_cfg
 from detectron2.modeling import build_model
-import lambda_det.data  # noqa: F401
 from lambda_det.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, WeightsMismatchError)
 from lambda_det.checkpoint import checkpointer as checkpoint_module

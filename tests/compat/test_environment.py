@@ -251,41 +251,6 @@ def test_coco_evaluator_reports_ap_by_size(tmp_path, drop_small):
     assert np.isfinite(results["bbox"]["AP"])
 
 
-def setup_requirements(monkeypatch, visible: set) -> list:
-    """setup.py's install_requires when only the ``visible`` distributions can be seen (what
-    pip's isolated build sees: none)."""
-    import importlib.metadata
-    import runpy
-
-    import setuptools
-
-    def version(distribution):
-        if distribution in visible:
-            return "0.6"
-        raise importlib.metadata.PackageNotFoundError(distribution)
-
-    captured = {}
-    monkeypatch.setattr(importlib.metadata, "version", version)
-    monkeypatch.setattr(setuptools, "setup", lambda **kwargs: captured.update(kwargs))
-    runpy.run_path(str(REPO_ROOT / "setup.py"), run_name="__main__")
-    return captured["install_requires"]
-
-
-@pytest.mark.parametrize("visible,required", [({"detectron2"}, "detectron2>=0.6"),
-                                              ({"pb1-detectron2"}, "pb1-detectron2>=0.6")])
-def test_setup_requires_the_detectron2_that_is_installed(monkeypatch, visible, required):
-    assert required in setup_requirements(monkeypatch, visible)
-
-
-def test_setup_stops_in_one_line_when_no_detectron2_is_visible(monkeypatch):
-    """pip's default build isolation hides the environment's detectron2: asking for
-    pb1-detectron2 then would fail to build, or install a second detectron2 over a user's."""
-    with pytest.raises(SystemExit) as stop:
-        setup_requirements(monkeypatch, set())
-    message = str(stop.value.code)
-    assert "--no-build-isolation" in message and "\n" not in message
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("quiet", [False, True])
 def test_no_cuda_home_warning_where_detectron2_reports_the_environment(tmp_path, quiet):

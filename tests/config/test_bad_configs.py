@@ -2,7 +2,6 @@
 (From tests/test_reliability.py.)"""
 import pytest
 from conftest import tiny_cfg
-import lambda_det.data  # noqa: F401
 from detectron2.modeling import build_model
 
 

@@ -12,9 +12,10 @@ import yaml
 from conftest import CONFIGS
 from detectron2 import model_zoo
 from detectron2.config import CfgNode as Detectron2CfgNode
-from lambda_det.config import ConfigFileError, get_cfg, load_config
+from lambda_det.config import ConfigFileError
 from lambda_det.config.config import load_yaml_with_base
 from lambda_det.config.expressions import ExpressionError, evaluate_expression
+from lambda_det.run_config import get_cfg, load_config
 
 MODEL_ZOO = Path(os.path.dirname(model_zoo.__file__)) / "configs"
 ZOO_YAMLS = sorted(glob.glob(str(MODEL_ZOO / "**" / "*.yaml"), recursive=True))

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import CONFIGS, REPO_ROOT, subprocess_env
 from torch import nn
-import lambda_det.data  # noqa: F401  (registers the shapes dataset)
+import lambda_det.data
 from detectron2.config import instantiate
 from detectron2.engine import DefaultTrainer
 from detectron2.layers import ShapeSpec
@@ -23,10 +23,12 @@ from detectron2.solver import build_lr_scheduler, build_optimizer
 from lambda_det import model_zoo
 from lambda_det.cli.train_net import lazyconfig_main
 from lambda_det.engine import lazy_training
-from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config, scale_to_world_size
 from lambda_det.data import build_mapper
 from lambda_det.data.shapes import register_shapes_datasets
+from lambda_det.run_config import load_config
+
+lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 LAZY_ROOT = CONFIGS / "LazyConfigs"
 RECIPES = sorted(str(path.relative_to(LAZY_ROOT)) for path in LAZY_ROOT.rglob("*.py")

@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import lambda_det.data  # noqa: F401
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from conftest import CONFIGS, load_tool
 from detectron2.engine import DefaultTrainer
@@ -165,7 +164,7 @@ def test_demo_names_the_config_differences_of_a_finished_run():
 
 def test_a_key_missing_from_a_saved_config_counts_as_its_default():
     # A run saved before lambda_det added a key is the same run under the newer lambda_det.
-    from lambda_det.config import config_differences, get_cfg
+    from lambda_det.run_config import config_differences, get_cfg
 
     wanted = get_cfg()
     wanted.MODEL.LAMBDA_RESNET.DEPTH = 26

@@ -10,8 +10,9 @@ import yaml
 import lambda_det.data
 from conftest import CONFIGS, load_tool
 from detectron2.config import get_cfg as get_detectron2_cfg
-from lambda_det.config import ConfigFileError, config_differences, get_cfg, load_config
+from lambda_det.config import ConfigFileError
 from lambda_det.model_zoo import get_config
+from lambda_det.run_config import config_differences, get_cfg, load_config
 
 CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 OS_SYSTEM = "!!python/object/apply:os.system"

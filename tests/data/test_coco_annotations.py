@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_cfg
-import lambda_det.data  # noqa: F401
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
 from detectron2.modeling import build_model

@@ -17,17 +17,19 @@ import torch
 from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env
 from PIL import Image
 import lambda_det
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+import lambda_det.data
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
 from lambda_det.cli.train_net import lazyconfig_main
-from lambda_det.config import load_config
 from lambda_det.data import build_mapper, register_coco_datasets
+from lambda_det.run_config import load_config
 from lambda_det.data.checks import (
     check_image_file, check_image_mode, check_images, check_num_classes, check_run_datasets,
     load_checked_dataset_dicts, load_dataset, read_checked_image, segmentation_problem,
     yaml_data_settings, yaml_num_classes)
 from lambda_det.engine import Trainer
+
+lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 TINY = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
         "MODEL.LAMBDA_RESNET.SCOPE": 3, "MODEL.LAMBDA_RESNET.NORM": "BN", "MODEL.FPN.NORM": "BN",
@@ -193,9 +195,8 @@ def test_a_name_registered_twice_with_other_files_is_refused(tmp_path, register)
         register_coco_datasets(cfg)
 
 
-def test_config_and_overrides_register_coco_datasets(tmp_path, register):
+def test_a_config_names_the_coco_datasets_the_tools_register(tmp_path, register):
     write_dataset(tmp_path)
-    register(("lambda_det_test_from_config", tmp_path / "instances.json", tmp_path / "images"))
     config = tmp_path / "own.yaml"
     config.write_text(f"_BASE_: {CONFIGS / 'Demo/lambda_r26_shapes.yaml'}\n"
                       f"DATASETS:\n  COCO_INSTANCES: [['lambda_det_test_from_config', "
@@ -205,6 +206,8 @@ def test_config_and_overrides_register_coco_datasets(tmp_path, register):
     assert cfg.DATASETS.COCO_INSTANCES == [["lambda_det_test_from_config",
                                            str(tmp_path / "instances.json"),
                                            str(tmp_path / "images")]]
+    assert "lambda_det_test_from_config" not in DatasetCatalog.list()  # loading registers none
+    register(*cfg.DATASETS.COCO_INSTANCES)  # as the tools do; removed after the test
     assert MetadataCatalog.get("lambda_det_test_from_config").json_file == str(
         tmp_path / "instances.json")
     check_run_datasets(yaml_data_settings(cfg))

@@ -7,9 +7,9 @@ import pytest
 
 from conftest import REPO_ROOT
 from detectron2.config import get_cfg as get_detectron2_cfg
-from lambda_det.config import get_cfg
 from lambda_det.modeling.lambda_resnet import DEPTHS
 from lambda_det.modeling.mixers import MIXERS, mixer_config_defaults, mixer_config_node
+from lambda_det.run_config import get_cfg
 
 
 def flatten(node, prefix=""):

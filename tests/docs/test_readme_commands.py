@@ -11,7 +11,7 @@ import torch
 from conftest import (
     ACTIVATE, COMMANDS, README, REPO_ROOT, bash_commands, bash_commands_of, linked_docs, load_tool,
     subprocess_env)
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 
 TOOL_COMMANDS = [command for command in COMMANDS if command.startswith("python tools/")]
 

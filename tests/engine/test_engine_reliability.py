@@ -15,7 +15,6 @@ from conftest import REPO_ROOT, subprocess_env, tiny_cfg
 from conftest import TINY_RUN as TINY
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-import lambda_det.data  # noqa: F401
 from detectron2.engine import HookBase
 from lambda_det.engine import Trainer
 from lambda_det.modeling import lambda_resnet

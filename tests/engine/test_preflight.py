@@ -10,18 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import DEMO_CONFIG as CONFIG, TINY_OVERRIDES as TINY, load_tool
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+import lambda_det.data
 from detectron2.modeling import build_model
 from lambda_det.cli import train_net as cli
 from lambda_det.cli.output_dir import prepare_output_dir
 from lambda_det.cli.train_net import check_model
-from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import preflight
+from lambda_det.run_config import load_config
 from lambda_det.engine.preflight import (
     GIB, Setting, check_device, training_memory_lower_bound)
 from lambda_det.engine.run_settings import lazy_training_settings, yaml_training_settings
 from lambda_det.layers import LambdaLayer
+
+lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 train_net = load_tool("train_net")
 LAZY_TINY = ["model.backbone.bottom_up.width_multiplier=0.25", "model.backbone.bottom_up.scope=3",

@@ -9,12 +9,14 @@ import re
 import pytest
 import torch
 from conftest import load_tool
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+import lambda_det.data
 from detectron2.modeling import build_model
-from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import amp
 from lambda_det.engine.trainer import plain_default_setup
+from lambda_det.run_config import load_config
+
+lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "2",

@@ -3,10 +3,10 @@ by the key its own config system sets it with (lambda_det/engine/run_settings.py
 said in that system's command-line syntax (lambda_det/utils/setting.py)."""
 import pytest
 
-from lambda_det.config import load_config
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine.preflight import check_training_settings
 from lambda_det.engine.run_settings import lazy_run_settings, yaml_run_settings
+from lambda_det.run_config import load_config
 from lambda_det.utils.setting import Setting, override
 
 

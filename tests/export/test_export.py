@@ -22,7 +22,7 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.data import Metadata
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.export import (
     FILE_SUFFIXES, ExportedModel, class_table, eager_outputs, export_model, max_differences,
     metadata_path, outputs_to_instances, sample_image)

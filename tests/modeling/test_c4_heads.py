@@ -12,8 +12,8 @@ import torch
 from conftest import REPO_ROOT, subprocess_env, tiny_detection_batch
 from detectron2.modeling import build_model
 from detectron2.utils.events import EventStorage
-from lambda_det.config import load_config
 from lambda_det.modeling import LambdaResNet
+from lambda_det.run_config import load_config
 
 # detectron2's defaults are its C4 R-CNN (res4 outputs, Res5ROIHeads, RPN on res4); this is its
 # Mask R-CNN C4 with a narrow LambdaResNet-26 trained from scratch.

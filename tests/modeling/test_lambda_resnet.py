@@ -1,16 +1,18 @@
-"""LambdaResNet backbones: the paper's architecture, detectron2 integration, errors."""
+"""LambdaResNet backbones: the paper's architecture, the detectron2 backbone over it, errors."""
 import pytest
 import torch
+import torchvision
 
 import lambda_det
 from conftest import CONFIGS, tiny_detection_batch
 from detectron2.config import get_cfg as get_detectron2_cfg
-from detectron2.layers import ShapeSpec
+from detectron2.layers import FrozenBatchNorm2d, ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, build_model
 from detectron2.utils.events import EventStorage
 from lambda_det.layers import LambdaLayer
 from lambda_det.modeling import (
-    BLOCKS_PER_STAGE, PAPER_PARAMETERS, LambdaResNet, lambda_resnet, resolve_placement)
+    BLOCKS_PER_STAGE, PAPER_PARAMETERS, LambdaResNet, LambdaResNetBackbone, lambda_resnet,
+    resolve_placement)
 
 
 def parameters_in_millions(model: torch.nn.Module) -> float:
@@ -87,8 +89,8 @@ def test_paper_init_holds_inside_a_built_lambda_resnet():
 
 @pytest.mark.parametrize("depth", sorted(BLOCKS_PER_STAGE))
 def test_output_shape_matches_outputs_for_every_depth(depth):
-    model = lambda_resnet(depth, width_multiplier=0.25, scope=3,
-                          out_features=["stem", "res2", "res3", "res4", "res5"]).eval()
+    model = LambdaResNetBackbone(depth, width_multiplier=0.25, scope=3,
+                                 out_features=["stem", "res2", "res3", "res4", "res5"]).eval()
     with torch.no_grad():
         outputs = model(torch.randn(1, 3, 64, 96))
     shapes = model.output_shape()
@@ -132,14 +134,49 @@ def test_classifier_head_and_shared_embeddings():
     assert not model.freeze(5).res5[0].conv1.weight.requires_grad and not shared.requires_grad
 
 
-def test_freeze_at_and_norms():
-    model = lambda_resnet(26, width_multiplier=0.25, scope=3, freeze_at=2)
+@pytest.mark.parametrize("model_class", [LambdaResNet, LambdaResNetBackbone])
+def test_freeze_at_and_norms(model_class):
+    model = model_class(26, width_multiplier=0.25, scope=3, freeze_at=2)
     assert not any(p.requires_grad for p in model.stem.parameters())
     assert not any(p.requires_grad for p in model.res2.parameters())
     assert all(p.requires_grad for p in model.res3.parameters())
     for norm in ("GN", "FrozenBN", "SyncBN"):
-        net = lambda_resnet(26, width_multiplier=0.25, scope=3, norm=norm).eval()
+        net = model_class(26, width_multiplier=0.25, scope=3, norm=norm).eval()
         assert net(torch.randn(1, 3, 64, 64))["res5"].shape == (1, 512, 2, 2)
+
+
+def test_frozen_stages_freeze_their_batch_norms():
+    """The torch-only model freezes into torchvision's FrozenBatchNorm2d, the detectron2 backbone
+    into detectron2's, holding the statistics the BatchNorm had."""
+    torch.manual_seed(0)
+    model = LambdaResNet(26, width_multiplier=0.25, scope=3)
+    norm = model.res2[0].conv1.norm
+    with torch.no_grad():
+        norm.running_mean.uniform_()
+        norm.weight.uniform_()
+    statistics = norm.running_mean.clone(), norm.weight.clone()
+    assert isinstance(norm, torch.nn.BatchNorm2d)  # negative control: not frozen before
+    model.freeze(2)
+    frozen = model.res2[0].conv1.norm
+    assert isinstance(frozen, torchvision.ops.FrozenBatchNorm2d)
+    assert torch.equal(frozen.running_mean, statistics[0])
+    assert torch.equal(frozen.weight, statistics[1])
+    assert isinstance(model.res3[0].conv1.norm, torch.nn.BatchNorm2d)  # not frozen
+    backbone = LambdaResNetBackbone(26, width_multiplier=0.25, scope=3, freeze_at=2)
+    assert isinstance(backbone.stem.convs[0].norm, FrozenBatchNorm2d)
+    assert isinstance(backbone.res2[1].conv3.norm, FrozenBatchNorm2d)
+    assert isinstance(backbone.res3[0].conv1.norm, torch.nn.BatchNorm2d)
+
+
+def test_a_norm_callable_is_every_norm():
+    model = lambda_resnet(26, width_multiplier=0.25, scope=3, placement="CCCL",
+                          norm=lambda channels: torch.nn.GroupNorm(2, channels))
+    norms = [module for module in model.modules()
+             if isinstance(module, (torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase))]
+    assert norms and all(type(norm) is torch.nn.GroupNorm and norm.num_groups == 2
+                         for norm in norms)
+    layer = model.res5[0].mixer  # the lambda layer's query and value norms too
+    assert type(layer.query_norm) is torch.nn.GroupNorm
 
 
 @pytest.mark.parametrize("mixer", ["lambda", "aft_conv"])
@@ -181,11 +218,21 @@ def test_empty_norm_from_a_config():
      ".'heads', 'window_size'.$"),
     (dict(depth=50, heads=0), ValueError, "heads must be an integer >= 1, got 0"),
     (dict(depth=50, mixer="aft_conv", heads=0), ValueError, "heads must be an integer >= 1, got 0"),
-    (dict(depth=50, norm="BNN"), ValueError, "norm must be a detectron2 norm .* got 'BNN'"),
+    (dict(depth=50, norm="naiveSyncBN"), ValueError,
+     "norm must be one of \\['BN', 'SyncBN', 'FrozenBN', 'GN'\\], \"\" for none, or a callable .*"
+     "got 'naiveSyncBN' .LambdaResNetBackbone, the detectron2 backbone, takes detectron2's"),
 ])
 def test_bad_arguments_name_the_value(kwargs, error, message):
     with pytest.raises(error, match=message):
         lambda_resnet(**kwargs)
+
+
+def test_the_detectron2_backbone_takes_detectron2_norms():
+    backbone = LambdaResNetBackbone(26, width_multiplier=0.25, scope=3, norm="naiveSyncBN")
+    assert type(backbone.res2[0].conv1.norm).__name__ == "NaiveSyncBatchNorm"
+    assert type(backbone.res2[0].conv1.norm).__module__.startswith("detectron2.")
+    with pytest.raises(ValueError, match="norm must be a detectron2 norm .* got 'BNN'"):
+        LambdaResNetBackbone(50, norm="BNN")
 
 
 def test_forgotten_add_config_is_named_by_the_builder(tmp_path):
@@ -196,16 +243,18 @@ def test_forgotten_add_config_is_named_by_the_builder(tmp_path):
     with pytest.raises(KeyError, match="Non-existent config key: MODEL.LAMBDA_RESNET"):
         cfg.merge_from_file(str(config))
     cfg.MODEL.BACKBONE.NAME = "build_lambda_resnet_fpn_backbone"
-    with pytest.raises(KeyError, match="add_lambda_det_config"):
+    with pytest.raises(KeyError, match="add_lambda_resnet_config"):
         build_model(cfg)
     # With the node added, the same file merges.
     cfg = lambda_det.add_lambda_resnet_config(get_detectron2_cfg())
     cfg.merge_from_file(str(config))
     assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101
     assert "build_lambda_resnet_fpn_backbone" in BACKBONE_REGISTRY
-    # Adding again keeps what is there and adds only what is missing.
-    del cfg.INPUT["LSJ"]
+    # Adding again keeps what is there; lambda_det's run keys are added apart, as a detectron2
+    # project's are, and keep the backbone's.
     lambda_det.add_lambda_resnet_config(cfg)
+    assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101 and "LSJ" not in cfg.INPUT
+    lambda_det.add_lambda_det_config(cfg)
     assert cfg.MODEL.LAMBDA_RESNET.DEPTH == 101 and cfg.INPUT.LSJ.IMAGE_SIZE == 1024
 
 

@@ -2,10 +2,12 @@
 import pytest
 import torch
 
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
-from lambda_det.config import load_config
+import lambda_det.data
 from lambda_det.engine import Trainer
 from lambda_det.engine.amp import MixedPrecisionTrainer
+from lambda_det.run_config import load_config
+
+lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
         "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.LAMBDA_RESNET.NORM", "BN", "MODEL.FPN.NORM", "BN",

@@ -12,9 +12,9 @@ from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_backbone
 from lambda_det import model_zoo
 from lambda_det.cli import train_net as cli
-from lambda_det.config import config_differences, get_cfg
-from lambda_det.config.lazy import use_mixer
+from lambda_det.modeling import use_mixer
 from lambda_det.layers import AFTConv, LambdaLayer, constructor_defaults
+from lambda_det.run_config import config_differences, get_cfg
 from lambda_det.modeling import (
     MIXERS, build_mixer_factory, lambda_resnet, register_mixer, unregister_mixer)
 from lambda_det.modeling.blocks import Bottleneck

@@ -8,8 +8,8 @@ import torch
 
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_backbone
-from lambda_det.config import load_config
 from lambda_det.modeling import lambda_resnet
+from lambda_det.run_config import load_config
 
 TINY = dict(width_multiplier=0.25)
 BUILDERS = {

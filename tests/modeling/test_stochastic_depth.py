@@ -4,11 +4,11 @@ import pytest
 import torch
 from torchvision.ops import StochasticDepth
 
-from lambda_det.config import load_config
 from lambda_det.modeling import lambda_resnet
 from lambda_det.modeling.blocks import Bottleneck
 from lambda_det.modeling.lambda_resnet import STAGES
 from lambda_det.modeling.mixers import build_mixer_factory
+from lambda_det.run_config import load_config
 
 SMALL = {"width_multiplier": 0.25, "scope": 3}
 

@@ -12,10 +12,10 @@ from conftest import REPO_ROOT, subprocess_env
 from detectron2 import model_zoo
 from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling import build_model
-from lambda_det.config import load_config
 from lambda_det.modeling import LambdaResNet
 from lambda_det.engine.preflight import check_training_recipe
 from lambda_det.engine.run_settings import yaml_training_settings
+from lambda_det.run_config import load_config
 
 # detectron2's own model-zoo files, as the installed detectron2 ships them (with their _BASE_).
 STOCK = {

@@ -13,7 +13,7 @@ from conftest import REPO_ROOT, subprocess_env  # noqa: E402
 import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
 from detectron2.modeling import build_model  # noqa: E402
 from lambda_det.checkpoint import load_weights  # noqa: E402
-from lambda_det.config import load_config  # noqa: E402
+from lambda_det.run_config import load_config  # noqa: E402
 
 SMALL = {"width_multiplier": 0.25, "scope": 3}
 DETECTOR = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",

@@ -8,6 +8,7 @@ import torch
 
 timm = pytest.importorskip("timm")
 
+from lambda_det.modeling import DEPTHS, timm_models  # noqa: E402
 from lambda_det.modeling.timm_models import (  # noqa: E402
     PRETRAINED_CFG, TIMM_VARIANTS, TimmLambdaResNet)
 
@@ -28,6 +29,26 @@ def test_every_model_has_a_pretrained_cfg():
             PRETRAINED_CFG["input_size"], PRETRAINED_CFG["mean"], "bicubic", "stem.convs.0",
             "linear")
     assert not timm.list_models("*_det", pretrained=True)  # no weights to download
+
+
+def test_each_name_builds_its_depth_and_variant(monkeypatch):
+    """The 32 entrypoints, written out one by one: each is TIMM_VARIANTS' pattern at a depth of
+    DEPTHS, builds that depth with that variant's arguments, and a caller's arguments win."""
+    built = {}
+    monkeypatch.setattr(timm_models, "build_model_with_cfg",
+                        lambda cls, name, pretrained, **kwargs: built.setdefault(name, kwargs))
+    expected = {pattern.format(depth): {"depth": depth, **variant}
+                for pattern, variant in TIMM_VARIANTS.items() for depth in DEPTHS}
+    assert sorted(NAMES) == sorted(expected) and len(NAMES) == 32
+    for name in NAMES:
+        # timm's entrypoint is the module's attribute of that name (`import *` needs it).
+        entrypoint = timm.models.model_entrypoint(name)
+        assert entrypoint is getattr(timm_models, name) and entrypoint.__name__ == name
+        entrypoint()
+    assert built == expected
+    built.clear()
+    timm_models.resnetrs26_det(placement="paper")
+    assert built["resnetrs26_det"] == {"depth": 26, "placement": "paper"}
 
 
 def test_cfg_names_the_first_conv_classifier_and_pool_size():

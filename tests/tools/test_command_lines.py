@@ -8,7 +8,8 @@ from conftest import load_tool
 from lambda_det.cli.train_net import lazyconfig_main
 from lambda_det.cli import train_net as cli
 from lambda_det.cli.output_dir import OutputDirLock, prepare_output_dir
-from lambda_det.config import did_you_mean, load_config
+from lambda_det.config import did_you_mean
+from lambda_det.run_config import load_config
 
 SHAPES = "configs/Demo/lambda_r26_shapes.yaml"
 

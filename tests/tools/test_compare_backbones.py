@@ -17,7 +17,7 @@ from conftest import REPO_ROOT, load_tool, subprocess_env
 from lambda_det.cli.compare import (
     RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant, plan_comparison,
     run_comparison, train_command, variant_presets)
-from lambda_det.config import load_config
+from lambda_det.run_config import load_config
 from lambda_det.evaluation.compare_report import (
     format_comparison, mean_std, median_iteration_time, read_difference, summarize, write_report)
 

@@ -14,16 +14,18 @@ import numpy as np
 import pytest
 import torch
 from conftest import CONFIGS, TINY_OVERRIDES as TINY, load_tool, tiny_model, write_payload
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+import lambda_det.data
 from detectron2.engine.hooks import EvalHook
 from lambda_det.checkpoint import (
     AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, checkpoint_to_resume)
 from lambda_det.checkpoint import checkpointer as checkpoint_module
 from lambda_det.checkpoint import load_checkpoint_file, load_weights
 from lambda_det.cli.train_net import check_device
-from lambda_det.config import load_config
 from lambda_det.engine.trainer import FinalEvalHook, Trainer
+from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, check_writable_folder
+
+lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 LAZY_CONFIG = str(CONFIGS / "LazyConfigs/Demo/lambda_r26_shapes.py")

@@ -23,9 +23,10 @@ from lambda_det.cli.train_net import lazyconfig_main
 from lambda_det.cli.output_dir import (
     EVALUATION_PREFIX, LOCK_FILE, OutputDirLock, evaluation_output_dir, prepare_output_dir)
 from lambda_det.cli.train_net import main as train_net_main
-from lambda_det.config import load_config, resolve_config_file
+from lambda_det.config import resolve_config_file
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.inference import collect_inputs, drawing_names
+from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import OutputWriteError
 
 CONFIG = "lambda_r26_shapes"

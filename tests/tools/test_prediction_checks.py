@@ -12,8 +12,9 @@ from conftest import load_tool
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import AtomicCheckpointer, load_weights
 from lambda_det.checkpoint.checkpointer import _class_counts
-from lambda_det.config import load_config
+from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_image_file, check_prediction_classes
+from lambda_det.run_config import load_config
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"  # 3 classes, DATASETS.TEST lambda_det_shapes_val
 TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
@@ -151,6 +152,7 @@ def test_predict_with_the_runs_config_yaml(two_class_weights, image, tmp_path, c
 
 def test_classes_read_from_the_annotation_file(image, tmp_path):
     cfg = load_config(CONFIG, TINY + two_class_dataset(tmp_path, image))
+    register_datasets(cfg)  # as the tools do
     with pytest.raises(ValueError, match="NUM_CLASSES is 3, but dataset 'two_shapes.* has 2 "
                                          "categories: pass the run's own config"):
         check_prediction_classes(cfg)

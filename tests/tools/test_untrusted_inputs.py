@@ -14,13 +14,15 @@ import pytest
 import torch
 from conftest import DEMO_CONFIG as CONFIG, REPO_ROOT, TINY_OVERRIDES as TINY, subprocess_env
 from conftest import tiny_model, write_payload
-import lambda_det.data  # noqa: F401  (registers the bundled datasets)
+import lambda_det.data
 from detectron2.modeling import build_model
 from lambda_det.checkpoint import (
     AtomicCheckpointer, UnsafeCheckpointError, load_checkpoint_file, load_weights)
 from lambda_det.cli.output_dir import OutputDirBusyError, OutputDirLock
-from lambda_det.config import load_config
 from lambda_det.inference import Predictor
+from lambda_det.run_config import load_config
+
+lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 PAYLOAD_KINDS = {"pkl": "payload.pkl", "pth": "payload.pth", "pth-legacy": "legacy.pth"}
 # The global each file is refused for, as named by the restricted unpickler (protocol-2 pickles

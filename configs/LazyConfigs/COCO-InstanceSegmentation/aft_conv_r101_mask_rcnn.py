@@ -4,7 +4,7 @@ LazyConfig): AFT-conv blocks (Attention Free Transformer) where LambdaResNet-101
 from ..common.data import dataloader
 from ..common.model import model
 from ..common.schedule import lr_multiplier, optimizer, train
-from lambda_det.config.lazy import use_mixer
+from lambda_det.modeling import use_mixer
 
 model.backbone.bottom_up.depth = 101
 model.backbone.bottom_up.placement = "paper"

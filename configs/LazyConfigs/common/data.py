@@ -9,6 +9,7 @@ from detectron2.data import transforms as T
 from detectron2.evaluation import COCOEvaluator
 from lambda_det.data import DatasetMapper, build_lsj_augmentations  # names unreadable images
 from lambda_det.data.checks import load_checked_dataset_dicts
+from lambda_det.utils import run_defaults
 
 dataloader = OmegaConf.create()
 
@@ -39,8 +40,8 @@ dataloader.test = L(build_detection_test_loader)(
     num_workers=4,
 )
 
-# Before training: every image's header is read ("full": decoded; "none": skipped).
-dataloader.check_images = "header"
+# Before training: every image's header is read ("header"; "full": decoded; "none": skipped).
+dataloader.check_images = run_defaults.CHECK_IMAGES
 
 dataloader.evaluator = L(COCOEvaluator)(
     dataset_name="${..test.dataset.names}",

@@ -16,7 +16,7 @@ from detectron2.modeling.poolers import ROIPooler
 from detectron2.modeling.proposal_generator import RPN, StandardRPNHead
 from detectron2.modeling.roi_heads import (
     FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead, StandardROIHeads)
-from lambda_det.modeling import LambdaResNet
+from lambda_det.modeling import LambdaResNetBackbone
 from lambda_det.modeling.mixers import mixer_option_defaults
 
 FPN_CHANNELS = "${model.backbone.out_channels}"
@@ -24,7 +24,7 @@ FPN_SCALES = (1.0 / 4, 1.0 / 8, 1.0 / 16, 1.0 / 32)  # p2..p5, where the RoI hea
 
 model = L(GeneralizedRCNN)(
     backbone=L(FPN)(
-        bottom_up=L(LambdaResNet)(
+        bottom_up=L(LambdaResNetBackbone)(
             depth=50,
             placement="paper",  # Table 19: listed c4 blocks and all of c5; "none": ResNet-RS
             se=False,
@@ -37,7 +37,7 @@ model = L(GeneralizedRCNN)(
             mixer="lambda",
             # The lambda mixer's options at their defaults (the LambdaLayer's): heads, dim_k,
             # dim_u, scope (None: global context, over feature maps up to max_size), impl,
-            # max_size, share_position_embeddings. lambda_det.config.lazy.use_mixer puts another
+            # max_size, share_position_embeddings. lambda_det.modeling.use_mixer puts another
             # mixer in their place (see aft_conv_r101_mask_rcnn.py).
             **mixer_option_defaults("lambda"),
         ),

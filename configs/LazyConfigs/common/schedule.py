@@ -10,6 +10,7 @@ import torch
 from detectron2.config import LazyCall as L
 from detectron2.solver import get_default_optimizer_params
 from lambda_det.solver import warmup_multistep
+from lambda_det.utils import run_defaults
 
 optimizer = L(torch.optim.SGD)(
     params=L(get_default_optimizer_params)(weight_decay_norm=0.0),  # the trainer sets .model
@@ -38,11 +39,12 @@ train = dict(
     # Every iteration a function of (seed, iteration): exact resume, the same global batches
     # for any number of processes (the yaml configs' DATALOADER.DETERMINISTIC). Needs seed >= 0.
     deterministic=False,
-    amp=dict(enabled=False, dtype="float16"),  # or bfloat16 (no loss scaling), GPU or CPU
+    # dtype: float16 (run_defaults.AMP_DTYPE) or bfloat16 (no loss scaling), GPU or CPU
+    amp=dict(enabled=False, dtype=run_defaults.AMP_DTYPE),
     compile_backbone=False,  # torch.compile the backbone (LSJ crops give one input size)
     ddp=dict(broadcast_buffers=False, find_unused_parameters=False, fp16_compression=False),
     checkpointer=dict(period=5000, max_to_keep=100),
     eval_period=0,  # evaluate once, at the end
-    log_period=20,
+    log_period=run_defaults.LOG_PERIOD,
     cudnn_benchmark=False,
 )

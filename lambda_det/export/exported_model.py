@@ -1,0 +1,140 @@
+"""Running an exported file (:class:`ExportedModel`) and comparing its outputs with eager mode's."""
+import json
+import os
+import warnings
+from typing import Dict, Mapping
+
+import numpy as np
+import torch
+from detectron2.modeling.postprocessing import detector_postprocess
+from detectron2.structures import Boxes, Instances
+from lambda_det.export._archive import load_program, zip_kind
+from lambda_det.export.files import FILE_SUFFIXES, METADATA_NAME, PathLike, metadata_path
+
+
+_ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
+
+
+class ExportedModel:
+    """An exported file loaded for inference: TorchScript on the device it was traced on (the
+    trace holds that device as a constant), ONNX on the CPU through onnxruntime, a torch.export
+    ``.pt2`` on the device it was exported on, once :mod:`lambda_det.export._archive` has checked
+    that loading it runs no code from it. A TorchScript or torch.export file is known by its
+    contents, an ONNX file by its suffix ``.onnx``.
+
+    Calling it with a (3, H, W) image of its dtype (and of the exported size, for an export
+    fixed to one) returns the outputs by name, on the CPU.
+
+    Attributes:
+        input_shape: (3, H, W), None for a dynamic size.
+        min_size: the smallest (H, W) a torch.export file takes; None for the other formats.
+        metadata: the contents of :func:`metadata_path`, or None where that file is missing.
+        classes: ``metadata["classes"]`` (or None): ``classes[i]["id"]`` and
+            ``classes[i]["name"]`` are the dataset's category id and name of
+            ``pred_classes == i``.
+    """
+
+    def __init__(self, path: PathLike):
+        path = str(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"exported model {path!r} does not exist")
+        if path.endswith(FILE_SUFFIXES["onnx"]):
+            try:
+                import onnxruntime
+            except ImportError as error:
+                raise ImportError(f"running {path!r} needs onnxruntime "
+                                  f"(pip install onnxruntime)") from error
+            self._session = onnxruntime.InferenceSession(
+                path, providers=["CPUExecutionProvider"])
+            (model_input,) = self._session.get_inputs()
+            self._input_name = model_input.name
+            self.input_shape = tuple(size if isinstance(size, int) else None
+                                     for size in model_input.shape)  # "height", "width": any
+            self.input_dtype = _ONNX_TYPES.get(model_input.type)
+            self.output_names = tuple(output.name for output in self._session.get_outputs())
+            self._module = None
+            self.min_size = None
+        elif zip_kind(path) == "torch_export":
+            program, extra_files = load_program(path)
+            self._read_metadata(path, extra_files.get(METADATA_NAME, ""), "a torch.export")
+            self._module = program.module()
+        else:
+            extra_files = {METADATA_NAME: ""}
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated",
+                                        category=FutureWarning)
+                self._module = torch.jit.load(path, _extra_files=extra_files)
+            self._read_metadata(path, extra_files[METADATA_NAME], "a TorchScript")
+        self.path = path
+        sidecar = metadata_path(path)
+        self.metadata = json.loads(sidecar.read_text()) if sidecar.is_file() else None
+        self.classes = self.metadata.get("classes") if self.metadata else None
+
+    def _read_metadata(self, path: str, text: str, kind: str) -> None:
+        """The input and outputs, from the metadata stored in the file itself."""
+        if not text:
+            raise ValueError(f"{path!r} is not {kind} file written by lambda_det.export (it has "
+                             f"no {METADATA_NAME})")
+        metadata = json.loads(text)
+        self.input_shape = tuple(metadata["input_shape"])
+        self.input_dtype = getattr(torch, metadata["input_dtype"])
+        self.output_names = tuple(metadata["output_names"])
+        self.min_size = tuple(metadata["min_size"]) if metadata.get("min_size") else None
+
+    def __call__(self, image: torch.Tensor) -> Dict[str, torch.Tensor]:
+        if image.dim() != len(self.input_shape) or any(
+                expected not in (None, size) for expected, size in zip(self.input_shape,
+                                                                       image.shape)):
+            raise ValueError(
+                f"{self.path!r} was traced for images of shape {self.input_shape}, got "
+                f"{tuple(image.shape)}: resize or pad the image, or export again with a sample "
+                f"of this size")
+        if self.min_size is not None and any(size < smallest for size, smallest in
+                                             zip(image.shape[1:], self.min_size)):
+            raise ValueError(f"{self.path!r} takes images of at least {self.min_size[0]} x "
+                             f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} "
+                             f"(TorchScript and ONNX exports take any size)")
+        if self.input_dtype is not None and image.dtype != self.input_dtype:
+            raise ValueError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
+        if self._module is not None:
+            with torch.no_grad():
+                outputs = [output.cpu() for output in self._module(image)]
+        else:
+            feed = {self._input_name: np.ascontiguousarray(image.cpu().numpy())}
+            outputs = [torch.from_numpy(value) for value in self._session.run(None, feed)]
+        return dict(zip(self.output_names, outputs))
+
+
+def outputs_to_instances(outputs: Mapping[str, torch.Tensor], height: int,
+                         width: int) -> Instances:
+    """Final predictions for an image of ``height`` x ``width`` from exported outputs.
+
+    The same as the eager ``model([{"image": image, "height": height, "width": width}])``:
+    boxes rescaled from the input's size, masks pasted into the image as booleans.
+    """
+    image_size = tuple(int(size) for size in outputs["image_size"])
+    fields = {name: torch.as_tensor(value) for name, value in outputs.items()
+              if name != "image_size"}
+    if "pred_boxes" in fields:
+        fields["pred_boxes"] = Boxes(fields["pred_boxes"])
+    return detector_postprocess(Instances(image_size, **fields), height, width)
+
+
+def max_differences(expected: Mapping[str, torch.Tensor],
+                    actual: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+    """Per output name, the largest absolute difference (inf where the shapes or names differ,
+    nan where either side has a NaN)."""
+    differences = {}
+    for name in sorted(set(expected) | set(actual)):
+        if name not in expected or name not in actual:
+            differences[name] = float("inf")
+            continue
+        reference, value = (torch.as_tensor(outputs[name]).cpu() for outputs in (expected, actual))
+        if reference.shape != value.shape:
+            differences[name] = float("inf")
+        elif reference.numel() == 0:
+            differences[name] = 0.0
+        else:
+            differences[name] = float((reference.double() - value.double()).abs().max())
+    return differences
+
