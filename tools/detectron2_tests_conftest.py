@@ -3,9 +3,9 @@
 Copy it as conftest.py into the tests/ folder of a detectron2 checkout and run its tests with
 lambda_det importable. detectron2's three ResNet builders, in its backbone registry (what
 build_model and build_backbone look up) and as the functions the tests import, build lambda_det's
-LambdaResNet instead, from the same config: lambda_det's MODEL.LAMBDA_RESNET keys are added at
-their defaults, so DEPTH, NORM and OUT_FEATURES follow MODEL.RESNETS. LazyConfigs that name
-detectron2's ResNet class itself keep it. Checked with detectron2 v0.6's tests.
+LambdaResNet instead, from the same config: MODEL.LAMBDA_RESNET is added at its defaults, so
+DEPTH, NORM and OUT_FEATURES follow MODEL.RESNETS. LazyConfigs that name detectron2's ResNet
+class itself keep it. Checked with detectron2 v0.6's tests.
 """
 import yaml
 from omegaconf import OmegaConf
@@ -13,26 +13,25 @@ from omegaconf import OmegaConf
 import detectron2.modeling.backbone as backbone
 import detectron2.modeling.backbone.fpn as fpn
 import detectron2.modeling.backbone.resnet as resnet
-import lambda_det  # noqa: F401  (registers the LambdaResNet builders)
 from detectron2.config import CfgNode, get_cfg
 from detectron2.modeling import BACKBONE_REGISTRY
-from lambda_det.config import add_lambda_det_config
+from lambda_det.modeling import add_lambda_resnet_config  # and registers the builders
 
 SWAP = {"build_resnet_backbone": "build_lambda_resnet_backbone",
         "build_resnet_fpn_backbone": "build_lambda_resnet_fpn_backbone",
         "build_retinanet_resnet_fpn_backbone": "build_retinanet_lambda_resnet_fpn_backbone"}
 
 
-def with_lambda_det_keys(cfg):
-    """``cfg`` with lambda_det's keys at their defaults (detectron2's get_cfg() has none)."""
+def with_lambda_resnet_keys(cfg):
+    """``cfg`` with MODEL.LAMBDA_RESNET at its defaults (detectron2's get_cfg() has none)."""
     if "LAMBDA_RESNET" in cfg.MODEL:
         return cfg
     if isinstance(cfg, CfgNode):
         cfg = cfg.clone()
         cfg.defrost()
-        return add_lambda_det_config(cfg)
+        return add_lambda_resnet_config(cfg)
     # an OmegaConf config, which detectron2's builders take too
-    keys = add_lambda_det_config(get_cfg()).MODEL.LAMBDA_RESNET
+    keys = add_lambda_resnet_config(get_cfg()).MODEL.LAMBDA_RESNET
     return OmegaConf.merge(cfg, {"MODEL": {"LAMBDA_RESNET": yaml.safe_load(keys.dump())}})
 
 
@@ -40,7 +39,7 @@ def swapped(name):
     build = BACKBONE_REGISTRY.get(name)
 
     def build_lambda(cfg, input_shape):
-        return build(with_lambda_det_keys(cfg), input_shape)
+        return build(with_lambda_resnet_keys(cfg), input_shape)
 
     return build_lambda
 
