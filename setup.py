@@ -73,8 +73,9 @@ setup(
     extras_require={
         # The detector backbones, configs, training and tools (see detectron2_requirements).
         "detectron2": detectron2_requirements(),
+        # timm: the suite covers tools/convert_timm_checkpoint.py among every tool's checks.
         "dev": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "onnx>=1.14",
-                "onnxruntime>=1.16", "psutil", "import-linter>=2"],
+                "onnxruntime>=1.16", "psutil", "import-linter>=2", "timm>=0.9"],
         # What detectron2's tools/benchmark.py imports (python -m lambda_det.d2tool benchmark.py).
         "d2tools": ["psutil"],
         # Only to benchmark against the public implementations side by side.

@@ -29,9 +29,12 @@ processes without these registrations, so leave ``--num-gpus`` at 1.
 """
 import contextlib
 import importlib.metadata
+import json
 import os
 import runpy
 import sys
+import urllib.parse
+from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
 from unittest import mock
 
@@ -60,8 +63,23 @@ INPUT_ERRORS = (FileNotFoundError, ConfigFileError, UnsafeCheckpointError, Corru
 DETECTRON2_DISTRIBUTIONS = ("pb1-detectron2", "detectron2")
 
 
+def _editable_checkout(distribution: str) -> Optional[Path]:
+    """The source folder of ``distribution`` when it is an editable install of a local folder
+    (``pip install -e`` of a detectron2 clone, PEP 610's direct_url.json), else None."""
+    try:
+        direct_url = json.loads(importlib.metadata.distribution(distribution)
+                                .read_text("direct_url.json") or "{}")
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    url = direct_url.get("url", "")
+    if direct_url.get("dir_info", {}).get("editable") and url.startswith("file://"):
+        return Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
+    return None
+
+
 def _installed_tools() -> dict:
-    """File name -> path of each script of detectron2's tools/ that its distribution installed."""
+    """File name -> path of each script of detectron2's tools/ that its distribution installed,
+    or that the clone of an editable install holds (checked with upstream main 02b5c4e)."""
     tools = {}
     for distribution in DETECTRON2_DISTRIBUTIONS:
         try:
@@ -72,6 +90,11 @@ def _installed_tools() -> dict:
             if len(file.parts) == 2 and file.parts[0] == "tools" and file.suffix == ".py" \
                     and file.name != "__init__.py":
                 tools.setdefault(file.name, str(file.locate()))
+        checkout = _editable_checkout(distribution)
+        if checkout is not None:
+            for file in sorted((checkout / "tools").glob("*.py")):
+                if file.name != "__init__.py":
+                    tools.setdefault(file.name, str(file))
     return tools
 
 

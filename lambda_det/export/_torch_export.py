@@ -108,12 +108,16 @@ def _batch_norm(input: torch.Tensor, running_mean, running_var, weight=None, bia
         input, weight, bias, running_mean, running_var, momentum, eps)[0]
 
 
-def _create_grid_offsets(size: List[int], stride: int, offset: float, device: torch.device):
+def _create_grid_offsets(size: List[int], stride: int, offset: float, device=None,
+                         target_device_tensor: Optional[torch.Tensor] = None):
     """anchor_generator._create_grid_offsets: the anchors' x and y shifts on a feature map, as
     ``arange(n) * stride + offset * stride`` rather than ``arange(offset * stride, n * stride,
     stride)``, whose length symbolic shapes cannot see to be n (a float ceil). The same values
-    (exact in float32 for grids under 2^24 / stride cells). ``device``: detectron2 0.6 passes a
-    device, its main branch a tensor on it (``target_device_tensor``)."""
+    (exact in float32 for grids under 2^24 / stride cells). The fourth parameter: detectron2 0.6's
+    ``device``, its main branch's (02b5c4e) ``target_device_tensor``, a tensor on that device;
+    either is accepted by position or by name."""
+    if target_device_tensor is not None:
+        device = target_device_tensor
     if isinstance(device, torch.Tensor):
         device = device.device
     grid_height, grid_width = size

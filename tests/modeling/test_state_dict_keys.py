@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detectron2.layers import ShapeSpec
+from detectron2.layers import FrozenBatchNorm2d, ShapeSpec
 from detectron2.modeling import build_backbone
 from lambda_det.run_config import load_config
 
@@ -39,8 +39,16 @@ def test_every_recorded_model_is_built():
     assert sorted(BUILDERS) == sorted(RECORDED)
 
 
+def weight_keys(model: torch.nn.Module) -> list:
+    """The state dict's keys but a frozen norm's ``num_batches_tracked``: detectron2 after 0.6
+    (checked with main 02b5c4e) keeps it when it freezes a BatchNorm, 0.6 drops it; no weight."""
+    frozen = {f"{name}.num_batches_tracked" for name, module in model.named_modules()
+              if isinstance(module, FrozenBatchNorm2d)}
+    return [key for key in model.state_dict() if key not in frozen]
+
+
 @pytest.mark.parametrize("name", sorted(BUILDERS))
 def test_state_dict_keys_are_the_recorded_ones(name):
     with torch.device("meta"):  # names only
         model = BUILDERS[name]()
-    assert list(model.state_dict()) == RECORDED[name]
+    assert weight_keys(model) == RECORDED[name]

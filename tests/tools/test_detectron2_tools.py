@@ -1,5 +1,6 @@
 """``python -m lambda_det.d2tool``: detectron2's own tools/ scripts, unmodified, on lambda_det's
 configs (lambda_det's keys, backbones, datasets and training mapper); the README's commands run."""
+import json
 import os
 import shlex
 import subprocess
@@ -45,6 +46,22 @@ def test_a_script_is_found_by_name_or_path_and_a_missing_one_is_named(tmp_path, 
     error = capsys.readouterr().err.strip()
     assert error.startswith("error: detectron2 script 'analyse_model.py' is neither")
     assert "analyze_model.py" in error and "\n" not in error
+
+
+def test_a_script_of_an_editable_clone_is_found_by_name(tmp_path, monkeypatch):
+    """``pip install -e`` of a detectron2 clone installs no tools/: the clone's own are used."""
+    clone = tmp_path / "my detectron2"
+    (clone / "tools").mkdir(parents=True)
+    (clone / "tools" / "my_tool.py").write_text("")
+    with pytest.raises(FileNotFoundError, match="my_tool"):
+        detectron2_tool_path("my_tool")
+    info = tmp_path / "site" / "detectron2-0.6.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: detectron2\nVersion: 0.6\n")
+    (info / "direct_url.json").write_text(json.dumps(
+        {"url": clone.as_uri(), "dir_info": {"editable": True}}))
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert detectron2_tool_path("my_tool") == str(clone / "tools" / "my_tool.py")
 
 
 def test_detectron2s_get_cfg_has_lambda_det_keys_and_freezing_prepares_it(tmp_path):
