@@ -7,4 +7,5 @@ either config system), :mod:`.predict`, :mod:`.export_model`, :mod:`.demo`,
 command lines and user errors in one line (:mod:`.arguments`), the checks several commands run
 (:mod:`.checks`), run-folder policy (:mod:`.output_dir`) and interrupted runs
 (:mod:`.interrupts`). tools/build_detectron2.py and tools/detectron2_C_stub.py are stdlib-only
-scripts, which run before lambda_det is installed."""
+scripts, which run before lambda_det is installed; tools/detectron2_tests_conftest.py is a
+conftest.py to copy into detectron2's tests/."""

@@ -1,6 +1,7 @@
 """tools/*.py: each script runs the main(argv) of its module lambda_det.cli.<name> and exits with
 its status; the tools' logic lives in those modules (the tests import them), but for the two
-stdlib-only scripts that run before lambda_det is installed."""
+stdlib-only scripts that run before lambda_det is installed and the conftest.py to copy into
+detectron2's tests."""
 import ast
 import importlib
 import runpy
@@ -8,9 +9,9 @@ import runpy
 import pytest
 from conftest import REPO_ROOT
 
-STDLIB_SCRIPTS = {"build_detectron2", "detectron2_C_stub"}
+NOT_COMMANDS = {"build_detectron2", "detectron2_C_stub", "detectron2_tests_conftest"}
 SCRIPTS = sorted(path.stem for path in (REPO_ROOT / "tools").glob("*.py")
-                 if path.stem not in STDLIB_SCRIPTS)
+                 if path.stem not in NOT_COMMANDS)
 
 
 def test_the_tools_are_there():
