@@ -12,13 +12,13 @@ the ``pb1-detectron2`` source package). A detectron2 you built yourself is used 
 The layers, the LambdaResNet and its timm models need no detectron2: ``pip install -e .`` (and
 timm) installs them alone; the detectron2 parts then say how to get detectron2 when first used.
 """
+
 import importlib.metadata
 import re
 from pathlib import Path
 from typing import List
 
 from setuptools import find_packages, setup
-
 
 PACKAGE_INIT = Path(__file__).with_name("lambda_det") / "__init__.py"  # holds __version__
 
@@ -31,8 +31,10 @@ def detectron2_requirements() -> List[str]:
     isolated build (it imports torch) and would shadow a user's own build. So detectron2 comes
     first (``python tools/build_detectron2.py``, or your own), then ``pip install
     --no-build-isolation -e '.[detectron2]'`` (an isolated build sees no detectron2)."""
-    for distribution, minimum in (("detectron2", "detectron2>=0.6"),
-                                  ("pb1-detectron2", "pb1-detectron2>=0.6")):
+    for distribution, minimum in (
+        ("detectron2", "detectron2>=0.6"),
+        ("pb1-detectron2", "pb1-detectron2>=0.6"),
+    ):
         try:
             importlib.metadata.version(distribution)
             return [minimum]
@@ -50,10 +52,10 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.9",
     # The shipped configs travel inside the package (lambda_det.model_zoo finds them there).
-    packages=find_packages(include=["lambda_det", "lambda_det.*"]) + ["lambda_det.model_zoo.configs"],
+    packages=find_packages(include=["lambda_det", "lambda_det.*"])
+    + ["lambda_det.model_zoo.configs"],
     package_dir={"lambda_det.model_zoo.configs": "configs"},
-    package_data={"lambda_det.model_zoo.configs": ["*.yaml", "*/*.yaml",
-                                                   "LazyConfigs/*/*.py"]},
+    package_data={"lambda_det.model_zoo.configs": ["*.yaml", "*/*.yaml", "LazyConfigs/*/*.py"]},
     include_package_data=True,
     install_requires=[
         # torch.onnx.export(dynamo=...) needs 2.5; tested with 2.14 (CPU) and 2.11 (CUDA).
@@ -74,8 +76,18 @@ setup(
         # The detector backbones, configs, training and tools (see detectron2_requirements).
         "detectron2": detectron2_requirements(),
         # timm: the suite covers tools/convert_timm_checkpoint.py among every tool's checks.
-        "dev": ["pytest>=7", "pytest-timeout", "pytest-xdist>=3", "hypothesis>=6", "onnx>=1.14",
-                "onnxruntime>=1.16", "psutil", "import-linter>=2", "timm>=0.9"],
+        "dev": [
+            "pytest>=7",
+            "pytest-timeout",
+            "pytest-xdist>=3",
+            "hypothesis>=6",
+            "onnx>=1.14",
+            "onnxruntime>=1.16",
+            "psutil",
+            "import-linter>=2",
+            "timm>=0.9",
+            "ruff>=0.6",  # tests/test_style.py: the linter and formatter of ruff.toml
+        ],
         # What detectron2's tools/benchmark.py imports (python -m lambda_det.d2tool benchmark.py).
         "d2tools": ["psutil"],
         # Only to benchmark against the public implementations side by side.

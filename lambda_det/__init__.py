@@ -16,6 +16,7 @@ Typical use::
     cfg = lambda_det.get_cfg()            # detectron2's defaults + lambda_det's keys
     cfg.merge_from_file("configs/COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml")
 """
+
 import importlib
 
 from lambda_det.compat import detectron2_installed
@@ -46,6 +47,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'lambda_det' has no attribute {name!r}")
     if module_name in _NEEDS_DETECTRON2:
         from lambda_det.compat import import_detectron2
+
         import_detectron2()  # quietly, and with a helpful error if it is missing
     return getattr(importlib.import_module(module_name), name)
 

@@ -27,6 +27,7 @@ pb1-detectron2 that tools/build_detectron2.py builds installs detectron2's tools
 script in that checkout's tools/. One process: detectron2's ``launch`` starts its worker
 processes without these registrations, so leave ``--num-gpus`` at 1.
 """
+
 import contextlib
 import importlib.metadata
 import json
@@ -46,11 +47,16 @@ from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
 from detectron2.config import CfgNode, LazyConfig  # noqa: E402
 from detectron2.data import DatasetMapper as Detectron2DatasetMapper  # noqa: E402
 from fvcore.common.checkpoint import Checkpointer  # noqa: E402
-from lambda_det.checkpoint import (CorruptCheckpointError, UnsafeCheckpointError,  # noqa: E402
-                                   load_checkpoint_file)
+
+from lambda_det.checkpoint import (  # noqa: E402
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
+    load_checkpoint_file,
+)
 from lambda_det.config import CfgNode as SafeCfgNode  # noqa: E402
 from lambda_det.config import ConfigFileError  # noqa: E402
 from lambda_det.config.lazy import load_lazy_config_file  # noqa: E402
+
 # Imported before detectron2's get_cfg is patched: it takes detectron2's own.
 from lambda_det.run_config import get_cfg as lambda_det_get_cfg  # noqa: E402
 
@@ -67,8 +73,9 @@ def _editable_checkout(distribution: str) -> Optional[Path]:
     """The source folder of ``distribution`` when it is an editable install of a local folder
     (``pip install -e`` of a detectron2 clone, PEP 610's direct_url.json), else None."""
     try:
-        direct_url = json.loads(importlib.metadata.distribution(distribution)
-                                .read_text("direct_url.json") or "{}")
+        direct_url = json.loads(
+            importlib.metadata.distribution(distribution).read_text("direct_url.json") or "{}"
+        )
     except (importlib.metadata.PackageNotFoundError, ValueError):
         return None
     url = direct_url.get("url", "")
@@ -87,8 +94,12 @@ def _installed_tools() -> dict:
         except importlib.metadata.PackageNotFoundError:
             continue
         for file in files:
-            if len(file.parts) == 2 and file.parts[0] == "tools" and file.suffix == ".py" \
-                    and file.name != "__init__.py":
+            if (
+                len(file.parts) == 2
+                and file.parts[0] == "tools"
+                and file.suffix == ".py"
+                and file.name != "__init__.py"
+            ):
                 tools.setdefault(file.name, str(file.locate()))
         checkout = _editable_checkout(distribution)
         if checkout is not None:
@@ -111,11 +122,15 @@ def detectron2_tool_path(script: str) -> str:
     tools = _installed_tools()
     if name in tools:
         return tools[name]
-    there = (f"the installed detectron2 has {', '.join(sorted(tools))}" if tools else
-             "the installed detectron2 has no tools/ scripts")
+    there = (
+        f"the installed detectron2 has {', '.join(sorted(tools))}"
+        if tools
+        else "the installed detectron2 has no tools/ scripts"
+    )
     raise FileNotFoundError(
         f"detectron2 script {script!r} is neither a file nor installed ({there}): pass the path "
-        f"of tools/{name} in a clone of https://github.com/facebookresearch/detectron2")
+        f"of tools/{name} in a clone of https://github.com/facebookresearch/detectron2"
+    )
 
 
 class _LambdaDetConfig(SafeCfgNode):
@@ -158,9 +173,11 @@ _detectron2_checkpointer_load = DetectionCheckpointer.load
 def _load_checkpoint(self, path: str, *args, **kwargs):
     """``DetectionCheckpointer.load``, with a missing local file named (fvcore asserts)."""
     if path and "://" not in path and not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist: pass the path or URL of a "
-                                f"weights file (MODEL.WEIGHTS, or a LazyConfig's "
-                                f"train.init_checkpoint), or '' for none")
+        raise FileNotFoundError(
+            f"checkpoint {path!r} does not exist: pass the path or URL of a "
+            f"weights file (MODEL.WEIGHTS, or a LazyConfig's "
+            f"train.init_checkpoint), or '' for none"
+        )
     return _detectron2_checkpointer_load(self, path, *args, **kwargs)
 
 
@@ -174,12 +191,14 @@ def lambda_det_in_detectron2() -> Iterator[None]:
 
     register_datasets()
 
-    with mock.patch("detectron2.config.get_cfg", _get_cfg), \
-            mock.patch("detectron2.data.build.DatasetMapper", _mapper), \
-            mock.patch.object(Checkpointer, "_load_file", _load_checkpoint_file), \
-            mock.patch.object(DetectionCheckpointer, "_load_file", _load_checkpoint_file), \
-            mock.patch.object(DetectionCheckpointer, "load", _load_checkpoint), \
-            mock.patch.object(LazyConfig, "load", staticmethod(load_lazy_config_file)):
+    with (
+        mock.patch("detectron2.config.get_cfg", _get_cfg),
+        mock.patch("detectron2.data.build.DatasetMapper", _mapper),
+        mock.patch.object(Checkpointer, "_load_file", _load_checkpoint_file),
+        mock.patch.object(DetectionCheckpointer, "_load_file", _load_checkpoint_file),
+        mock.patch.object(DetectionCheckpointer, "load", _load_checkpoint),
+        mock.patch.object(LazyConfig, "load", staticmethod(load_lazy_config_file)),
+    ):
         yield
 
 

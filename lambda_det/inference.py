@@ -8,6 +8,7 @@ same predictions as ``--eval-only`` writes to ``coco_instances_results.json``. A
 images to the largest one (as detectron2 does); images of one size give the same predictions in
 any batch size.
 """
+
 import contextlib
 import glob
 import os
@@ -18,23 +19,38 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 import torch
-from torch import nn
-from tqdm import tqdm
 from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import transforms as T
 from detectron2.evaluation.coco_evaluation import instances_to_coco_json
 from detectron2.modeling import build_model
 from detectron2.utils.visualizer import ColorMode, Visualizer
+from torch import nn
+from tqdm import tqdm
+
 from lambda_det.checkpoint import load_weights
 from lambda_det.data.checks import read_checked_image
 from lambda_det.data.mapper import build_mapper
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, file_identity
 from lambda_det.utils.errors import UserError
 
-__all__ = ["IMAGE_SUFFIXES", "VIDEO_SUFFIXES", "Frame", "collect_inputs", "drawing_names",
-           "check_output_folder", "read_frames", "build_trained_model", "Predictor", "draw",
-           "coco_results", "dataset_image_ids", "metadata_of", "predict_files", "write_image"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "VIDEO_SUFFIXES",
+    "Frame",
+    "collect_inputs",
+    "drawing_names",
+    "check_output_folder",
+    "read_frames",
+    "build_trained_model",
+    "Predictor",
+    "draw",
+    "coco_results",
+    "dataset_image_ids",
+    "metadata_of",
+    "predict_files",
+    "write_image",
+]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
@@ -43,6 +59,7 @@ VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 @dataclass
 class Frame:
     """One image to predict on: from an image file, or frame ``index`` of a video."""
+
     source: str
     image: np.ndarray  # H W C in the config's INPUT.FORMAT
     index: Optional[int] = None  # the frame of a video; None for an image file
@@ -64,22 +81,30 @@ def collect_inputs(inputs: Sequence[str]) -> List[str]:
     files = []
     for entry in inputs:
         if os.path.isdir(entry):
-            found = sorted(str(path) for path in Path(entry).iterdir()
-                           if path.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES)
+            found = sorted(
+                str(path)
+                for path in Path(entry).iterdir()
+                if path.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES
+            )
             if not found:
-                raise FileNotFoundError(f"input folder {entry!r} holds no image or video "
-                                        f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
+                raise FileNotFoundError(
+                    f"input folder {entry!r} holds no image or video "
+                    f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})"
+                )
         elif os.path.isfile(entry):
             found = [entry]
         else:
             found = sorted(glob.glob(entry, recursive=True))
             if not found:
-                raise FileNotFoundError(f"input {entry!r} is not a file, a folder or a glob "
-                                        f"that matches files")
+                raise FileNotFoundError(
+                    f"input {entry!r} is not a file, a folder or a glob that matches files"
+                )
         for path in found:
             if Path(path).suffix.lower() not in IMAGE_SUFFIXES + VIDEO_SUFFIXES:
-                raise UserError(f"input {path!r} is neither an image nor a video by its suffix "
-                                f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})")
+                raise UserError(
+                    f"input {path!r} is neither an image nor a video by its suffix "
+                    f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})"
+                )
         files += found
     unique = {}
     for path in files:
@@ -118,9 +143,13 @@ def drawing_names(files: Sequence[str]) -> List[str]:
     return names
 
 
-def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
-                        also_writes: Sequence[str] = (),
-                        reads: Optional[Mapping[str, str]] = None) -> None:
+def check_output_folder(
+    files: Sequence[str],
+    output: Path,
+    overwrite: bool,
+    also_writes: Sequence[str] = (),
+    reads: Optional[Mapping[str, str]] = None,
+) -> None:
     """Refuse an output folder where predicting on ``files`` would lose a file.
 
     Never (even with ``overwrite``) a folder where a drawing (:func:`drawing_names`) or one of
@@ -142,22 +171,29 @@ def check_output_folder(files: Sequence[str], output: Path, overwrite: bool,
     for path in written:
         source = read.get(file_identity(path)) if path.exists() else None
         if source is not None:
-            raise FileExistsError(f"--output {str(output)!r} holds {source}, which would be "
-                                  f"written over by {path.name}: pass another --output")
+            raise FileExistsError(
+                f"--output {str(output)!r} holds {source}, which would be "
+                f"written over by {path.name}: pass another --output"
+            )
     if overwrite:
         return
-    held = [path for path in files if os.path.samefile(os.path.dirname(os.path.abspath(path)),
-                                                       output)]
+    held = [
+        path for path in files if os.path.samefile(os.path.dirname(os.path.abspath(path)), output)
+    ]
     if held:
-        raise FileExistsError(f"--output {str(output)!r} holds the input {held[0]!r}: pass "
-                              f"another --output, or --overwrite to write beside the inputs "
-                              f"(an input is never written over)")
+        raise FileExistsError(
+            f"--output {str(output)!r} holds the input {held[0]!r}: pass "
+            f"another --output, or --overwrite to write beside the inputs "
+            f"(an input is never written over)"
+        )
     existing = [path.name for path in written if os.path.lexists(path)]  # a link too
     if existing:
         more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
-        raise FileExistsError(f"--output {str(output)!r} already holds "
-                              f"{', '.join(existing[:3])}{more}, which this run writes: pass "
-                              f"another --output, or --overwrite to replace them")
+        raise FileExistsError(
+            f"--output {str(output)!r} already holds "
+            f"{', '.join(existing[:3])}{more}, which this run writes: pass "
+            f"another --output, or --overwrite to replace them"
+        )
 
 
 def read_frames(path: str, image_format: str) -> Iterator[Frame]:
@@ -216,9 +252,11 @@ class Predictor:
         self.model = (build_trained_model(cfg) if model is None else model).eval()
         self.augmentations = build_mapper(cfg, is_train=False).augmentations
         # The score a detection needs to be returned (RetinaNet's key, or the R-CNN heads').
-        self.score_threshold = (cfg.MODEL.RETINANET.SCORE_THRESH_TEST
-                                if cfg.MODEL.META_ARCHITECTURE == "RetinaNet"
-                                else cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST)
+        self.score_threshold = (
+            cfg.MODEL.RETINANET.SCORE_THRESH_TEST
+            if cfg.MODEL.META_ARCHITECTURE == "RetinaNet"
+            else cfg.MODEL.ROI_HEADS.SCORE_THRESH_TEST
+        )
 
     def __call__(self, image: np.ndarray) -> Dict:
         return self.predict_batch([image])[0]
@@ -231,12 +269,19 @@ class Predictor:
             self.augmentations(augmented)
             tensor = torch.as_tensor(np.ascontiguousarray(augmented.image.transpose(2, 0, 1)))
             inputs.append({"image": tensor, "height": image.shape[0], "width": image.shape[1]})
-        return [{key: value.to("cpu") for key, value in output.items()}
-                for output in self.model(inputs)]
+        return [
+            {key: value.to("cpu") for key, value in output.items()} for output in self.model(inputs)
+        ]
 
 
-def draw(image: np.ndarray, output: Dict, metadata, image_format: str, scale: float = 1.0,
-         score_threshold: Optional[float] = None) -> np.ndarray:
+def draw(
+    image: np.ndarray,
+    output: Dict,
+    metadata,
+    image_format: str,
+    scale: float = 1.0,
+    score_threshold: Optional[float] = None,
+) -> np.ndarray:
     """``image`` (in ``image_format``) with its predicted boxes, masks, class names and scores,
     as a BGR image ``scale`` times its size. With ``score_threshold`` (the predictor's), a
     caption in the top left corner says it, and says so when nothing reached it."""
@@ -266,9 +311,11 @@ def write_image(path: Path, picture: np.ndarray, option: str = "--output") -> No
     """
     with atomic_path(path, suffix=Path(path).suffix, option=option) as temporary:
         if not cv2.imwrite(temporary, picture):
-            raise OutputWriteError(f"cannot write {str(path)!r}: OpenCV could not write the "
-                                   f"image (a full or read-only disk?): free space there, or "
-                                   f"pass {option} in a folder you can write to")
+            raise OutputWriteError(
+                f"cannot write {str(path)!r}: OpenCV could not write the "
+                f"image (a full or read-only disk?): free space there, or "
+                f"pass {option} in a folder you can write to"
+            )
 
 
 def dataset_image_ids(dataset: str) -> Dict[str, int]:
@@ -276,8 +323,10 @@ def dataset_image_ids(dataset: str) -> Dict[str, int]:
     not registered)."""
     if dataset not in DatasetCatalog.list():
         return {}
-    return {os.path.abspath(record["file_name"]): record["image_id"]
-            for record in DatasetCatalog.get(dataset)}
+    return {
+        os.path.abspath(record["file_name"]): record["image_id"]
+        for record in DatasetCatalog.get(dataset)
+    }
 
 
 def coco_results(output: Dict, image_id: int, metadata) -> List[Dict]:
@@ -286,8 +335,12 @@ def coco_results(output: Dict, image_id: int, metadata) -> List[Dict]:
     if "instances" not in output:
         return []
     results = instances_to_coco_json(output["instances"], image_id)
-    to_dataset = {contiguous: dataset for dataset, contiguous in
-                  getattr(metadata, "thing_dataset_id_to_contiguous_id", {}).items()}
+    to_dataset = {
+        contiguous: dataset
+        for dataset, contiguous in getattr(
+            metadata, "thing_dataset_id_to_contiguous_id", {}
+        ).items()
+    }
     for result in results:
         result["category_id"] = to_dataset.get(result["category_id"], result["category_id"])
     return results
@@ -298,9 +351,16 @@ def metadata_of(cfg: CfgNode):
     return MetadataCatalog.get(cfg.DATASETS.TEST[0] if len(cfg.DATASETS.TEST) else "__unused")
 
 
-def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, metadata,
-                  image_format: str, known_ids: Dict[str, int], batch_size: int = 1,
-                  overwrite: bool = False) -> Tuple[List[Dict], List[Path]]:
+def predict_files(
+    predictor: "Predictor",
+    files: Sequence[str],
+    output: Path,
+    metadata,
+    image_format: str,
+    known_ids: Dict[str, int],
+    batch_size: int = 1,
+    overwrite: bool = False,
+) -> Tuple[List[Dict], List[Path]]:
     """Predict on every image and video frame of ``files`` in batches; draw each image and
     each video (as mp4) into ``output`` under its name from :func:`drawing_names`.
 
@@ -329,8 +389,13 @@ def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, me
         nonlocal next_id
         predictions = predictor.predict_batch([frame.image for frame in batch])
         for frame, prediction in zip(batch, predictions):
-            picture = draw(frame.image, prediction, metadata, image_format,
-                           score_threshold=predictor.score_threshold)
+            picture = draw(
+                frame.image,
+                prediction,
+                metadata,
+                image_format,
+                score_threshold=predictor.score_threshold,
+            )
             image_id = None
             if frame.index is None:
                 write_image(drawing[frame.source], picture)
@@ -340,8 +405,9 @@ def predict_files(predictor: "Predictor", files: Sequence[str], output: Path, me
                 if frame.source not in videos:
                     drawn.append(drawing[frame.source])
                     temporary = temporaries.enter_context(atomic_path(drawn[-1], suffix=".mp4"))
-                    videos[frame.source] = _video_writer(frame.source, temporary, drawn[-1],
-                                                         picture.shape)
+                    videos[frame.source] = _video_writer(
+                        frame.source, temporary, drawn[-1], picture.shape
+                    )
                 videos[frame.source].write(picture)
             if image_id is None:
                 image_id, next_id = next_id, next_id + 1
@@ -374,9 +440,10 @@ def _video_writer(source: str, temporary: str, path: Path, shape) -> cv2.VideoWr
     capture = cv2.VideoCapture(source)
     fps = capture.get(cv2.CAP_PROP_FPS) or 25.0
     capture.release()
-    writer = cv2.VideoWriter(temporary, cv2.VideoWriter_fourcc(*"mp4v"), fps,
-                             (shape[1], shape[0]))
+    writer = cv2.VideoWriter(temporary, cv2.VideoWriter_fourcc(*"mp4v"), fps, (shape[1], shape[0]))
     if not writer.isOpened():  # OpenCV does not raise
-        raise OutputWriteError(f"cannot write {str(path)!r}: OpenCV could not open it for "
-                               f"writing: pass --output in a folder you can write to")
+        raise OutputWriteError(
+            f"cannot write {str(path)!r}: OpenCV could not open it for "
+            f"writing: pass --output in a folder you can write to"
+        )
     return writer

@@ -5,18 +5,25 @@ overrides. It sits above :mod:`lambda_det.config` and :mod:`lambda_det.modeling`
 nothing of each other. Loading a config registers no dataset: the tools register what a run
 reads (:func:`lambda_det.data.register_datasets`) before building its loaders.
 """
+
 from typing import List, Optional, Sequence
 
 import yaml
+
 from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
+
 from lambda_det.config import (  # noqa: E402
-    CfgNode, add_lambda_det_config, flatten_config, merge_config, read_config_dump)
-from lambda_det.modeling.config import (  # noqa: E402
-    RENAMED_KEYS, add_lambda_resnet_config, register_renamed_keys)
+    CfgNode,
+    add_lambda_det_config,
+    flatten_config,
+    merge_config,
+    read_config_dump,
+)
+from lambda_det.modeling.config import RENAMED_KEYS, add_lambda_resnet_config, register_renamed_keys  # noqa: E402
 
 __all__ = ["get_cfg", "load_config", "config_differences"]
 
@@ -29,8 +36,9 @@ def get_cfg() -> CfgNode:
     return cfg
 
 
-def load_config(config_file: Optional[str] = None, opts: Sequence[str] = (), *,
-                freeze: bool = True) -> CfgNode:
+def load_config(
+    config_file: Optional[str] = None, opts: Sequence[str] = (), *, freeze: bool = True
+) -> CfgNode:
     """The config of a run: lambda_det's defaults (:func:`get_cfg`), then the file, then
     ``KEY VALUE`` overrides; on the CPU, SyncBN becomes naiveSyncBN
     (:func:`lambda_det.config.merge_config`, which names what it raises). Registers no dataset.
@@ -61,5 +69,8 @@ def config_differences(saved: str, wanted: str, saved_in: str = "the saved confi
     saved_keys = flatten_config(read_config_dump(saved, saved_in)).items()
     old = {**defaults, **{RENAMED_KEYS.get(key, key): value for key, value in saved_keys}}
     new = {**defaults, **flatten_config(read_config_dump(wanted, "the wanted config"))}
-    return [f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+    return [
+        f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]

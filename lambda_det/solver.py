@@ -1,4 +1,5 @@
 """The learning-rate schedule of the yaml recipes (``SOLVER.*``), as a LazyConfig callable."""
+
 import logging
 from typing import Sequence
 
@@ -16,9 +17,14 @@ __all__ = ["warmup_multistep"]
 logger = logging.getLogger(__name__)
 
 
-def warmup_multistep(max_iter: int, steps: Sequence[int], gamma: float = 0.1,
-                     warmup_iters: int = 1000, warmup_factor: float = 0.001,
-                     warmup_method: str = "linear") -> ParamScheduler:
+def warmup_multistep(
+    max_iter: int,
+    steps: Sequence[int],
+    gamma: float = 0.1,
+    warmup_iters: int = 1000,
+    warmup_factor: float = 0.001,
+    warmup_method: str = "linear",
+) -> ParamScheduler:
     """The LR multiplier detectron2 builds from ``SOLVER.LR_SCHEDULER_NAME "WarmupMultiStepLR"``,
     from the same values in iterations: ``max_iter`` (MAX_ITER), ``steps`` (STEPS), ``gamma``,
     ``warmup_iters``, ``warmup_factor``, ``warmup_method``.
@@ -31,7 +37,9 @@ def warmup_multistep(max_iter: int, steps: Sequence[int], gamma: float = 0.1,
     kept = [step for step in steps if step < max_iter]
     if len(kept) != len(steps):
         logger.warning("LR steps %s at or past max_iter %d are dropped", list(steps), max_iter)
-    schedule = MultiStepParamScheduler(values=[gamma ** k for k in range(len(kept) + 1)],
-                                       milestones=kept, num_updates=max_iter)
-    return WarmupParamScheduler(schedule, warmup_factor, min(warmup_iters / max_iter, 1.0),
-                                warmup_method)
+    schedule = MultiStepParamScheduler(
+        values=[gamma**k for k in range(len(kept) + 1)], milestones=kept, num_updates=max_iter
+    )
+    return WarmupParamScheduler(
+        schedule, warmup_factor, min(warmup_iters / max_iter, 1.0), warmup_method
+    )

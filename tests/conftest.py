@@ -1,4 +1,5 @@
 """Shared test helpers. Everything runs on the CPU with small shapes."""
+
 import fcntl
 import hashlib
 import importlib.util
@@ -27,13 +28,24 @@ CONFIGS = REPO_ROOT / "configs"
 
 
 # A tiny training on the shapes dataset (checkpoint, data, config and engine tests).
-TINY_RUN = {"MODEL.DEVICE": "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
-            "MODEL.LAMBDA_RESNET.SCOPE": 3, "MODEL.LAMBDA_RESNET.NORM": "BN",
-            "MODEL.FPN.NORM": "BN", "MODEL.ROI_BOX_HEAD.NORM": "BN",
-            "MODEL.ROI_MASK_HEAD.NORM": "BN",
-            "SOLVER.IMS_PER_BATCH": 2, "SOLVER.WARMUP_ITERS": 2, "SOLVER.STEPS": (3, 5),
-            "SOLVER.MAX_ITER": 6, "SOLVER.CHECKPOINT_PERIOD": 3, "DATALOADER.NUM_WORKERS": 0,
-            "DATALOADER.DETERMINISTIC": True, "SEED": 7, "DATASETS.TEST": ()}
+TINY_RUN = {
+    "MODEL.DEVICE": "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
+    "MODEL.LAMBDA_RESNET.SCOPE": 3,
+    "MODEL.LAMBDA_RESNET.NORM": "BN",
+    "MODEL.FPN.NORM": "BN",
+    "MODEL.ROI_BOX_HEAD.NORM": "BN",
+    "MODEL.ROI_MASK_HEAD.NORM": "BN",
+    "SOLVER.IMS_PER_BATCH": 2,
+    "SOLVER.WARMUP_ITERS": 2,
+    "SOLVER.STEPS": (3, 5),
+    "SOLVER.MAX_ITER": 6,
+    "SOLVER.CHECKPOINT_PERIOD": 3,
+    "DATALOADER.NUM_WORKERS": 0,
+    "DATALOADER.DETERMINISTIC": True,
+    "SEED": 7,
+    "DATASETS.TEST": (),
+}
 
 
 def tiny_cfg(output_dir: Path, **overrides):
@@ -65,8 +77,11 @@ def pytest_sessionfinish(session, exitstatus):
     if CHECKOUT_DATASETS.exists():
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"error: a test wrote {CHECKOUT_DATASETS} into the checkout: give "
-                                "it the datasets_root or shapes fixture", red=True)
+            reporter.write_line(
+                f"error: a test wrote {CHECKOUT_DATASETS} into the checkout: give "
+                "it the datasets_root or shapes fixture",
+                red=True,
+            )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -76,8 +91,14 @@ def _seed():
 
 
 def _all_loggers() -> list:
-    return [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict.values()
-                                   if isinstance(logger, logging.Logger))]
+    return [
+        logging.getLogger(),
+        *(
+            logger
+            for logger in logging.Logger.manager.loggerDict.values()
+            if isinstance(logger, logging.Logger)
+        ),
+    ]
 
 
 @pytest.fixture(autouse=True)
@@ -112,8 +133,12 @@ def tiny_detection_batch(sizes=((64, 96), (96, 64)), with_sem_seg: bool = False)
         masks[0, 6:50, 4:40] = True
         masks[1, 10:30, 20:60] = True
         instances.gt_masks = BitMasks(masks)
-        record = {"image": torch.randint(0, 256, (3, height, width), dtype=torch.uint8),
-                  "instances": instances, "height": height, "width": width}
+        record = {
+            "image": torch.randint(0, 256, (3, height, width), dtype=torch.uint8),
+            "instances": instances,
+            "height": height,
+            "width": width,
+        }
         if with_sem_seg:
             record["sem_seg"] = torch.randint(0, 4, (height, width))
         batch.append(record)
@@ -172,6 +197,7 @@ def datasets_root(tmp_path_factory) -> Path:
     while the others wait on the lock."""
     import cv2
     import numpy
+
     from lambda_det.data import shapes
 
     key = hashlib.sha256(Path(shapes.__file__).read_bytes())
@@ -212,10 +238,26 @@ def one_torch_thread():
 
 DEMO_CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 # The demo config at a quarter width, 2 iterations of 2 images, no test set (tool command lines).
-TINY_OVERRIDES = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-                  "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2",
-                  "SOLVER.MAX_ITER", "2", "SOLVER.STEPS", "(1,)", "SOLVER.WARMUP_ITERS", "1",
-                  "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", "()"]
+TINY_OVERRIDES = [
+    "MODEL.DEVICE",
+    "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "SOLVER.IMS_PER_BATCH",
+    "2",
+    "SOLVER.MAX_ITER",
+    "2",
+    "SOLVER.STEPS",
+    "(1,)",
+    "SOLVER.WARMUP_ITERS",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "DATASETS.TEST",
+    "()",
+]
 
 
 class Payload:
@@ -231,6 +273,7 @@ class Payload:
 def tiny_model():
     """The Mask R-CNN of DEMO_CONFIG with TINY_OVERRIDES, seeded."""
     from detectron2.modeling import build_model
+
     from lambda_det.run_config import load_config
 
     torch.manual_seed(0)
@@ -244,8 +287,10 @@ def write_payload(path: Path, kind: str, marker: Path) -> Path:
         data = {"model": weights, "__author__": "someone", "evil": Payload(marker)}
         path.write_bytes(pickle.dumps(data, protocol=2))
     else:
-        data = {"model": {key: torch.from_numpy(value) for key, value in weights.items()},
-                "evil": Payload(marker)}
+        data = {
+            "model": {key: torch.from_numpy(value) for key, value in weights.items()},
+            "evil": Payload(marker),
+        }
         torch.save(data, path, _use_new_zipfile_serialization=(kind == "pth"))
     return path
 
@@ -273,7 +318,7 @@ def bash_commands_of(text: str) -> list:
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].strip()  # a trailing comment
             if line.startswith(VENV_PYTHON):
-                line = "python " + line[len(VENV_PYTHON):]
+                line = "python " + line[len(VENV_PYTHON) :]
             if line and not line.startswith("#"):
                 commands.append(line)
     return commands

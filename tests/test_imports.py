@@ -1,11 +1,12 @@
-"""Importing lambda_det's core needs torch alone: no detectron2, so it works in any PyTorch project."""
+"""Importing lambda_det's core needs torch alone: no detectron2, so it works in any PyTorch
+project."""
+
 import os
 import shutil
 import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT, subprocess_env
 
 # Makes detectron2 unimportable in the child, as in an environment that has only torch.
@@ -62,14 +63,24 @@ print(" ".join(names))
 
 @pytest.mark.slow
 def test_layers_and_benchmark_import_and_run_without_detectron2():
-    result = subprocess.run([sys.executable, "-c", BLOCK_DETECTRON2 + IMPORT_THE_CORE],
-                            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_DETECTRON2 + IMPORT_THE_CORE],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     imported = set(result.stdout.split())
-    assert {"lambda_det.layers.lambda_layer", "lambda_det.layers.lambda_conv",
-            "lambda_det.layers.aft", "lambda_det.layers.position_embedding",
-            "lambda_det.benchmark.harness", "lambda_det.benchmark.candidates"} <= imported
+    assert {
+        "lambda_det.layers.lambda_layer",
+        "lambda_det.layers.lambda_conv",
+        "lambda_det.layers.aft",
+        "lambda_det.layers.position_embedding",
+        "lambda_det.benchmark.harness",
+        "lambda_det.benchmark.candidates",
+    } <= imported
 
 
 # The LambdaResNet, lambda_det's lazy names and the timm models, as a timm user runs them.
@@ -100,15 +111,22 @@ print("ok")
 @pytest.mark.slow
 def test_the_model_and_the_timm_models_run_without_detectron2():
     pytest.importorskip("timm")
-    result = subprocess.run([sys.executable, "-c", BLOCK_DETECTRON2 + USE_THE_MODEL],
-                            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", BLOCK_DETECTRON2 + USE_THE_MODEL],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["ok"]
 
 
 def test_detectron2_parts_say_what_is_missing():
-    code = BLOCK_DETECTRON2 + """
+    code = (
+        BLOCK_DETECTRON2
+        + """
 import lambda_det
 try:
     lambda_det.get_cfg
@@ -117,8 +135,15 @@ except ImportError as error:
 else:
     raise AssertionError("lambda_det.get_cfg without detectron2")
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -136,8 +161,14 @@ cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME", "build_lambda
                      "0.25", "MODEL.RESNETS.RES2_OUT_CHANNELS", "64"])
 print(type(build_model(cfg).backbone).__name__)
 """
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["LambdaResNetBackbone"]
 
@@ -157,8 +188,14 @@ def test_the_missing_detectron2_message_names_the_checkouts_venv(tmp_path):
 
 def _lint_imports(config: str) -> subprocess.CompletedProcess:
     lint_imports = os.path.join(os.path.dirname(sys.executable), "lint-imports")
-    return subprocess.run([lint_imports, "--config", config, "--no-cache"], capture_output=True,
-                          text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
+    return subprocess.run(
+        [lint_imports, "--config", config, "--no-cache"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
 
 
 def test_rooms_import_only_the_rooms_below_them():
@@ -170,11 +207,11 @@ def test_rooms_import_only_the_rooms_below_them():
 def test_the_model_contract_catches_a_detectron2_import(tmp_path):
     # The contract of the torch-only model modules, pointed at the builders: they import it.
     contract = (REPO_ROOT / ".importlinter").read_text()
-    model = contract[contract.index("[importlinter:contract:model-without-detectron2]"):]
+    model = contract[contract.index("[importlinter:contract:model-without-detectron2]") :]
     model = model.split("\n\n[")[0]
     sources = model.split("source_modules =\n")[1].split("forbidden_modules")[0]
     broken = model.replace(sources, "    lambda_det.modeling.build\n")
-    header = contract[:contract.index("[importlinter:contract:")]
+    header = contract[: contract.index("[importlinter:contract:")]
     (tmp_path / "contract.ini").write_text(header + broken + "\n")
     result = _lint_imports(str(tmp_path / "contract.ini"))
     assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout
@@ -193,18 +230,29 @@ def test_the_import_contract_catches_an_upward_import(tmp_path):
 def test_the_import_contract_catches_config_importing_the_data(tmp_path):
     # A copy of the package whose config imports the data stack, as its loader once did to
     # register datasets: the forbidden contract must break, naming the import.
-    shutil.copytree(REPO_ROOT / "lambda_det", tmp_path / "lambda_det",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO_ROOT / "lambda_det",
+        tmp_path / "lambda_det",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
     config = tmp_path / "lambda_det/config/config.py"
-    config.write_text(config.read_text() + "\n\ndef _register(cfg):\n"
-                      "    from lambda_det.data.coco import register_coco_datasets\n\n"
-                      "    register_coco_datasets(cfg)\n")
+    config.write_text(
+        config.read_text() + "\n\ndef _register(cfg):\n"
+        "    from lambda_det.data.coco import register_coco_datasets\n\n"
+        "    register_coco_datasets(cfg)\n"
+    )
     contract = (REPO_ROOT / ".importlinter").read_text()
     (tmp_path / ".importlinter").write_text(contract)
     lint_imports = os.path.join(os.path.dirname(sys.executable), "lint-imports")
     env = {**subprocess_env(), "PYTHONPATH": str(tmp_path)}
-    result = subprocess.run([lint_imports, "--no-cache"], capture_output=True, text=True,
-                            env=env, cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [lint_imports, "--no-cache"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode != 0, result.stdout
     broken = result.stdout.split("Broken contracts")[-1]
     assert "The config imports neither the model nor the data" in broken, result.stdout

@@ -5,6 +5,7 @@ self-attention on the same feature map, and the Attention Free Transformer's mix
 -simple, -local, -full from lambda_det.layers).
 
 The command line of lambda_det/cli/benchmark_lambda.py (``--help`` lists its options)."""
+
 import sys
 
 from lambda_det.cli.benchmark_lambda import main

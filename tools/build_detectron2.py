@@ -5,9 +5,9 @@ Run as a script with the interpreter of the target environment (torch must alrea
     .venv/bin/python tools/build_detectron2.py
 
 Detectron2 is not on PyPI as a wheel. The only installable form is the source package
-``pb1-detectron2==0.6`` (the v0.6 tag's Python files). Out of the box it does not install or import
-on current torch / numpy / Pillow / setuptools, so this script downloads it, applies the small, exact
-source patches below, and installs the result as ``pb1-detectron2 0.6+lambdadet``:
+``pb1-detectron2==0.6`` (the v0.6 tag's Python files). Out of the box it does not install or
+import on current torch / numpy / Pillow / setuptools, so this script downloads it, applies the
+small, exact source patches below, and installs the result as ``pb1-detectron2 0.6+lambdadet``:
 
 * ``setup.py``: no C++ extension (the package ships without ``layers/csrc``), no ``black==21.4b2``
   pin (black only pretty-prints lazy configs, and that old release breaks with click 8), and no
@@ -26,9 +26,10 @@ source patches below, and installs the result as ``pb1-detectron2 0.6+lambdadet`
 
 A detectron2 that is already importable (a user's own build, 0.6 or newer, with its C++ ops) is left
 untouched: the script says so and exits. One that this script built from an older recipe (its
-``_C.py`` records the recipe's fingerprint) is rebuilt. Only the standard library is used here, so this file runs
-before lambda_det is installed.
+``_C.py`` records the recipe's fingerprint) is rebuilt. Only the standard library is used here,
+so this file runs before lambda_det is installed.
 """
+
 import argparse
 import hashlib
 import importlib.util
@@ -54,17 +55,21 @@ SOURCE_PATCHES: List[Tuple[str, str, str]] = [
     ("setup.py", "    ext_modules=get_extensions(),\n", "    ext_modules=[],\n"),
     ("setup.py", '        "black==21.4b2",\n', ""),
     # A direct-URL dependency in an extra: current pip refuses the whole package for it.
-    ("setup.py",
-     '            "panopticapi @ https://github.com/cocodataset/panopticapi/archive/master.zip",\n',
-     ""),
+    (
+        "setup.py",
+        '            "panopticapi @ https://github.com/cocodataset/panopticapi/archive/master.zip",\n',
+        "",
+    ),
     (
         "detectron2/data/transforms/transform.py",
         "interp=Image.LINEAR,",
         "interp=Image.BILINEAR,",
     ),
-    ("setup.py",
-     '    package_data={"detectron2.model_zoo": get_model_zoo_configs()},\n',
-     '    package_data={"detectron2.model_zoo": ["configs/**/*.yaml", "configs/**/*.py"]},\n'),
+    (
+        "setup.py",
+        '    package_data={"detectron2.model_zoo": get_model_zoo_configs()},\n',
+        '    package_data={"detectron2.model_zoo": ["configs/**/*.yaml", "configs/**/*.py"]},\n',
+    ),
     ("detectron2/model_zoo/model_zoo.py", "import pkg_resources\n", ""),
     (
         "detectron2/model_zoo/model_zoo.py",
@@ -184,7 +189,8 @@ def patch_source(root: Path) -> Dict[str, int]:
             relative = str(path.relative_to(root))
             edits[relative] = edits.get(relative, 0) + count
     (root / "detectron2" / "_C.py").write_text(
-        STUB_SOURCE.read_text() + f'\nLAMBDA_DET_BUILD = "{build_id()}"\n')
+        STUB_SOURCE.read_text() + f'\nLAMBDA_DET_BUILD = "{build_id()}"\n'
+    )
     edits["detectron2/_C.py"] = 1
     return edits
 
@@ -192,8 +198,9 @@ def patch_source(root: Path) -> Dict[str, int]:
 def main(argv: List[str] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", help="where to download and patch (default: a temp dir)")
-    parser.add_argument("--force", action="store_true",
-                        help="build even if a detectron2 is already importable")
+    parser.add_argument(
+        "--force", action="store_true", help="build even if a detectron2 is already importable"
+    )
     args = parser.parse_args(argv)
 
     existing = detectron2_location()

@@ -4,6 +4,7 @@ tools/train_net.py, then report AP over seeds, paired differences to a baseline,
 and time per iteration (OUTPUT/comparison.md, .json, .png).
 
 The command line of lambda_det/cli/compare_backbones.py (``--help`` lists its options)."""
+
 import sys
 
 from lambda_det.cli.compare_backbones import main

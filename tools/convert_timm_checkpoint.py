@@ -2,6 +2,7 @@
 """Turn a LambdaResNet classifier trained with timm into MODEL.WEIGHTS for a detector.
 
 The command line of lambda_det/cli/convert_timm_checkpoint.py (``--help`` lists its options)."""
+
 import sys
 
 from lambda_det.cli.convert_timm_checkpoint import main

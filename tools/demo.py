@@ -3,6 +3,7 @@
 the CPU, evaluate it with COCO AP by object size, print the table and draw its predictions.
 
 The command line of lambda_det/cli/demo.py (``--help`` lists its options)."""
+
 import sys
 
 from lambda_det.cli.demo import main

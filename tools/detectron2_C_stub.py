@@ -1,9 +1,9 @@
 """Pure-Python stand-in for detectron2's compiled extension ``detectron2._C``.
 
-Installed as ``detectron2/_C.py`` by lambda_det's detectron2 build (``build_detectron2.py``), because
-the PyPI source package ``pb1-detectron2`` ships without the C++ sources. Everything lambda_det and
-the standard Mask R-CNN / Faster R-CNN / RetinaNet pipelines use is pure PyTorch (ROIAlign and NMS
-come from torchvision). What needs this extension: rotated boxes (``nms_rotated``,
+Installed as ``detectron2/_C.py`` by lambda_det's detectron2 build (``build_detectron2.py``),
+because the PyPI source package ``pb1-detectron2`` ships without the C++ sources. Everything
+lambda_det and the standard Mask R-CNN / Faster R-CNN / RetinaNet pipelines use is pure PyTorch
+(ROIAlign and NMS come from torchvision). What needs this extension: rotated boxes (``nms_rotated``,
 ``box_iou_rotated``, ``ROIAlignRotated``), deformable convolution and the C++ "fast" COCOeval.
 Calling one of those raises a ``RuntimeError`` that says so, instead of an import error at startup.
 """

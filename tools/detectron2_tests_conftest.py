@@ -7,19 +7,22 @@ LambdaResNet instead, from the same config: MODEL.LAMBDA_RESNET is added at its 
 DEPTH, NORM and OUT_FEATURES follow MODEL.RESNETS. LazyConfigs that name detectron2's ResNet
 class itself keep it. Checked with detectron2 v0.6's tests.
 """
-import yaml
-from omegaconf import OmegaConf
 
 import detectron2.modeling.backbone as backbone
 import detectron2.modeling.backbone.fpn as fpn
 import detectron2.modeling.backbone.resnet as resnet
+import yaml
 from detectron2.config import CfgNode, get_cfg
 from detectron2.modeling import BACKBONE_REGISTRY
+from omegaconf import OmegaConf
+
 from lambda_det.modeling import add_lambda_resnet_config  # and registers the builders
 
-SWAP = {"build_resnet_backbone": "build_lambda_resnet_backbone",
-        "build_resnet_fpn_backbone": "build_lambda_resnet_fpn_backbone",
-        "build_retinanet_resnet_fpn_backbone": "build_retinanet_lambda_resnet_fpn_backbone"}
+SWAP = {
+    "build_resnet_backbone": "build_lambda_resnet_backbone",
+    "build_resnet_fpn_backbone": "build_lambda_resnet_fpn_backbone",
+    "build_retinanet_resnet_fpn_backbone": "build_retinanet_lambda_resnet_fpn_backbone",
+}
 
 
 def with_lambda_resnet_keys(cfg):

@@ -3,6 +3,7 @@
 torch.export.
 
 The command line of lambda_det/cli/export_model.py (``--help`` lists its options)."""
+
 import sys
 
 from lambda_det.cli.export_model import main

@@ -3,6 +3,7 @@
 Tables 12 and 13 (k=16, h=4, u=1, scope 23x23). Prints a markdown table.
 
 The command line of lambda_det/cli/param_counts.py (``--help`` lists its options)."""
+
 import sys
 
 from lambda_det.cli.param_counts import main

@@ -2,6 +2,7 @@
 """Run a trained model on your own images and videos, in the shape of detectron2's demo/demo.py.
 
 The command line of lambda_det/cli/predict.py (``--help`` lists its options)."""
+
 import sys
 
 from lambda_det.cli.predict import main

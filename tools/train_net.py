@@ -10,6 +10,7 @@ What it adds to detectron2's script (one run per output folder, checks before la
 weights, one-line errors): README.md, "Training and evaluating", and docs/safety.md.
 tools/lazyconfig_train_net.py is the same command line for LazyConfig recipes.
 """
+
 import sys
 
 from lambda_det.cli.train_net import main

@@ -7,8 +7,9 @@ Three modes (:mod:`lambda_det.benchmark.modes`):
   the input and of every parameter) on the feature maps of :data:`~.candidates.SHAPES`: every
   lambda_det implementation, timm's and lucidrains' lambda layers, the 3x3 conv a lambda layer
   replaces, global multi-head self-attention, and the Attention Free Transformer's mixers
-  (:mod:`~lambda_det.benchmark.candidates`). Layer sizes are :class:`~lambda_det.layers.LambdaLayer`'s
-  defaults (h=4, k=16, u=1, scope 23; r=23 for timm and lucidrains).
+  (:mod:`~lambda_det.benchmark.candidates`). Layer sizes are
+  :class:`~lambda_det.layers.LambdaLayer`'s defaults (h=4, k=16, u=1, scope 23; r=23 for timm
+  and lucidrains).
 * backbone: LambdaResNet (the paper's placement) against placement="none" (its ResNet-RS
   baseline), batch 1, train mode: forward + backward time of the sum of res2..res5, memory as
   below, parameters, and forward FLOPs counted by fvcore (one fused multiply-add = one FLOP,

@@ -4,6 +4,7 @@ Sizes come from the layers' own constructor defaults (:class:`~lambda_det.layers
 :class:`~lambda_det.layers.AFTConv`), so the benchmark times the layers a LambdaResNet builds.
 timm and lambda-networks are imported only when their candidates are built.
 """
+
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -11,8 +12,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from lambda_det.benchmark.harness import Candidate
-from lambda_det.layers import (IMPLEMENTATIONS, AFTConv, AFTFull, AFTLocal, AFTSimple,
-                               LambdaLayer, constructor_defaults)
+from lambda_det.layers import (
+    IMPLEMENTATIONS,
+    AFTConv,
+    AFTFull,
+    AFTLocal,
+    AFTSimple,
+    LambdaLayer,
+    constructor_defaults,
+)
 from lambda_det.layers.lambda_conv import TiledTuning
 from lambda_det.utils.errors import UserError
 
@@ -54,17 +62,25 @@ class GlobalSelfAttention(nn.Module):
 
 def _timm_layer(channels: int) -> nn.Module:
     from timm.layers.lambda_layer import LambdaLayer as TimmLambdaLayer
+
     return TimmLambdaLayer(channels, num_heads=HEADS, dim_head=DIM_K, r=SCOPE)
 
 
 def _lucidrains_layer(channels: int) -> nn.Module:
     from lambda_networks import LambdaLayer as LucidrainsLambdaLayer
+
     return LucidrainsLambdaLayer(channels, dim_k=DIM_K, r=SCOPE, heads=HEADS, dim_u=DIM_U)
 
 
-def layer_candidates(height: int, width: int, channels: int, batch: int, cap_bytes: float,
-                     only: Optional[Sequence[str]] = None,
-                     tile: Tuple[int, ...] = ()) -> List[Candidate]:
+def layer_candidates(
+    height: int,
+    width: int,
+    channels: int,
+    batch: int,
+    cap_bytes: float,
+    only: Optional[Sequence[str]] = None,
+    tile: Tuple[int, ...] = (),
+) -> List[Candidate]:
     """Every candidate for a (batch, channels, height, width) input, in table order.
 
     Args:
@@ -83,33 +99,46 @@ def layer_candidates(height: int, width: int, channels: int, batch: int, cap_byt
             need = 4 * (2 * DIM_K * DIM_U * n * n + 2 * batch * n * DIM_K * dim_v)
             if need > cap_bytes:
                 skip = f"too large: ~{need / 2**30:.1f} GiB for E > cap"
-        candidates.append(Candidate(
-            f"lambda_det {impl}",
-            lambda impl=impl: LambdaLayer(channels, impl=impl, tuning=tuning),
-            skip, lambda_impl=True))
+        candidates.append(
+            Candidate(
+                f"lambda_det {impl}",
+                lambda impl=impl: LambdaLayer(channels, impl=impl, tuning=tuning),
+                skip,
+                lambda_impl=True,
+            )
+        )
     candidates.append(Candidate(TIMM, lambda: _timm_layer(channels), lambda_impl=True))
     candidates.append(Candidate(LUCIDRAINS, lambda: _lucidrains_layer(channels), lambda_impl=True))
-    candidates.append(Candidate("conv 3x3", lambda: nn.Conv2d(channels, channels, 3, padding=1,
-                                                              bias=False)))
+    candidates.append(
+        Candidate("conv 3x3", lambda: nn.Conv2d(channels, channels, 3, padding=1, bias=False))
+    )
     # The Attention Free Transformer's mixers: AFT-conv as the backbone builds it and with the
     # lambda layer's scope; AFT-local with that window and AFT-full mix through one n x n matrix.
     size = max(height, width)
     candidates += [
         Candidate(f"AFT-conv h={AFT_HEADS} s={AFT_WINDOW}", lambda: AFTConv(channels)),
-        Candidate(f"AFT-conv h={AFT_HEADS} s={SCOPE}",
-                  lambda: AFTConv(channels, window_size=SCOPE)),
+        Candidate(
+            f"AFT-conv h={AFT_HEADS} s={SCOPE}", lambda: AFTConv(channels, window_size=SCOPE)
+        ),
         Candidate("AFT-simple", lambda: AFTSimple(channels)),
-        Candidate(f"AFT-local s={SCOPE}",
-                  lambda: AFTLocal(channels, window_size=SCOPE, max_size=size)),
+        Candidate(
+            f"AFT-local s={SCOPE}", lambda: AFTLocal(channels, window_size=SCOPE, max_size=size)
+        ),
         Candidate("AFT-full", lambda: AFTFull(channels, max_size=size)),
     ]
     attention_bytes = 3 * 4 * batch * HEADS * n * n  # logits, probabilities, their gradient
-    candidates.append(Candidate(
-        "self-attention explicit", lambda: GlobalSelfAttention(channels),
-        f"too large: ~{attention_bytes / 2**30:.1f} GiB for the n x n matrix > cap"
-        if attention_bytes > cap_bytes else None))
-    candidates.append(Candidate("self-attention sdpa",
-                                lambda: GlobalSelfAttention(channels, fused=True)))
+    candidates.append(
+        Candidate(
+            "self-attention explicit",
+            lambda: GlobalSelfAttention(channels),
+            f"too large: ~{attention_bytes / 2**30:.1f} GiB for the n x n matrix > cap"
+            if attention_bytes > cap_bytes
+            else None,
+        )
+    )
+    candidates.append(
+        Candidate("self-attention sdpa", lambda: GlobalSelfAttention(channels, fused=True))
+    )
     if only:
         names = [c.name for c in candidates]
         candidates = [c for c in candidates if any(word in c.name for word in only)]

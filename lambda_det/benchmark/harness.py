@@ -1,4 +1,5 @@
 """Timing: candidates, one training step of a module, the round robin, the machine's description."""
+
 import os
 import platform
 import statistics
@@ -49,8 +50,11 @@ class Step:
     grad: Optional[torch.Tensor] = None  # the output gradient, drawn on the first call
 
     def forward(self) -> torch.Tensor:
-        with torch.autocast(self.x.device.type, dtype=self.autocast or torch.float32,
-                            enabled=self.autocast is not None):
+        with torch.autocast(
+            self.x.device.type,
+            dtype=self.autocast or torch.float32,
+            enabled=self.autocast is not None,
+        ):
             return self.module(self.x)
 
     def __call__(self) -> None:
@@ -62,8 +66,9 @@ class Step:
             output = torch.stack([value.float().sum() for value in output.values()]).sum()
         if self.grad is None or self.grad.shape != output.shape:
             generator = torch.Generator(device=output.device).manual_seed(0)
-            self.grad = torch.randn(output.shape, generator=generator, device=output.device,
-                                    dtype=output.dtype)
+            self.grad = torch.randn(
+                output.shape, generator=generator, device=output.device, dtype=output.dtype
+            )
         output.backward(self.grad)
 
 
@@ -78,20 +83,30 @@ def free_memory(device: torch.device) -> None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, MemoryError) or "out of memory" in str(error).lower() or \
-        "can't allocate memory" in str(error).lower() or "not enough memory" in str(error).lower()
+    return (
+        isinstance(error, MemoryError)
+        or "out of memory" in str(error).lower()
+        or "can't allocate memory" in str(error).lower()
+        or "not enough memory" in str(error).lower()
+    )
 
 
 def gemm_yardstick(device: torch.device, dtype: torch.dtype) -> Yardstick:
     size = 2048 if device.type == "cpu" else 8192
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    return Yardstick("sgemm" if dtype == torch.float32 else "bf16 gemm", 2 * size ** 3,
-                     lambda: torch.mm(a, b))
+    return Yardstick(
+        "sgemm" if dtype == torch.float32 else "bf16 gemm", 2 * size**3, lambda: torch.mm(a, b)
+    )
 
 
-def run_round_robin(timed: Sequence[Timed], steps: Dict[str, Callable[[], None]],
-                    device: torch.device, warmup: int, repetitions: int) -> None:
+def run_round_robin(
+    timed: Sequence[Timed],
+    steps: Dict[str, Callable[[], None]],
+    device: torch.device,
+    warmup: int,
+    repetitions: int,
+) -> None:
     """Runs ``steps[name]`` of each of ``timed`` once per round, the first one rotating, and
     appends the timed rounds' seconds to its ``times``. An out-of-memory error ends a
     candidate's rounds (its ``error`` says so); other errors propagate."""
@@ -142,8 +157,15 @@ def machine_description(device: torch.device) -> Dict[str, object]:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         for line in lscpu.splitlines():
             key, _, value = line.partition(":")
-            if key.strip() in ("Model name", "CPU family", "Model", "CPU(s)", "Thread(s) per core",
-                               "Core(s) per socket", "L3 cache"):
+            if key.strip() in (
+                "Model name",
+                "CPU family",
+                "Model",
+                "CPU(s)",
+                "Thread(s) per core",
+                "Core(s) per socket",
+                "L3 cache",
+            ):
                 info[f"lscpu {key.strip()}"] = value.strip()
             elif key.strip() == "Flags":
                 # The same "AMD EPYC" name covers hosts with and without AVX-512, on which

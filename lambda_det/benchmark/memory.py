@@ -1,4 +1,5 @@
 """Memory of one training step: its peak, and what autograd saves for backward."""
+
 from typing import Dict
 
 import torch

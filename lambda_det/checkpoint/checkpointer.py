@@ -10,6 +10,7 @@ Every weights or checkpoint file lambda_det reads (training's MODEL.WEIGHTS, ``-
 
 Anything else in a file is refused with :class:`UnsafeCheckpointError` before it can run.
 """
+
 import argparse
 import codecs
 import collections
@@ -26,15 +27,26 @@ import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
+
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.setting import Setting, override
 from lambda_det.utils.text import read_text
 
-__all__ = ["AtomicCheckpointer", "CorruptCheckpointError", "UnsafeCheckpointError",
-           "RestrictedUnpickler", "load_checkpoint_file", "check_weights", "load_weights",
-           "WeightsMismatchError", "last_checkpoint", "checkpoint_to_resume",
-           "evaluation_weights", "counted_weights"]
+__all__ = [
+    "AtomicCheckpointer",
+    "CorruptCheckpointError",
+    "UnsafeCheckpointError",
+    "RestrictedUnpickler",
+    "load_checkpoint_file",
+    "check_weights",
+    "load_weights",
+    "WeightsMismatchError",
+    "last_checkpoint",
+    "checkpoint_to_resume",
+    "evaluation_weights",
+    "counted_weights",
+]
 
 
 class CorruptCheckpointError(RuntimeError):
@@ -58,12 +70,18 @@ _NUMPY_RECONSTRUCT = np.zeros(1).__reduce__()[0]
 _NUMPY_FROMBUFFER = np.zeros(1).__reduce_ex__(5)[0]
 _NUMPY_SCALAR = np.float32(0).__reduce__()[0]
 _SAFE_GLOBALS = {
-    **{(module, "_reconstruct"): _NUMPY_RECONSTRUCT
-       for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
-    **{(module, "_frombuffer"): _NUMPY_FROMBUFFER
-       for module in ("numpy.core.numeric", "numpy._core.numeric")},
-    **{(module, "scalar"): _NUMPY_SCALAR
-       for module in ("numpy.core.multiarray", "numpy._core.multiarray")},
+    **{
+        (module, "_reconstruct"): _NUMPY_RECONSTRUCT
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+    },
+    **{
+        (module, "_frombuffer"): _NUMPY_FROMBUFFER
+        for module in ("numpy.core.numeric", "numpy._core.numeric")
+    },
+    **{
+        (module, "scalar"): _NUMPY_SCALAR
+        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+    },
     ("numpy", "ndarray"): np.ndarray,
     ("numpy", "dtype"): np.dtype,
     ("collections", "OrderedDict"): collections.OrderedDict,
@@ -86,14 +104,35 @@ class RestrictedUnpickler(pickle.Unpickler):
             raise UnsafeCheckpointError(
                 f"checkpoint {self.filename} refers to {module}.{name}, which a weights file "
                 f"does not need and which could run code; refused (only dicts, lists, numbers, "
-                f"strings and numpy arrays load from .pkl files)") from None
+                f"strings and numpy arrays load from .pkl files)"
+            ) from None
 
 
 # Modules whose functions run code or commands: a global from one of them (or a bare builtin
 # such as exec) is never part of a weights file, so no way to load it is suggested.
-_CODE_MODULES = {"builtins", "__builtin__", "os", "posix", "nt", "subprocess", "sys", "runpy",
-                 "importlib", "pty", "shutil", "socket", "code", "codeop", "pickle", "marshal",
-                 "types", "ctypes", "webbrowser", "functools", "operator"}
+_CODE_MODULES = {
+    "builtins",
+    "__builtin__",
+    "os",
+    "posix",
+    "nt",
+    "subprocess",
+    "sys",
+    "runpy",
+    "importlib",
+    "pty",
+    "shutil",
+    "socket",
+    "code",
+    "codeop",
+    "pickle",
+    "marshal",
+    "types",
+    "ctypes",
+    "webbrowser",
+    "functools",
+    "operator",
+}
 
 
 def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError:
@@ -102,33 +141,39 @@ def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError
         return UnsafeCheckpointError(
             f"checkpoint {filename} holds objects that torch.load(weights_only=True) refuses to "
             f"unpickle (they could run code): if you trust its source, save its weights alone "
-            f"where it was made (torch.save(model.state_dict(), 'weights.pth')) and load those")
+            f"where it was made (torch.save(model.state_dict(), 'weights.pth')) and load those"
+        )
     name = refused[1]
     module = name.split(".")[0] if "." in name else "builtins"
     if module in _CODE_MODULES:
         return UnsafeCheckpointError(
             f"checkpoint {filename} refers to {name}, which runs code and has no place in a "
             f"weights file: do not load it; ask its source for the weights alone, saved with "
-            f"torch.save(model.state_dict(), 'weights.pth')")
+            f"torch.save(model.state_dict(), 'weights.pth')"
+        )
     return UnsafeCheckpointError(
         f"checkpoint {filename} refers to {name}, which torch.load(weights_only=True) refuses "
         f"to unpickle (it could run code). If you trust the file's source: save its weights "
         f"alone where it was made (torch.save(model.state_dict(), 'weights.pth')); or, if "
         f"{name} is a class you trust, read the file in Python under "
         f"torch.serialization.safe_globals([{name}]) with torch.load(..., weights_only=True), "
-        f"torch.save its 'model' weights alone to weights.pth and load that")
+        f"torch.save its 'model' weights alone to weights.pth and load that"
+    )
 
 
 _NUMBERS = (bool, int, float, np.bool_, np.integer, np.floating)
 
 
 # The layouts of a .pkl that detectron2 loads (its DetectionCheckpointer._load_file).
-_PICKLE_LAYOUTS = ("a .pkl of weights is detectron2's {'model': {name: numpy array}, "
-                   "'__author__': source} or Caffe2's {name: numpy array} (or under 'blobs')")
+_PICKLE_LAYOUTS = (
+    "a .pkl of weights is detectron2's {'model': {name: numpy array}, "
+    "'__author__': source} or Caffe2's {name: numpy array} (or under 'blobs')"
+)
 
 
-def _numeric_weights(weights: Dict[str, Any], filename: str,
-                     author_missing: bool = False) -> Dict[str, Any]:
+def _numeric_weights(
+    weights: Dict[str, Any], filename: str, author_missing: bool = False
+) -> Dict[str, Any]:
     """``weights`` with numpy object arrays of plain numbers turned into numeric arrays (what
     the model's weights are); an object array of anything else, or a value that is no array
     (which detectron2 cannot load either), is refused by name. ``author_missing``: the file has
@@ -136,12 +181,16 @@ def _numeric_weights(weights: Dict[str, Any], filename: str,
     converted = dict(weights)
     for key, value in weights.items():
         if not isinstance(value, np.ndarray):
-            read_as = (" (without '__author__' the file is read as Caffe2's layout: add "
-                       "'__author__' if its weights are under 'model')" if author_missing
-                       else "")
+            read_as = (
+                " (without '__author__' the file is read as Caffe2's layout: add "
+                "'__author__' if its weights are under 'model')"
+                if author_missing
+                else ""
+            )
             raise CorruptCheckpointError(
                 f"checkpoint {filename}: {key!r} is of type {type(value).__name__}, not a numpy "
-                f"array{read_as}; {_PICKLE_LAYOUTS}")
+                f"array{read_as}; {_PICKLE_LAYOUTS}"
+            )
         if value.dtype != object:
             continue
         types = set(map(type, value.flat))
@@ -186,14 +235,16 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
             with open(filename, "rb") as f:
                 data = RestrictedUnpickler(f, filename).load()
             if not isinstance(data, dict):
-                raise CorruptCheckpointError(f"checkpoint {filename} holds a "
-                                             f"{type(data).__name__}, not a dict of weights")
+                raise CorruptCheckpointError(
+                    f"checkpoint {filename} holds a {type(data).__name__}, not a dict of weights"
+                )
             author_missing = "model" in data and "__author__" not in data
             data = _from_pickle(data)
             if not isinstance(data["model"], dict):
                 raise CorruptCheckpointError(
                     f"checkpoint {filename}: its 'model' is a {type(data['model']).__name__}, "
-                    f"not a dict of weights; {_PICKLE_LAYOUTS}")
+                    f"not a dict of weights; {_PICKLE_LAYOUTS}"
+                )
             data["model"] = _numeric_weights(data["model"], filename, author_missing)
             return data
         # timm's train.py stores its arguments (an argparse.Namespace of plain values) in its
@@ -202,8 +253,16 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
             data = torch.load(filename, map_location="cpu", weights_only=True)
     except (UnsafeCheckpointError, CorruptCheckpointError):
         raise
-    except (EOFError, RuntimeError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError,
-            TypeError, IndexError, KeyError) as error:
+    except (
+        EOFError,
+        RuntimeError,
+        pickle.UnpicklingError,
+        zipfile.BadZipFile,
+        ValueError,
+        TypeError,
+        IndexError,
+        KeyError,
+    ) as error:
         if "weights only load failed" in str(error).lower():
             raise _unsafe_torch_file(filename, error) from None
         raise CorruptCheckpointError(
@@ -212,12 +271,16 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
         ) from error
     if not isinstance(data, dict):
         raise CorruptCheckpointError(
-            f"checkpoint {filename} holds a {type(data).__name__}, not a dict of weights")
+            f"checkpoint {filename} holds a {type(data).__name__}, not a dict of weights"
+        )
     if filename.endswith(".pyth"):  # pycls, as detectron2 reads it
         if "model_state" not in data:
             raise CorruptCheckpointError(f"pycls checkpoint {filename} has no 'model_state'")
-        weights = {key: value for key, value in data["model_state"].items()
-                   if not key.endswith("num_batches_tracked")}
+        weights = {
+            key: value
+            for key, value in data["model_state"].items()
+            if not key.endswith("num_batches_tracked")
+        }
         return {"model": weights, "__author__": "pycls", "matching_heuristics": True}
     return data if "model" in data else {"model": data}
 
@@ -234,11 +297,13 @@ class AtomicCheckpointer(DetectionCheckpointer):
         require: which of the model's weights a loaded checkpoint must hold, with the shapes of
             the model: None (detectron2's behaviour: log what is missing and go on), "backbone"
             (every weight of the image network: ``backbone.bottom_up.*`` under an FPN, else
-            ``backbone.*``; FPN and heads may be new, e.g. another number of classes) or "all". A checkpoint that falls short raises :class:`WeightsMismatchError`.
+            ``backbone.*``; FPN and heads may be new, e.g. another number of classes) or "all".
+            A checkpoint that falls short raises :class:`WeightsMismatchError`.
     """
 
-    def __init__(self, model, save_dir: str = "", *, require: Optional[str] = None,
-                 **checkpointables):
+    def __init__(
+        self, model, save_dir: str = "", *, require: Optional[str] = None, **checkpointables
+    ):
         if require not in (None, "backbone", "all"):
             raise ValueError(f"require must be None, 'backbone' or 'all', got {require!r}")
         super().__init__(model, save_dir, **checkpointables)
@@ -264,18 +329,24 @@ class AtomicCheckpointer(DetectionCheckpointer):
         """The save error, with where the run stands: its last complete checkpoint (which
         ``--resume`` continues from) or none."""
         previous = last_checkpoint(self.save_dir)
-        saved = (f"its last complete checkpoint is {previous} (last_checkpoint)" if previous
-                 else "it has saved no checkpoint")
+        saved = (
+            f"its last complete checkpoint is {previous} (last_checkpoint)"
+            if previous
+            else "it has saved no checkpoint"
+        )
         reason = error.strerror or str(error)
         full = error.errno in (errno.ENOSPC, errno.EDQUOT)
         fix = "free space on that disk" if full else f"make {self.save_dir} writable"
         return OutputWriteError(
             f"saving checkpoint {path} failed ({reason}): the run stopped and {saved}; "
-            f"{fix}, then continue it with --resume")
+            f"{fix}, then continue it with --resume"
+        )
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
-        with atomic_path(os.path.join(self.save_dir, "last_checkpoint")) as temporary, \
-                open(temporary, "w") as f:
+        with (
+            atomic_path(os.path.join(self.save_dir, "last_checkpoint")) as temporary,
+            open(temporary, "w") as f,
+        ):
             f.write(last_filename_basename)
 
     def load(self, path: str, *args, **kwargs):
@@ -291,27 +362,36 @@ class AtomicCheckpointer(DetectionCheckpointer):
         if self.require is None:
             return incompatible
         prefix = _backbone_prefix(self.model) if self.require == "backbone" else ""
-        missing = [key for key in incompatible.missing_keys if key.startswith(prefix)
-                   and not key.endswith("num_batches_tracked")]
-        mismatched = [f"{key} {tuple(saved)} vs {tuple(wanted)}"
-                      for key, saved, wanted in incompatible.incorrect_shapes
-                      if key.startswith(prefix)]
-        classes = _class_counts(self.model, [shapes for shapes in incompatible.incorrect_shapes
-                                             if shapes[0].startswith(prefix)])
+        missing = [
+            key
+            for key in incompatible.missing_keys
+            if key.startswith(prefix) and not key.endswith("num_batches_tracked")
+        ]
+        mismatched = [
+            f"{key} {tuple(saved)} vs {tuple(wanted)}"
+            for key, saved, wanted in incompatible.incorrect_shapes
+            if key.startswith(prefix)
+        ]
+        classes = _class_counts(
+            self.model,
+            [shapes for shapes in incompatible.incorrect_shapes if shapes[0].startswith(prefix)],
+        )
         if classes is not None:
             trained, built, shapes = classes
             raise WeightsMismatchError(
                 f"checkpoint {self._path!r} was trained for {trained} classes, but the model "
                 f"built from the config has {built} ({shapes}): pass the config the run was "
                 f"trained with, the config.yaml it saved in its output folder (it holds the "
-                f"run's classes and datasets)")
+                f"run's classes and datasets)"
+            )
         if missing or mismatched:
             what = f"the backbone ({prefix[:-1]})" if prefix else "the model"
             raise WeightsMismatchError(
                 f"checkpoint {self._path!r} does not fit {what} built from the config (is it "
                 f"the config it was trained with, overrides included?): {len(missing)} missing "
                 f"weights {missing[:5]}, {len(mismatched)} of another shape (checkpoint vs "
-                f"model) {mismatched[:5]}")
+                f"model) {mismatched[:5]}"
+            )
         return incompatible
 
 
@@ -355,7 +435,7 @@ def counted_weights(keys) -> list:
 
 
 def _loaded_counts(model, missing_keys, path: str) -> str:
-    """"loaded 231 of 231 backbone weights and 40 of 120 other weights from PATH": the
+    """ "loaded 231 of 231 backbone weights and 40 of 120 other weights from PATH": the
     model's weights (parameters and buffers, without BatchNorm's counters) that ``path``
     filled, in the image network and in the rest."""
     prefix = _backbone_prefix(model)
@@ -367,8 +447,10 @@ def _loaded_counts(model, missing_keys, path: str) -> str:
         count[1] += 1
     if not prefix:  # a model without a backbone: all of it
         return f"loaded {counts[True][0]} of {counts[True][1]} weights from {path}"
-    return (f"loaded {counts[True][0]} of {counts[True][1]} backbone weights and "
-            f"{counts[False][0]} of {counts[False][1]} other weights from {path}")
+    return (
+        f"loaded {counts[True][0]} of {counts[True][1]} backbone weights and "
+        f"{counts[False][0]} of {counts[False][1]} other weights from {path}"
+    )
 
 
 def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
@@ -384,8 +466,10 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
             cannot be downloaded.
     """
     if not weights:
-        raise UserError(f"{key} is empty: pass the trained checkpoint, e.g. "
-                        f"{override(key, 'output/model_final.pth')}")
+        raise UserError(
+            f"{key} is empty: pass the trained checkpoint, e.g. "
+            f"{override(key, 'output/model_final.pth')}"
+        )
     if "://" in weights:
         download_logger = logging.getLogger("iopath.common.download")  # its own error line
         level = download_logger.level
@@ -397,12 +481,15 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
             raise FileNotFoundError(
                 f"{key} {weights!r} cannot be downloaded ({reason}): download it where there "
                 f"is network access and pass the local file, "
-                f"{override(key, 'path/to/' + os.path.basename(weights))}") from None
+                f"{override(key, 'path/to/' + os.path.basename(weights))}"
+            ) from None
         finally:
             download_logger.setLevel(level)
     elif not os.path.isfile(weights):
-        raise FileNotFoundError(f"{key} file {weights!r} does not exist: pass the path of a "
-                                f"checkpoint, or {override(key, '')} to start from scratch")
+        raise FileNotFoundError(
+            f"{key} file {weights!r} does not exist: pass the path of a "
+            f"checkpoint, or {override(key, '')} to start from scratch"
+        )
 
 
 def evaluation_weights(output_dir: Setting, weights: Setting, resume: bool) -> str:
@@ -419,10 +506,13 @@ def evaluation_weights(output_dir: Setting, weights: Setting, resume: bool) -> s
     if latest is not None:
         return latest
     if not weights.value:
-        where = (f" and {output_dir.key} {output_dir.value!r} has no last_checkpoint"
-                 if resume else "")
-        raise UserError(f"--eval-only needs trained weights: {weights.key} is empty{where}; "
-                        f"pass {override(weights.key, 'PATH')}")
+        where = (
+            f" and {output_dir.key} {output_dir.value!r} has no last_checkpoint" if resume else ""
+        )
+        raise UserError(
+            f"--eval-only needs trained weights: {weights.key} is empty{where}; "
+            f"pass {override(weights.key, 'PATH')}"
+        )
     check_weights(weights.value, weights.key)
     return weights.value
 
@@ -450,8 +540,11 @@ def last_checkpoint(output_dir: str) -> Optional[str]:
     path = os.path.join(output_dir, "last_checkpoint")
     if not os.path.isfile(path):
         return None
-    return read_text(path, "write the name of one of the run's checkpoints (model_*.pth) into "
-                           "it, or pass another OUTPUT_DIR").strip()
+    return read_text(
+        path,
+        "write the name of one of the run's checkpoints (model_*.pth) into "
+        "it, or pass another OUTPUT_DIR",
+    ).strip()
 
 
 def checkpoint_to_resume(output_dir: str) -> Optional[str]:
@@ -470,12 +563,17 @@ def checkpoint_to_resume(output_dir: str) -> Optional[str]:
     if name and os.path.isfile(path):
         return path
     pointer = os.path.join(output_dir, "last_checkpoint")
-    found = sorted(os.path.basename(file) for file in glob.glob(
-        os.path.join(glob.escape(output_dir), "model_*.pth")))
-    fix = (f"write the name of one of the run's checkpoints ({', '.join(found[-3:])}) into "
-           f"it, or, to train from scratch instead, pass --restart without --resume" if found
-           else "the folder holds no checkpoint (model_*.pth): to train from scratch, pass "
-                "--restart without --resume")
+    found = sorted(
+        os.path.basename(file)
+        for file in glob.glob(os.path.join(glob.escape(output_dir), "model_*.pth"))
+    )
+    fix = (
+        f"write the name of one of the run's checkpoints ({', '.join(found[-3:])}) into "
+        f"it, or, to train from scratch instead, pass --restart without --resume"
+        if found
+        else "the folder holds no checkpoint (model_*.pth): to train from scratch, pass "
+        "--restart without --resume"
+    )
     if not name:
         raise UserError(f"{pointer} is empty: {fix}")
     if os.path.isdir(path):

@@ -7,6 +7,7 @@ A run is a training OUTPUT_DIR, its eval_results.json or its metrics.json; name 
 NAME=PATH (default: the folder name; two runs cannot share a name). An existing --output or
 --plot is replaced only with --overwrite, and never when it is a file of a run the table reads.
 """
+
 import argparse
 import os
 from pathlib import Path
@@ -16,7 +17,12 @@ from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.cli.output_dir import run_files_in
 from lambda_det.evaluation.ap_table import format_ap_table, load_results, plot_ap_by_size  # noqa
 from lambda_det.utils.atomic import (
-    atomic_write, check_output_file, check_writable_folder, file_identity, reporting_write_errors)
+    atomic_write,
+    check_output_file,
+    check_writable_folder,
+    file_identity,
+    reporting_write_errors,
+)
 from lambda_det.utils.errors import UserError
 
 
@@ -39,8 +45,7 @@ def runs_read(specs) -> Dict[str, str]:
     for spec in specs:
         name, path = run_name(spec)
         if name in runs:
-            raise UserError(f"two runs are named {name!r} ({spec}): name the rows with "
-                            f"NAME=PATH")
+            raise UserError(f"two runs are named {name!r} ({spec}): name the rows with NAME=PATH")
         runs[name] = path
     return runs
 
@@ -64,20 +69,28 @@ def main(argv=None) -> int:
     parser.add_argument("--paper", action="store_true", help="add the paper's Table 14 rows")
     parser.add_argument("--plot", metavar="PNG", help="also write a bar chart here")
     parser.add_argument("--output", metavar="MD", help="also write the table here")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing --output or --plot (never a run's file)")
-    parser.add_argument("--dataset", help="the test dataset to report, for runs that evaluated "
-                                          "several")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output or --plot (never a run's file)",
+    )
+    parser.add_argument(
+        "--dataset", help="the test dataset to report, for runs that evaluated several"
+    )
     add_debug_argument(parser, errors="a mistake in the runs or the output paths")
     args = parser.parse_args(argv)
     with reporting_user_errors(args.debug):
         runs = runs_read(args.runs)
         reads = files_of_runs(runs)
-        outputs = [(option, path) for option, path in (("--output", args.output),
-                                                        ("--plot", args.plot)) if path]
+        outputs = [
+            (option, path)
+            for option, path in (("--output", args.output), ("--plot", args.plot))
+            if path
+        ]
         if len(outputs) == 2 and (
-                os.path.abspath(args.output) == os.path.abspath(args.plot)
-                or file_identity(args.output) in {file_identity(args.plot)} - {None}):
+            os.path.abspath(args.output) == os.path.abspath(args.plot)
+            or file_identity(args.output) in {file_identity(args.plot)} - {None}
+        ):
             raise UserError(f"--output and --plot name one file ({args.output!r}): pass two")
         for option, path in outputs:
             check_output_file(path, args.overwrite, reads, option)
@@ -94,4 +107,3 @@ def main(argv=None) -> int:
             with reporting_write_errors(args.plot, "--plot"):
                 print(f"wrote {plot_ap_by_size(results, args.plot)}")
     return 0
-

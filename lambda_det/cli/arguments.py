@@ -1,6 +1,7 @@
 """What every tool's command line shares: ``--config-file``, ``--debug`` and trailing ``KEY VALUE``
 overrides (options may follow them), and user errors reported as one ``error: ...`` line with exit
 status 2 (as argparse's own usage errors), the traceback kept for ``--debug``."""
+
 import argparse
 import contextlib
 import os
@@ -14,8 +15,14 @@ from lambda_det.cli.output_dir import OutputDirBusyError
 from lambda_det.utils.atomic import OutputWriteError
 from lambda_det.utils.errors import UserError
 
-__all__ = ["USAGE_ERROR_STATUS", "USER_ERRORS", "reporting_user_errors", "tool_argument_parser",
-           "add_debug_and_overrides", "parse_command_line"]
+__all__ = [
+    "USAGE_ERROR_STATUS",
+    "USER_ERRORS",
+    "reporting_user_errors",
+    "tool_argument_parser",
+    "add_debug_and_overrides",
+    "parse_command_line",
+]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR): the project's
@@ -24,9 +31,17 @@ USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
 # checkpoint (pickle.UnpicklingError: UnsafeCheckpointError) or a folder. Any other exception,
 # a bare ValueError or KeyError included, is a bug and keeps its traceback; so is anything once
 # training has started, but for a disk that cannot be written (OutputWriteError).
-USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, NotADirectoryError,
-               IsADirectoryError, pickle.UnpicklingError, CorruptCheckpointError,
-               OutputDirBusyError, OutputWriteError)
+USER_ERRORS = (
+    UserError,
+    FileNotFoundError,
+    FileExistsError,
+    NotADirectoryError,
+    IsADirectoryError,
+    pickle.UnpicklingError,
+    CorruptCheckpointError,
+    OutputDirBusyError,
+    OutputWriteError,
+)
 
 
 # detectron2's (fvcore's) error of a name that one of its registries lacks: a config's
@@ -41,8 +56,10 @@ def _one_line(error: BaseException) -> str:
 
 def _is_user_error(error: Exception, errors: Tuple[type, ...]) -> bool:
     return isinstance(error, errors) or (
-        UserError in errors and isinstance(error, KeyError)
-        and UNKNOWN_REGISTRY_NAME.fullmatch(_one_line(error)) is not None)
+        UserError in errors
+        and isinstance(error, KeyError)
+        and UNKNOWN_REGISTRY_NAME.fullmatch(_one_line(error)) is not None
+    )
 
 
 @contextlib.contextmanager
@@ -65,18 +82,27 @@ def tool_argument_parser(doc: str) -> argparse.ArgumentParser:
     ``--config-file``/``--config`` (a path or a shipped config's name). Finish it with
     :func:`add_debug_and_overrides` after the tool's own arguments."""
     parser = argparse.ArgumentParser(
-        description=doc.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(doc.split("\n")[1:]))
-    parser.add_argument("--config-file", "--config", required=True, metavar="FILE",
-                        help="a config path, or the name of a shipped config")
+        description=doc.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(doc.split("\n")[1:]),
+    )
+    parser.add_argument(
+        "--config-file",
+        "--config",
+        required=True,
+        metavar="FILE",
+        help="a config path, or the name of a shipped config",
+    )
     return parser
 
 
-def add_debug_argument(parser: argparse.ArgumentParser,
-                       errors: str = "errors in the input") -> argparse.ArgumentParser:
+def add_debug_argument(
+    parser: argparse.ArgumentParser, errors: str = "errors in the input"
+) -> argparse.ArgumentParser:
     """``--debug``: show the traceback of a user error (``errors``) instead of its one line."""
-    parser.add_argument("--debug", action="store_true",
-                        help=f"show the traceback of {errors} instead of one line")
+    parser.add_argument(
+        "--debug", action="store_true", help=f"show the traceback of {errors} instead of one line"
+    )
     return parser
 
 
@@ -92,19 +118,26 @@ class _CocoDatasetAction(argparse._AppendAction):
     def __call__(self, parser, namespace, values, option_string=None):
         for meaning, word in zip(self.metavar, values):
             if _CONFIG_KEY.fullmatch(word) and not os.path.exists(word):
-                parser.error(f"{option_string} {' '.join(values)}: {meaning} {word!r} is a config "
-                             f"key: give {option_string} NAME JSON IMAGE_DIR, then the overrides")
+                parser.error(
+                    f"{option_string} {' '.join(values)}: {meaning} {word!r} is a config "
+                    f"key: give {option_string} NAME JSON IMAGE_DIR, then the overrides"
+                )
         super().__call__(parser, namespace, values, option_string)
 
 
-def add_coco_dataset_argument(parser: argparse.ArgumentParser,
-                              datasets: str = "DATASETS.TRAIN / TEST") -> argparse.ArgumentParser:
+def add_coco_dataset_argument(
+    parser: argparse.ArgumentParser, datasets: str = "DATASETS.TRAIN / TEST"
+) -> argparse.ArgumentParser:
     """``--coco-dataset NAME JSON IMAGE_DIR`` (repeatable): a COCO-format dataset to register
     under NAME (:func:`lambda_det.data.coco.register_coco_triples`), named in ``datasets``."""
-    parser.add_argument("--coco-dataset", nargs=3, action=_CocoDatasetAction, default=[],
-                        metavar=("NAME", "JSON", "IMAGE_DIR"),
-                        help=f"register a COCO-format dataset under NAME (repeatable); use NAME "
-                             f"in {datasets}")
+    parser.add_argument(
+        "--coco-dataset",
+        nargs=3,
+        action=_CocoDatasetAction,
+        default=[],
+        metavar=("NAME", "JSON", "IMAGE_DIR"),
+        help=f"register a COCO-format dataset under NAME (repeatable); use NAME in {datasets}",
+    )
     return parser
 
 
@@ -115,8 +148,9 @@ def add_debug_and_overrides(parser: argparse.ArgumentParser) -> argparse.Argumen
     return parser
 
 
-def parse_command_line(parser: argparse.ArgumentParser,
-                       argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_command_line(
+    parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None
+) -> argparse.Namespace:
     """``parser.parse_args(argv)``, where options may also follow the trailing overrides:
     argparse gives every word after the first override to ``opts``, so ``X 5 --coco-dataset a
     b c`` would merge ``--coco-dataset`` as a config key. Each of the parser's options found in
@@ -129,18 +163,27 @@ def parse_command_line(parser: argparse.ArgumentParser,
     try:
         while True:
             opts = parser.parse_args(argv).opts
-            option = next((index for index, word in enumerate(opts)
-                           if word.split("=", 1)[0] in parser._option_string_actions), None)
+            option = next(
+                (
+                    index
+                    for index, word in enumerate(opts)
+                    if word.split("=", 1)[0] in parser._option_string_actions
+                ),
+                None,
+            )
             if option is None:
                 break
             if option == 0:  # right after a tool's positionals, which argparse ended opts at
                 action = parser._option_string_actions[opts[0].split("=", 1)[0]]
-                taken = 1 + (action.nargs if isinstance(action.nargs, int) else
-                             int(action.nargs is None and "=" not in opts[0]))
-                argv = opts[:taken] + argv[:len(argv) - len(opts)] + opts[taken:]
+                taken = 1 + (
+                    action.nargs
+                    if isinstance(action.nargs, int)
+                    else int(action.nargs is None and "=" not in opts[0])
+                )
+                argv = opts[:taken] + argv[: len(argv) - len(opts)] + opts[taken:]
                 continue
             overrides += opts[:option]
-            argv = argv[:len(argv) - len(opts)] + opts[option:]
+            argv = argv[: len(argv) - len(opts)] + opts[option:]
     finally:
         for action in required:
             action.required = True

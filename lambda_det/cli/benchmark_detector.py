@@ -17,6 +17,7 @@ time spent in the lambda layers (profiler). Writes the table and a JSON under ``
 earlier run's only with ``--overwrite``).
 Trailing ``KEY VALUE`` pairs override every config.
 """
+
 import argparse
 import json
 import sys
@@ -24,24 +25,39 @@ import time
 from pathlib import Path
 
 import torch
+
 from lambda_det.benchmark.detector import (
-    MODES, PRECISIONS, DetectorSettings, benchmark_detector, format_detector)
+    MODES,
+    PRECISIONS,
+    DetectorSettings,
+    benchmark_detector,
+    format_detector,
+)
 from lambda_det.benchmark.harness import machine_description
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.utils.atomic import (
-    atomic_write, check_output_file, check_writable_folder, reporting_write_errors)
+    atomic_write,
+    check_output_file,
+    check_writable_folder,
+    reporting_write_errors,
+)
 from lambda_det.utils.errors import UserError
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.split("\n")[1:]))
-    parser.add_argument("--configs", nargs="+",
-                        default=["lambda_r152_mask_rcnn", "r152_mask_rcnn"],
-                        help="shipped config names or files, each optionally with its own "
-                             "overrides as NAME:KEY=VALUE,KEY=VALUE; the first is the ratios' "
-                             "baseline")
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(__doc__.split("\n")[1:]),
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["lambda_r152_mask_rcnn", "r152_mask_rcnn"],
+        help="shipped config names or files, each optionally with its own "
+        "overrides as NAME:KEY=VALUE,KEY=VALUE; the first is the ratios' "
+        "baseline",
+    )
     parser.add_argument("--ims-per-device", type=int, default=4)
     parser.add_argument("--precision", nargs="+", default=["bf16"], choices=list(PRECISIONS))
     parser.add_argument("--mode", nargs="+", default=["eager"], choices=list(MODES))
@@ -49,29 +65,48 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--max-batch", type=int, default=0,
-                        help="search the largest images per device up to this (GPU)")
-    parser.add_argument("--output", default=None,
-                        help="folder for table.md and results.json (default: "
-                             "output/benchmark_detector/<date-time>)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace the table.md and results.json an earlier run left in "
-                             "--output")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=0,
+        help="search the largest images per device up to this (GPU)",
+    )
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="folder for table.md and results.json (default: "
+        "output/benchmark_detector/<date-time>)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the table.md and results.json an earlier run left in --output",
+    )
     add_debug_argument(parser)
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides, KEY VALUE ...")
     args = parser.parse_args(argv)
     output = Path(args.output or Path("output/benchmark_detector") / time.strftime("%Y%m%d-%H%M%S"))
     with reporting_user_errors(args.debug):
         if args.ims_per_device < 1 or args.rounds < 1 or args.warmup < 0:
-            raise UserError(f"--ims-per-device and --rounds must be >= 1 and --warmup >= 0, "
-                            f"got {args.ims_per_device}, {args.rounds}, {args.warmup}")
+            raise UserError(
+                f"--ims-per-device and --rounds must be >= 1 and --warmup >= 0, "
+                f"got {args.ims_per_device}, {args.rounds}, {args.warmup}"
+            )
         for name in ("table.md", "results.json"):  # before minutes of measurements
             check_output_file(output / name, args.overwrite)
         check_writable_folder(output, "--output")
         settings = DetectorSettings(
-            configs=args.configs, opts=args.opts, ims_per_device=args.ims_per_device,
-            precisions=args.precision, modes=args.mode, size=args.size, device=args.device,
-            warmup=args.warmup, rounds=args.rounds, max_batch=args.max_batch)
+            configs=args.configs,
+            opts=args.opts,
+            ims_per_device=args.ims_per_device,
+            precisions=args.precision,
+            modes=args.mode,
+            size=args.size,
+            device=args.device,
+            warmup=args.warmup,
+            rounds=args.rounds,
+            max_batch=args.max_batch,
+        )
         results = benchmark_detector(settings)
     results["machine"] = machine_description(torch.device(args.device))
     results["command"] = " ".join(["python tools/benchmark_detector.py", *sys.argv[1:]])
@@ -79,9 +114,10 @@ def main(argv=None) -> int:
     print(table)
     with reporting_user_errors(args.debug), reporting_write_errors(output, "--output"):
         output.mkdir(parents=True, exist_ok=True)
-        for name, text in (("table.md", table + "\n"),
-                           ("results.json", json.dumps(results, indent=2))):
+        for name, text in (
+            ("table.md", table + "\n"),
+            ("results.json", json.dumps(results, indent=2)),
+        ):
             atomic_write(output / name, text, "--output")
     print(f"wrote {output / 'table.md'} and {output / 'results.json'}")
     return 0
-

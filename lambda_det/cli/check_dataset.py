@@ -14,37 +14,60 @@ only: MODEL.MASK_ON is off), and the time of its image checks is printed in imag
 (``--images``: as ``DATALOADER.CHECK_IMAGES``). A bad input is one ``error: ...`` line and exit
 status 2.
 """
+
 import argparse
 import time
 
 from lambda_det.cli.arguments import (
-    add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
+    add_coco_dataset_argument,
+    add_debug_argument,
+    reporting_user_errors,
+)
 from lambda_det.cli.checks import load_run_config
 from lambda_det.data.checks import (
-    IMAGE_CHECKS, check_images, check_run_datasets, load_training_dicts,
-    yaml_data_settings)
+    IMAGE_CHECKS,
+    check_images,
+    check_run_datasets,
+    load_training_dicts,
+    yaml_data_settings,
+)
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.run_defaults import CHECK_IMAGES
 
 
 def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-file", "--config", metavar="FILE",
-                        help="check the datasets of this config (a path or a shipped config's "
-                             "name) as tools/train_net.py does")
-    parser.add_argument("--eval-only", action="store_true",
-                        help="with --config: only the test sets, as tools/train_net.py "
-                             "--eval-only checks them")
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config-file",
+        "--config",
+        metavar="FILE",
+        help="check the datasets of this config (a path or a shipped config's "
+        "name) as tools/train_net.py does",
+    )
+    parser.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="with --config: only the test sets, as tools/train_net.py --eval-only checks them",
+    )
     add_coco_dataset_argument(parser, "the NAME list or the config's DATASETS.TRAIN / TEST")
-    parser.add_argument("--images", choices=IMAGE_CHECKS,
-                        help=f"what to read of each image (default: the config's "
-                             f"DATALOADER.CHECK_IMAGES, {CHECK_IMAGES} unless it sets another)")
+    parser.add_argument(
+        "--images",
+        choices=IMAGE_CHECKS,
+        help=f"what to read of each image (default: the config's "
+        f"DATALOADER.CHECK_IMAGES, {CHECK_IMAGES} unless it sets another)",
+    )
     parser.add_argument("--threads", type=int, help="threads for the image checks")
     add_debug_argument(parser)
-    parser.add_argument("arguments", nargs="*", metavar="NAME | KEY VALUE",
-                        help="registered dataset names; with --config, config overrides")
+    parser.add_argument(
+        "arguments",
+        nargs="*",
+        metavar="NAME | KEY VALUE",
+        help="registered dataset names; with --config, config overrides",
+    )
     return parser
 
 
@@ -55,14 +78,17 @@ def check_config_datasets(args: argparse.Namespace) -> str:
         args.opts += ["DATALOADER.CHECK_IMAGES", args.images]
     cfg = load_run_config(args)
     start = time.perf_counter()
-    count = check_run_datasets(yaml_data_settings(cfg), training=not args.eval_only,
-                               threads=args.threads)
+    count = check_run_datasets(
+        yaml_data_settings(cfg), training=not args.eval_only, threads=args.threads
+    )
     seconds = time.perf_counter() - start
     train = "" if args.eval_only else f"training sets {list(cfg.DATASETS.TRAIN)}, "
     before = "evaluating" if args.eval_only else "training"
-    return (f"{args.config_file}: {train}test sets {list(cfg.DATASETS.TEST)} checked as "
-            f"tools/train_net.py checks them before {before} in {seconds:.1f} s ({count} image "
-            f"files checked, {cfg.DATALOADER.CHECK_IMAGES})")
+    return (
+        f"{args.config_file}: {train}test sets {list(cfg.DATASETS.TEST)} checked as "
+        f"tools/train_net.py checks them before {before} in {seconds:.1f} s ({count} image "
+        f"files checked, {cfg.DATALOADER.CHECK_IMAGES})"
+    )
 
 
 def check_named_datasets(args: argparse.Namespace) -> str:
@@ -77,9 +103,11 @@ def check_named_datasets(args: argparse.Namespace) -> str:
     loaded = time.perf_counter()
     count = check_images(dicts, mode, cfg.INPUT.FORMAT, threads=args.threads)
     checked = time.perf_counter()
-    return (f"{len(dicts)} images of {', '.join(args.arguments)}: annotations loaded and checked "
-            f"in {loaded - start:.1f} s; {count} image files checked ({mode}) in "
-            f"{checked - loaded:.1f} s, {count / max(checked - loaded, 1e-9):.0f} images/s")
+    return (
+        f"{len(dicts)} images of {', '.join(args.arguments)}: annotations loaded and checked "
+        f"in {loaded - start:.1f} s; {count} image files checked ({mode}) in "
+        f"{checked - loaded:.1f} s, {count / max(checked - loaded, 1e-9):.0f} images/s"
+    )
 
 
 def main(argv=None) -> int:
@@ -88,8 +116,6 @@ def main(argv=None) -> int:
     if not args.config_file and not args.arguments:
         parser.error("name the datasets to check, or pass --config FILE")
     with reporting_user_errors(args.debug):
-        summary = (check_config_datasets(args) if args.config_file
-                   else check_named_datasets(args))
+        summary = check_config_datasets(args) if args.config_file else check_named_datasets(args)
     print(summary)
     return 0
-

@@ -3,13 +3,15 @@
 one-process tool (:func:`check_device`: predict, export, the demo's pictures), and the model a
 config builds, on the meta device (:func:`check_model`, :func:`check_weights_fit`: training's
 checks before launch, the timm converter, backbone comparisons)."""
+
 import argparse
 import logging
 import warnings
 
 import torch
-from torch import nn
 from detectron2.modeling import build_model
+from torch import nn
+
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.data import register_datasets
 from lambda_det.data.coco import coco_dataset_overrides
@@ -17,8 +19,7 @@ from lambda_det.engine import preflight
 from lambda_det.run_config import load_config
 from lambda_det.utils.setting import Setting
 
-__all__ = ["load_run_config", "check_device", "check_model", "meta_yaml_model",
-           "check_weights_fit"]
+__all__ = ["load_run_config", "check_device", "check_model", "meta_yaml_model", "check_weights_fit"]
 
 
 def load_run_config(args: argparse.Namespace):

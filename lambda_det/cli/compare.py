@@ -14,6 +14,7 @@ Ctrl-C reaches the parent and its train_net.py child alike (one process group): 
 saves the iteration in flight and stops, and :class:`RunInterrupted` names the run and how to
 continue; the child's own line is dropped (:func:`lambda_det.cli.interrupts.run_child`).
 """
+
 import os
 import re
 import shlex
@@ -33,9 +34,21 @@ from lambda_det.run_config import config_differences, get_cfg, load_config
 from lambda_det.utils.atomic import atomic_path, reporting_write_errors
 from lambda_det.utils.errors import UserError
 
-__all__ = ["Variant", "PairRun", "Comparison", "BASELINES", "variant_presets", "DEFAULT_VARIANTS",
-           "RECIPE_FILE", "RunFailedError", "RunInterrupted", "parse_variant", "plan_comparison",
-           "run_comparison", "count_parameters"]
+__all__ = [
+    "Variant",
+    "PairRun",
+    "Comparison",
+    "BASELINES",
+    "variant_presets",
+    "DEFAULT_VARIANTS",
+    "RECIPE_FILE",
+    "RunFailedError",
+    "RunInterrupted",
+    "parse_variant",
+    "plan_comparison",
+    "run_comparison",
+    "count_parameters",
+]
 
 KEY_PREFIX = "MODEL.LAMBDA_RESNET."
 RECIPE_FILE = "compare_recipe.yaml"
@@ -110,13 +123,17 @@ def parse_variant(spec: str) -> Variant:
     ``h4:AFT_CONV.HEADS=4``). ``NAME:`` alone is the base config as it is."""
     name, colon, body = spec.partition(":")
     if not _NAME.match(name):
-        raise UserError(f"variant name {name!r} (in {spec!r}) names a folder: use letters, "
-                        f"digits and _ . + - (e.g. lambda_k8:DIM_K=8)")
+        raise UserError(
+            f"variant name {name!r} (in {spec!r}) names a folder: use letters, "
+            f"digits and _ . + - (e.g. lambda_k8:DIM_K=8)"
+        )
     if not colon:
         presets = variant_presets()
         if name not in presets:
-            raise UserError(f"unknown variant {name!r}: name one of {', '.join(presets)}, or "
-                            f"define it as NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)")
+            raise UserError(
+                f"unknown variant {name!r}: name one of {', '.join(presets)}, or "
+                f"define it as NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)"
+            )
         return Variant(name, presets[name])
     backbone_keys = get_cfg().MODEL.LAMBDA_RESNET
     overrides: List[str] = []
@@ -124,14 +141,17 @@ def parse_variant(spec: str) -> Variant:
     for item in re.split(r",(?=\s*[A-Za-z_][A-Za-z0-9_.]*\s*=)", body) if body.strip() else []:
         key, equals, value = (part.strip() for part in item.partition("="))
         if not equals or not key or not value:
-            raise UserError(f"variant {spec!r}: {item!r} is not KEY=VALUE (e.g. "
-                            f"{name}:PLACEMENT=c4,DIM_K=8)")
+            raise UserError(
+                f"variant {spec!r}: {item!r} is not KEY=VALUE (e.g. {name}:PLACEMENT=c4,DIM_K=8)"
+            )
         if "." not in key or key.split(".")[0] in backbone_keys:  # short: DIM_K, AFT_CONV.HEADS
             key = KEY_PREFIX + key
         if not key.startswith(KEY_PREFIX):
-            raise UserError(f"variant {name!r} sets {key}: a variant may change only "
-                            f"{KEY_PREFIX}* keys (the backbone); put recipe changes in the "
-                            f"shared KEY VALUE overrides, which every variant gets")
+            raise UserError(
+                f"variant {name!r} sets {key}: a variant may change only "
+                f"{KEY_PREFIX}* keys (the backbone); put recipe changes in the "
+                f"shared KEY VALUE overrides, which every variant gets"
+            )
         overrides += [key, value]
     return Variant(name, tuple(overrides))
 
@@ -139,12 +159,13 @@ def parse_variant(spec: str) -> Variant:
 def count_parameters(cfg) -> Dict[str, int]:
     """Parameters of the model and of its image network (the ResNet without FPN), counted on a
     model built on the meta device (no memory, no random numbers)."""
-    from lambda_det.cli.checks import check_model
 
     model = check_model(cfg)
     backbone = getattr(model.backbone, "bottom_up", model.backbone)
-    return {"parameters": sum(p.numel() for p in model.parameters()),
-            "backbone_parameters": sum(p.numel() for p in backbone.parameters())}
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "backbone_parameters": sum(p.numel() for p in backbone.parameters()),
+    }
 
 
 def _recipe(cfg) -> str:
@@ -165,17 +186,26 @@ def _check_folder(run: PairRun) -> None:
             raise UserError(
                 f"{run.folder} holds a {run.variant.name} run of another config "
                 f"({differences[0]}): rerun with the config and overrides "
-                f"it was started with, or pass another --output")
+                f"it was started with, or pass another --output"
+            )
     elif run.folder.is_dir() and any(run.folder.iterdir()):
-        raise FileExistsError(f"{run.folder} holds files but no {RECIPE_FILE}, so it is not a "
-                              f"run of this comparison: pass another --output")
+        raise FileExistsError(
+            f"{run.folder} holds files but no {RECIPE_FILE}, so it is not a "
+            f"run of this comparison: pass another --output"
+        )
     if not run.finished:
         checkpoint_to_resume(str(run.folder))  # what train_net.py --resume will continue from
 
 
-def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant],
-                    seeds: Sequence[int], output: str, dataset: Optional[str] = None,
-                    coco_datasets: Sequence[Sequence[str]] = ()) -> Comparison:
+def plan_comparison(
+    config: str,
+    opts: Sequence[str],
+    variants: Sequence[Variant],
+    seeds: Sequence[int],
+    output: str,
+    dataset: Optional[str] = None,
+    coco_datasets: Sequence[Sequence[str]] = (),
+) -> Comparison:
     """Every (variant, seed) run with its config, checked before anything trains: the config
     and overrides load, each variant's model builds (on the meta device) and differs from the
     others', seeds are fixed and distinct, and no run folder holds another recipe.
@@ -189,12 +219,15 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
     config_file = os.path.abspath(resolve_config_file(config))
     opts = tuple(opts)
     if len(opts) % 2:
-        raise UserError(f"config overrides must be KEY VALUE pairs, got an odd number: "
-                        f"{list(opts)}")
+        raise UserError(
+            f"config overrides must be KEY VALUE pairs, got an odd number: {list(opts)}"
+        )
     for key in opts[::2]:
         if key in _PER_RUN_KEYS:
-            raise UserError(f"{key} is set per run (SEED by --seeds, OUTPUT_DIR by --output "
-                            f"as OUTPUT/<variant>/seed<SEED>): remove it from the overrides")
+            raise UserError(
+                f"{key} is set per run (SEED by --seeds, OUTPUT_DIR by --output "
+                f"as OUTPUT/<variant>/seed<SEED>): remove it from the overrides"
+            )
     if coco_datasets:
         configured = load_config(config_file, opts).DATASETS.COCO_INSTANCES
         opts += tuple(coco_dataset_overrides(configured, coco_datasets))
@@ -203,14 +236,18 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
     names = [v.name for v in variants]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise UserError(f"variant names repeat ({', '.join(duplicates)}): give each a "
-                        f"distinct name (NAME:KEY=VALUE,...)")
+        raise UserError(
+            f"variant names repeat ({', '.join(duplicates)}): give each a "
+            f"distinct name (NAME:KEY=VALUE,...)"
+        )
     if not seeds:
         raise UserError("no seeds: pass --seeds with one or more SEED values (e.g. 0 1 2)")
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise UserError(f"seed {seed!r} is not an integer >= 0: a comparison needs fixed "
-                            f"seeds (SEED -1 would draw a new one each run)")
+            raise UserError(
+                f"seed {seed!r} is not an integer >= 0: a comparison needs fixed "
+                f"seeds (SEED -1 would draw a new one each run)"
+            )
     if len(set(seeds)) != len(seeds):
         raise UserError(f"seeds repeat in {list(seeds)}: pass distinct SEED values")
     output = Path(output).resolve()
@@ -218,14 +255,20 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
     for variant in variants:
         cfg = load_config(config_file, opts + variant.overrides + ("SEED", str(seeds[0])))
         if not cfg.DATASETS.TEST:
-            raise UserError("DATASETS.TEST is empty: a comparison needs a test dataset "
-                            "(e.g. DATASETS.TEST \"('coco_2017_val',)\")")
+            raise UserError(
+                "DATASETS.TEST is empty: a comparison needs a test dataset "
+                "(e.g. DATASETS.TEST \"('coco_2017_val',)\")"
+            )
         if len(cfg.DATASETS.TEST) > 1 and dataset is None:
-            raise UserError(f"DATASETS.TEST has several datasets {tuple(cfg.DATASETS.TEST)}: "
-                            f"pass --dataset NAME, the one the report compares")
+            raise UserError(
+                f"DATASETS.TEST has several datasets {tuple(cfg.DATASETS.TEST)}: "
+                f"pass --dataset NAME, the one the report compares"
+            )
         if dataset is not None and dataset not in cfg.DATASETS.TEST:
-            raise UserError(f"--dataset {dataset!r} is not in DATASETS.TEST "
-                            f"{tuple(cfg.DATASETS.TEST)}: name one of them")
+            raise UserError(
+                f"--dataset {dataset!r} is not in DATASETS.TEST "
+                f"{tuple(cfg.DATASETS.TEST)}: name one of them"
+            )
         recipe = _recipe(cfg)
         for other, other_recipe in models.items():
             if other_recipe == recipe:
@@ -233,32 +276,45 @@ def plan_comparison(config: str, opts: Sequence[str], variants: Sequence[Variant
                     f"variants {other!r} and {variant.name!r} train the same model from "
                     f"{config}: start from a config whose backbone differs from both (e.g. a "
                     f"lambda_* config), or give one of them its overrides "
-                    f"(e.g. --variant lambda:PLACEMENT=paper)")
+                    f"(e.g. --variant lambda:PLACEMENT=paper)"
+                )
         models[variant.name] = recipe
         parameters[variant.name] = count_parameters(cfg)
         for seed in seeds:
             folder = output / variant.name / f"seed{seed}"
             run_opts = opts + variant.overrides + ("SEED", str(seed), "OUTPUT_DIR", str(folder))
-            run = PairRun(variant, seed, folder, run_opts,
-                          _recipe(load_config(config_file, run_opts)))
+            run = PairRun(
+                variant, seed, folder, run_opts, _recipe(load_config(config_file, run_opts))
+            )
             _check_folder(run)
             runs.append(run)
-    return Comparison(config_file, opts, tuple(variants), tuple(seeds), output, tuple(runs),
-                      parameters)
+    return Comparison(
+        config_file, opts, tuple(variants), tuple(seeds), output, tuple(runs), parameters
+    )
 
 
-def train_command(train_net: str, comparison: Comparison, run: PairRun,
-                  num_gpus: int = 1) -> List[str]:
+def train_command(
+    train_net: str, comparison: Comparison, run: PairRun, num_gpus: int = 1
+) -> List[str]:
     """The train_net.py command of one pair: ``--resume`` continues an interrupted run from its
     last checkpoint; without one, ``--restart`` starts it from scratch (the files of a run
     stopped before its first checkpoint move to previous_<date-time>/)."""
     start = "--resume" if run.started else "--restart"
-    return [sys.executable, train_net, "--config-file", comparison.config_file,
-            "--num-gpus", str(num_gpus), start, *run.opts]
+    return [
+        sys.executable,
+        train_net,
+        "--config-file",
+        comparison.config_file,
+        "--num-gpus",
+        str(num_gpus),
+        start,
+        *run.opts,
+    ]
 
 
-def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
-                   log: Callable[[str], None] = print) -> None:
+def run_comparison(
+    comparison: Comparison, train_net: str, num_gpus: int = 1, log: Callable[[str], None] = print
+) -> None:
     """Train and evaluate every unfinished pair, one after another (each on ``num_gpus``
     processes through train_net.py's launcher); finished pairs are reused.
 
@@ -280,23 +336,30 @@ def run_comparison(comparison: Comparison, train_net: str, num_gpus: int = 1,
                 with atomic_path(recorded) as temporary, open(temporary, "w") as f:
                     f.write(run.recipe)
         command = train_command(train_net, comparison, run, num_gpus)
-        state = ("continuing from its last checkpoint" if run.started else "training")
+        state = "continuing from its last checkpoint" if run.started else "training"
         log(f"{where}: {state} in {run.folder}\n  {shlex.join(command)}")
         try:
             status = run_child(command)
         except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM under reporting_interrupts
             latest = last_checkpoint(str(run.folder))
-            resumes = (f"it resumes from {latest}" if latest else
-                       "it starts over: it had written no checkpoint")
+            resumes = (
+                f"it resumes from {latest}"
+                if latest
+                else "it starts over: it had written no checkpoint"
+            )
             raise RunInterrupted(
                 f"{run.variant.name} seed {run.seed} in {run.folder}: the same command "
                 f"continues the comparison ({resumes}; finished runs are reused)",
-                status=getattr(interrupt, "status", 130)) from None
+                status=getattr(interrupt, "status", 130),
+            ) from None
         if status != 0:
             raise RunFailedError(
                 f"{run.variant.name} seed {run.seed} failed (exit status {status}): see its "
                 f"output above and {run.folder / 'log.txt'}; the same command continues the "
-                f"comparison from there")
+                f"comparison from there"
+            )
         if not run.finished:
-            raise RunFailedError(f"{run.variant.name} seed {run.seed} ended without "
-                                 f"{run.folder / 'eval_results.json'}: see its log.txt")
+            raise RunFailedError(
+                f"{run.variant.name} seed {run.seed} ended without "
+                f"{run.folder / 'eval_results.json'}: see its log.txt"
+            )

@@ -15,16 +15,25 @@ True), the name of a registered mixer (``lambda``: MIXER lambda in the config's 
 OUTPUT/<variant>/seed<SEED>/; run again, the command reuses finished runs and continues
 interrupted ones.
 """
+
 import argparse
 import re
 import sys
 from pathlib import Path
 
 from lambda_det.cli.arguments import (
-    add_coco_dataset_argument, add_debug_argument, reporting_user_errors)
+    add_coco_dataset_argument,
+    add_debug_argument,
+    reporting_user_errors,
+)
 from lambda_det.cli.compare import (
-    DEFAULT_VARIANTS, RunFailedError, RunInterrupted, parse_variant, plan_comparison,
-    run_comparison)
+    DEFAULT_VARIANTS,
+    RunFailedError,
+    RunInterrupted,
+    parse_variant,
+    plan_comparison,
+    run_comparison,
+)
 from lambda_det.compat import CHECKOUT
 from lambda_det.engine.interrupt import stopping_on_signals
 from lambda_det.evaluation.compare_report import summarize, write_report
@@ -37,8 +46,15 @@ TRAIN_NET = CHECKOUT / "tools" / "train_net.py"  # what trains each run
 # MODEL.DEVICE) and not an option's value: they may follow --seeds 0 1 2 or precede --output.
 CONFIG_KEY = re.compile(r"[A-Z][A-Z0-9_]*(\.[A-Z][A-Z0-9_]*)*$")
 # Options with a fixed number of values (a value may look like a config key: a dataset NAME).
-OPTION_VALUES = {"--config": 1, "--config-file": 1, "--baseline": 1, "--output": 1,
-                 "--num-gpus": 1, "--dataset": 1, "--coco-dataset": 3}
+OPTION_VALUES = {
+    "--config": 1,
+    "--config-file": 1,
+    "--baseline": 1,
+    "--output": 1,
+    "--num-gpus": 1,
+    "--dataset": 1,
+    "--coco-dataset": 3,
+}
 
 
 def split_overrides(argv):
@@ -51,7 +67,7 @@ def split_overrides(argv):
             options += argv[index:end]
             index = end
         elif CONFIG_KEY.match(token):
-            overrides += argv[index:index + 2]
+            overrides += argv[index : index + 2]
             index += 2
         else:
             options.append(token)
@@ -60,26 +76,54 @@ def split_overrides(argv):
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     usage="%(prog)s --config NAME [options] [KEY VALUE ...]",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 2)[2])
-    parser.add_argument("--config", "--config-file", dest="config", required=True,
-                        metavar="NAME", help="config file, or the name of a shipped config")
-    parser.add_argument("--variant", dest="variants", nargs="+", action="extend",
-                        metavar="SPEC", help=f"variants (default: {' '.join(DEFAULT_VARIANTS)})")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], metavar="SEED",
-                        help="SEED of each run of a variant (default: 0 1 2)")
-    parser.add_argument("--baseline", help="the variant the others are paired with (default: "
-                                           "the first)")
-    parser.add_argument("--output", help="root of the run folders and the report (default: "
-                                         "./output/compare_<config name>)")
-    parser.add_argument("--num-gpus", type=int, default=1,
-                        help="processes per run, passed to train_net.py (GPUs, or gloo CPU "
-                             "processes with MODEL.DEVICE cpu)")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s --config NAME [options] [KEY VALUE ...]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
+    parser.add_argument(
+        "--config",
+        "--config-file",
+        dest="config",
+        required=True,
+        metavar="NAME",
+        help="config file, or the name of a shipped config",
+    )
+    parser.add_argument(
+        "--variant",
+        dest="variants",
+        nargs="+",
+        action="extend",
+        metavar="SPEC",
+        help=f"variants (default: {' '.join(DEFAULT_VARIANTS)})",
+    )
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[0, 1, 2],
+        metavar="SEED",
+        help="SEED of each run of a variant (default: 0 1 2)",
+    )
+    parser.add_argument(
+        "--baseline", help="the variant the others are paired with (default: the first)"
+    )
+    parser.add_argument(
+        "--output",
+        help="root of the run folders and the report (default: ./output/compare_<config name>)",
+    )
+    parser.add_argument(
+        "--num-gpus",
+        type=int,
+        default=1,
+        help="processes per run, passed to train_net.py (GPUs, or gloo CPU "
+        "processes with MODEL.DEVICE cpu)",
+    )
     add_coco_dataset_argument(parser, "DATASETS.TRAIN / DATASETS.TEST of every run")
-    parser.add_argument("--dataset", help="the test dataset to report, when DATASETS.TEST "
-                                          "has several")
+    parser.add_argument(
+        "--dataset", help="the test dataset to report, when DATASETS.TEST has several"
+    )
     add_debug_argument(parser)
     return parser
 
@@ -97,16 +141,23 @@ def main(argv=None) -> int:
         variants = [parse_variant(spec) for spec in args.variants or DEFAULT_VARIANTS]
         baseline = args.baseline or variants[0].name
         if baseline not in [v.name for v in variants]:
-            raise UserError(f"--baseline {baseline!r} is not one of the variants "
-                            f"{[v.name for v in variants]}")
+            raise UserError(
+                f"--baseline {baseline!r} is not one of the variants {[v.name for v in variants]}"
+            )
         output = args.output or f"output/compare_{Path(args.config).stem}"
         check_writable_folder(output, "--output")
-        comparison = plan_comparison(args.config, opts, variants, args.seeds, output,
-                                     dataset=args.dataset, coco_datasets=args.coco_dataset)
+        comparison = plan_comparison(
+            args.config,
+            opts,
+            variants,
+            args.seeds,
+            output,
+            dataset=args.dataset,
+            coco_datasets=args.coco_dataset,
+        )
     log(f"{len(variants)} variants x {len(args.seeds)} seeds under {comparison.output}")
     try:
-        with stopping_on_signals(), \
-                reporting_user_errors(args.debug, errors=(OutputWriteError,)):
+        with stopping_on_signals(), reporting_user_errors(args.debug, errors=(OutputWriteError,)):
             run_comparison(comparison, str(TRAIN_NET), args.num_gpus, log=log)
     except RunFailedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
@@ -115,21 +166,29 @@ def main(argv=None) -> int:
         print(f"interrupted {error}", file=sys.stderr, flush=True)
         return error.status
     except KeyboardInterrupt as interrupt:  # between runs (SIGINT or SIGTERM)
-        print("interrupted: the same command continues the comparison (finished runs are kept; "
-              "an unfinished one resumes from its last checkpoint, or starts over without one)",
-              file=sys.stderr)
+        print(
+            "interrupted: the same command continues the comparison (finished runs are kept; "
+            "an unfinished one resumes from its last checkpoint, or starts over without one)",
+            file=sys.stderr,
+        )
         return getattr(interrupt, "status", 130)
     with reporting_user_errors(args.debug):
-        runs = {variant.name: {run.seed: str(run.folder) for run in comparison.runs
-                               if run.variant == variant} for variant in variants}
+        runs = {
+            variant.name: {
+                run.seed: str(run.folder) for run in comparison.runs if run.variant == variant
+            }
+            for variant in variants
+        }
         summary = summarize(
-            runs, baseline, comparison.parameters,
+            runs,
+            baseline,
+            comparison.parameters,
             overrides={variant.name: variant.overrides for variant in variants},
             recipe={"config": comparison.config_file, "overrides": list(comparison.opts)},
-            dataset=args.dataset)
+            dataset=args.dataset,
+        )
         paths = write_report(summary, str(comparison.output))
     print()
     print(Path(paths[0]).read_text(), end="")
     log("wrote " + ", ".join(paths))
     return 0
-

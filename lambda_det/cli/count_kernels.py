@@ -9,11 +9,13 @@ dispatcher runs is recorded, except views and allocations (no kernel), with lamb
 tuning applied (its chunks, and halo gradients folded by unfold_backward). The loss is
 not counted and gradients start from None, as in a training step after ``zero_grad()``.
 """
+
 import argparse
 import collections
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
 from lambda_det.benchmark.candidates import DIM_K, HEADS, SCOPE
 from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, TiledTuning
 
@@ -22,10 +24,33 @@ from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, TiledTuning
 GPU_TUNING = TiledTuning.for_device("cuda")
 
 # Aten ops that launch no kernel: views, and allocations (the caching allocator, no memset).
-NO_KERNEL = {"view", "_unsafe_view", "reshape", "_reshape_alias", "permute", "transpose", "t",
-             "expand", "unfold", "slice", "select", "split", "split_with_sizes", "narrow",
-             "as_strided", "unsqueeze", "squeeze", "alias", "detach", "empty", "empty_like",
-             "empty_strided", "new_empty", "new_empty_strided", "promote_types"}
+NO_KERNEL = {
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "_reshape_alias",
+    "permute",
+    "transpose",
+    "t",
+    "expand",
+    "unfold",
+    "slice",
+    "select",
+    "split",
+    "split_with_sizes",
+    "narrow",
+    "as_strided",
+    "unsqueeze",
+    "squeeze",
+    "alias",
+    "detach",
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "promote_types",
+}
 
 
 class KernelRecorder(TorchDispatchMode):
@@ -59,14 +84,20 @@ def count_kernels(layer: torch.nn.Module, x: torch.Tensor):
 def candidates(channels: int, stride: int):
     for impl in IMPLEMENTATIONS:
         if impl != "einsum":  # the einsum form's n x n embeddings: not a detection-size option
-            yield f"lambda_det {impl}", LambdaLayer(channels, impl=impl, stride=stride,
-                                                    tuning=GPU_TUNING)
+            yield (
+                f"lambda_det {impl}",
+                LambdaLayer(channels, impl=impl, stride=stride, tuning=GPU_TUNING),
+            )
     try:
         from timm.layers.lambda_layer import LambdaLayer as TimmLambdaLayer
     except ImportError:
         return
-    yield "timm LambdaLayer", TimmLambdaLayer(channels, channels, stride=stride, num_heads=HEADS,
-                                              dim_head=DIM_K, r=SCOPE)
+    yield (
+        "timm LambdaLayer",
+        TimmLambdaLayer(
+            channels, channels, stride=stride, num_heads=HEADS, dim_head=DIM_K, r=SCOPE
+        ),
+    )
 
 
 def main(argv=None) -> int:
@@ -77,8 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--stride", type=int, choices=(1, 2), default=1)
     parser.add_argument("--verbose", action="store_true", help="also list the ops")
     args = parser.parse_args(argv)
-    print(f"| layer ({args.batch} x {args.channels} x {args.size} x {args.size}, stride "
-          f"{args.stride}) | forward | backward | total |\n|---|---:|---:|---:|")
+    print(
+        f"| layer ({args.batch} x {args.channels} x {args.size} x {args.size}, stride "
+        f"{args.stride}) | forward | backward | total |\n|---|---:|---:|---:|"
+    )
     for name, layer in candidates(args.channels, args.stride):
         x = torch.randn(args.batch, args.channels, args.size, args.size, requires_grad=True)
         forward, backward, names = count_kernels(layer, x)
@@ -86,4 +119,3 @@ def main(argv=None) -> int:
         if args.verbose:
             print("|", ", ".join(f"{op} {count}" for op, count in names.most_common()), "| | | |")
     return 0
-

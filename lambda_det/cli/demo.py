@@ -11,6 +11,7 @@ SIGTERM saves the iteration in flight: docs/training.md, "Running long jobs"). A
 run made with another config (other overrides) is not reused: --force trains again (the
 finished run is moved to OUTPUT_DIR/previous_<date-time>/), or set another OUTPUT_DIR.
 """
+
 import argparse
 import json
 import sys
@@ -18,14 +19,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.detection_utils import read_image
 
 import lambda_det.data
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
-from detectron2.data import DatasetCatalog, MetadataCatalog
-from detectron2.data.detection_utils import read_image
 from lambda_det.checkpoint import last_checkpoint
-from lambda_det.cli.arguments import (
-    add_debug_argument, parse_command_line, reporting_user_errors)
+from lambda_det.cli.arguments import add_debug_argument, parse_command_line, reporting_user_errors
 from lambda_det.cli.checks import check_device
 from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command, run_child
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
@@ -58,9 +58,17 @@ def draw_predictions(cfg, weights: str, dataset: str, path: Path, count: int = 4
     tiles = []
     for record in DatasetCatalog.get(dataset)[:count]:
         image = read_image(record["file_name"], format=cfg.INPUT.FORMAT)
-        tiles.append(draw(image, predictor(image), metadata, cfg.INPUT.FORMAT, scale=2.0,
-                          score_threshold=predictor.score_threshold))
-    rows = [np.concatenate(tiles[i:i + 2], axis=1) for i in range(0, len(tiles), 2)]
+        tiles.append(
+            draw(
+                image,
+                predictor(image),
+                metadata,
+                cfg.INPUT.FORMAT,
+                scale=2.0,
+                score_threshold=predictor.score_threshold,
+            )
+        )
+    rows = [np.concatenate(tiles[i : i + 2], axis=1) for i in range(0, len(tiles), 2)]
     write_image(path, np.concatenate(rows, axis=0), option="OUTPUT_DIR")
     return path
 
@@ -76,9 +84,12 @@ def main(argv=None) -> int:
     args = parse_command_line(parser, argv)
     # --force again would move the interrupted run aside and start over.
     args.command = rerun_command("tools/demo.py", argv, drop=["--force"])
-    with reporting_interrupts(lambda interrupt: f"interrupted by {interrupt.name}: run "
-                                                f"{args.command} to continue"), \
-            reporting_user_errors(args.debug):
+    with (
+        reporting_interrupts(
+            lambda interrupt: f"interrupted by {interrupt.name}: run {args.command} to continue"
+        ),
+        reporting_user_errors(args.debug),
+    ):
         return demo(args)
 
 
@@ -98,15 +109,19 @@ def demo(args: argparse.Namespace) -> int:
 
     weights, record = output / "model_final.pth", output / "eval_results.json"
     if not args.force and weights.is_file() and record.is_file():
-        text = read_text(record, "pass --force (FORCE=1 with make) to train again, or set "
-                                 "another OUTPUT_DIR")
-        differences = config_differences(json.loads(text)["config"],
-                                         cfg.dump(), saved_in=str(record))
+        text = read_text(
+            record, "pass --force (FORCE=1 with make) to train again, or set another OUTPUT_DIR"
+        )
+        differences = config_differences(
+            json.loads(text)["config"], cfg.dump(), saved_in=str(record)
+        )
         if differences:
             raise UserError(
                 f"the finished run in {output} was made with another config ("
-                + "; ".join(differences[:5]) + "): pass --force (FORCE=1 with make) to train "
-                "over it, or set another OUTPUT_DIR")
+                + "; ".join(differences[:5])
+                + "): pass --force (FORCE=1 with make) to train "
+                "over it, or set another OUTPUT_DIR"
+            )
         print(f"reusing the finished run in {output} (--force, or FORCE=1 with make, trains again)")
     else:
         # --force starts over (the finished run and the demo's files move to
@@ -114,21 +129,35 @@ def demo(args: argparse.Namespace) -> int:
         # is continued, and one stopped before its first checkpoint starts over.
         if args.force:
             with OutputDirLock(str(output)):
-                previous = prepare_output_dir(str(output), resume=False, restart=True,
-                                              run_files=RUN_FILES + DEMO_FILES)
+                previous = prepare_output_dir(
+                    str(output), resume=False, restart=True, run_files=RUN_FILES + DEMO_FILES
+                )
             if previous:
                 print(f"--force: moved the previous run to {previous}", flush=True)
-        command = [sys.executable, str(TRAIN_NET), "--config-file", config_file,
-                   "--resume" if last_checkpoint(str(output)) else "--restart", *args.opts]
+        command = [
+            sys.executable,
+            str(TRAIN_NET),
+            "--config-file",
+            config_file,
+            "--resume" if last_checkpoint(str(output)) else "--restart",
+            *args.opts,
+        ]
         print("+", " ".join(command), flush=True)
         try:
             status = run_child(command)
         except Interrupted as interrupt:  # train_net.py saved the iteration in flight
             latest = last_checkpoint(str(output))
-            saved = (f"its last checkpoint is {output / latest}" if latest
-                     else "it had saved no checkpoint")
-            print(f"interrupted by {interrupt.name}: the training stopped and {saved}; "
-                  f"{args.command} continues it", file=sys.stderr, flush=True)
+            saved = (
+                f"its last checkpoint is {output / latest}"
+                if latest
+                else "it had saved no checkpoint"
+            )
+            print(
+                f"interrupted by {interrupt.name}: the training stopped and {saved}; "
+                f"{args.command} continues it",
+                file=sys.stderr,
+                flush=True,
+            )
             return interrupt.status
         if status:  # train_net.py said why
             return status
@@ -141,10 +170,13 @@ def demo(args: argparse.Namespace) -> int:
     with reporting_write_errors(output, "OUTPUT_DIR"):
         atomic_write(output / "ap_table.md", table + "\n", "OUTPUT_DIR")
         plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
-    print("\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):")
+    print(
+        "\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):"
+    )
     print(table)
-    print(f"\nwrote {output / 'eval_results.json'}, {output / 'ap_table.md'}, "
-          f"{output / 'ap_by_size.png'}, {picture}")
+    print(
+        f"\nwrote {output / 'eval_results.json'}, {output / 'ap_table.md'}, "
+        f"{output / 'ap_by_size.png'}, {picture}"
+    )
     print(f"demo finished in {time.time() - start:.0f} s")
     return 0
-

@@ -40,20 +40,34 @@ model is run on the sample and, when its size is dynamic, on a synthetic image o
 existing ``--output`` or ``<output>.json`` is replaced only with ``--overwrite``, and never when it
 is a file the export reads (MODEL.WEIGHTS, the config, the sample image).
 """
+
 import argparse
 import sys
 from pathlib import Path
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
-    add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides,
+    parse_command_line,
+    reporting_user_errors,
+    tool_argument_parser,
+)
 from lambda_det.cli.checks import check_device
 from lambda_det.config import resolve_config_file
 from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.export import (
-    EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, ExportedModel, check_export_output, eager_outputs,
-    export_model, max_differences, metadata_path, sample_image)
+    EXPORT_FORMATS,
+    FILE_SUFFIXES,
+    ONNX_OPSET,
+    ExportedModel,
+    check_export_output,
+    eager_outputs,
+    export_model,
+    max_differences,
+    metadata_path,
+    sample_image,
+)
 from lambda_det.inference import build_trained_model
 from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import check_writable_folder
@@ -62,21 +76,39 @@ from lambda_det.utils.atomic import check_writable_folder
 def argument_parser() -> argparse.ArgumentParser:
     parser = tool_argument_parser(__doc__)
     parser.add_argument("--format", required=True, choices=EXPORT_FORMATS)
-    parser.add_argument("--output", default=None,
-                        help="the file to write (default: OUTPUT_DIR/model.ts, model.onnx or "
-                             "model.pt2)")
-    parser.add_argument("--sample-image", default=None, metavar="FILE",
-                        help="the image to trace and verify with (default: a synthetic image); the "
-                             "export runs at any size unless it is fixed to this one")
-    parser.add_argument("--sample-size", type=int, nargs=2, default=None,
-                        metavar=("HEIGHT", "WIDTH"),
-                        help="size of the synthetic sample before the test-time resize")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="the file to write (default: OUTPUT_DIR/model.ts, model.onnx or model.pt2)",
+    )
+    parser.add_argument(
+        "--sample-image",
+        default=None,
+        metavar="FILE",
+        help="the image to trace and verify with (default: a synthetic image); the "
+        "export runs at any size unless it is fixed to this one",
+    )
+    parser.add_argument(
+        "--sample-size",
+        type=int,
+        nargs=2,
+        default=None,
+        metavar=("HEIGHT", "WIDTH"),
+        help="size of the synthetic sample before the test-time resize",
+    )
     parser.add_argument("--opset", type=int, default=ONNX_OPSET, help="ONNX opset (>= 16)")
-    parser.add_argument("--tolerance", type=float, default=1e-3,
-                        help="largest absolute difference from the eager model accepted")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing --output (never a file it reads: MODEL.WEIGHTS, "
-                             "the config, the sample image)")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-3,
+        help="largest absolute difference from the eager model accepted",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output (never a file it reads: MODEL.WEIGHTS, "
+        "the config, the sample image)",
+    )
     return add_debug_and_overrides(parser)
 
 
@@ -90,9 +122,15 @@ def main(argv=None) -> int:
         register_datasets(cfg)
         check_prediction_classes(cfg)
         output = Path(args.output or Path(cfg.OUTPUT_DIR) / f"model{FILE_SUFFIXES[args.format]}")
-        check_export_output(output, {"MODEL.WEIGHTS": cfg.MODEL.WEIGHTS,
-                                     "--config": resolve_config_file(args.config_file),
-                                     "--sample-image": args.sample_image}, args.overwrite)
+        check_export_output(
+            output,
+            {
+                "MODEL.WEIGHTS": cfg.MODEL.WEIGHTS,
+                "--config": resolve_config_file(args.config_file),
+                "--sample-image": args.sample_image,
+            },
+            args.overwrite,
+        )
         check_device(cfg)
         check_writable_folder(output.parent, "--output" if args.output else "OUTPUT_DIR")
         image = sample_image(cfg, args.sample_image, args.sample_size)
@@ -103,13 +141,18 @@ def main(argv=None) -> int:
             traced = export_model(model, image, output, args.format, opset=args.opset, cfg=cfg)
         except ImportError as error:  # onnx missing
             parser.error(" ".join(str(error).split()))
-    size = ("any size" if traced.dynamic_size else
-            f"only {tuple(image.shape)}: {traced.fixed_size_reason}")
+    size = (
+        "any size"
+        if traced.dynamic_size
+        else f"only {tuple(image.shape)}: {traced.fixed_size_reason}"
+    )
     if traced.dynamic_size and traced.min_size is not None:
         size = f"any size from {traced.min_size[0]} x {traced.min_size[1]}"
-    print(f"wrote {output} ({args.format}) and {metadata_path(output)}: input 'image', uint8 "
-          f"(3, H, W) in {cfg.INPUT.FORMAT} order, {size}; outputs "
-          f"{', '.join(traced.output_names)}")
+    print(
+        f"wrote {output} ({args.format}) and {metadata_path(output)}: input 'image', uint8 "
+        f"(3, H, W) in {cfg.INPUT.FORMAT} order, {size}; outputs "
+        f"{', '.join(traced.output_names)}"
+    )
 
     try:
         with reporting_user_errors(args.debug):  # the written file refused on reading it back
@@ -126,11 +169,15 @@ def main(argv=None) -> int:
         checks[f"a {other.shape[1]} x {other.shape[2]} image"] = other
     for name, check_image in checks.items():
         differences = max_differences(eager_outputs(model, check_image), exported(check_image))
-        print(f"largest difference from the eager model on {name}: " +
-              ", ".join(f"{field} {value:.3g}" for field, value in differences.items()))
+        print(
+            f"largest difference from the eager model on {name}: "
+            + ", ".join(f"{field} {value:.3g}" for field, value in differences.items())
+        )
         if not all(value <= args.tolerance for value in differences.values()):  # nan fails too
-            print(f"error: the exported model differs from the eager model on {name} by more "
-                  f"than --tolerance {args.tolerance}", file=sys.stderr)
+            print(
+                f"error: the exported model differs from the eager model on {name} by more "
+                f"than --tolerance {args.tolerance}",
+                file=sys.stderr,
+            )
             return 1
     return 0
-

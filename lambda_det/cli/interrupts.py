@@ -3,6 +3,7 @@ signal's number, as a shell reports a process it ended), never a KeyboardInterru
 Training saves the iteration in flight first (:mod:`lambda_det.engine.interrupt`); the tools
 that train through a tools/train_net.py child (the demo, the comparison) wait for it
 (:func:`run_child`)."""
+
 import codecs
 import collections
 import contextlib
@@ -14,10 +15,17 @@ import time
 from typing import Callable, Iterator, Optional, Sequence
 
 from detectron2.utils import comm
+
 from lambda_det.engine.interrupt import Interrupted, stopping_on_signals
 
-__all__ = ["Interrupted", "reporting_interrupts", "rerun_command", "run_child",
-           "STDERR_DELAY_S", "INTERRUPT_GRACE_S"]
+__all__ = [
+    "Interrupted",
+    "reporting_interrupts",
+    "rerun_command",
+    "run_child",
+    "STDERR_DELAY_S",
+    "INTERRUPT_GRACE_S",
+]
 
 # How late a child's stderr is shown: what it writes after a Ctrl-C (its own line about the
 # interrupt) arrives after the parent has seen the interrupt (within a poll of 0.05 s), and
@@ -46,8 +54,9 @@ def reporting_interrupts(line: Callable[[Interrupted], Optional[str]]) -> Iterat
         raise SystemExit(interrupt.status) from None
 
 
-def rerun_command(tool: str, argv: Sequence[str], add: Sequence[str] = (),
-                  drop: Sequence[str] = ()) -> str:
+def rerun_command(
+    tool: str, argv: Sequence[str], add: Sequence[str] = (), drop: Sequence[str] = ()
+) -> str:
     """``python TOOL ARGV`` for the user to type, with the options ``add`` (when missing) and
     without ``drop`` (e.g. ``--resume`` instead of ``--restart``)."""
     words = [word for word in argv if word not in drop]

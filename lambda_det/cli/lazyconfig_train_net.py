@@ -1,9 +1,11 @@
 """The command line of tools/lazyconfig_train_net.py: tools/train_net.py's
 (:func:`lambda_det.cli.train_net.main`) for LazyConfig recipes
 (:data:`~lambda_det.cli.train_net.LAZY_CONFIGS`; docs/lazyconfig.md)."""
+
 from typing import Optional, Sequence
 
-from lambda_det.cli.train_net import LAZY_CONFIGS, main as train_net_main
+from lambda_det.cli.train_net import LAZY_CONFIGS
+from lambda_det.cli.train_net import main as train_net_main
 
 __all__ = ["main"]
 

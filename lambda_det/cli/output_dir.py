@@ -1,5 +1,6 @@
 """A run's OUTPUT_DIR: one run at a time (an OS lock), never trained over by mistake, and never
 written over by an evaluation."""
+
 import datetime
 import errno
 import fnmatch
@@ -12,17 +13,35 @@ from typing import List, Optional, Sequence
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.utils.atomic import OutputWriteError, refuse_symlink, reporting_write_errors
 
-__all__ = ["OutputDirLock", "OutputDirBusyError", "prepare_output_dir",
-           "holds_run_files", "run_files_in", "evaluation_output_dir", "RUN_FILES",
-           "PREVIOUS_RUN_PREFIX", "EVALUATION_PREFIX", "LOCK_FILE"]
+__all__ = [
+    "OutputDirLock",
+    "OutputDirBusyError",
+    "prepare_output_dir",
+    "holds_run_files",
+    "run_files_in",
+    "evaluation_output_dir",
+    "RUN_FILES",
+    "PREVIOUS_RUN_PREFIX",
+    "EVALUATION_PREFIX",
+    "LOCK_FILE",
+]
 
 PREVIOUS_RUN_PREFIX = "previous_"
 EVALUATION_PREFIX = "eval_"
 LOCK_FILE = "run.lock"
 # What a training run writes into OUTPUT_DIR (detectron2's trainer, checkpointer, evaluators and
 # writers): what --restart moves aside. Other files there are left alone.
-RUN_FILES = ("last_checkpoint", "model_*.pth", "*.pth.*.tmp", "metrics.json",
-             "eval_results.json", "config.yaml", "log.txt*", "events.out.tfevents.*", "inference")
+RUN_FILES = (
+    "last_checkpoint",
+    "model_*.pth",
+    "*.pth.*.tmp",
+    "metrics.json",
+    "eval_results.json",
+    "config.yaml",
+    "log.txt*",
+    "events.out.tfevents.*",
+    "inference",
+)
 
 # The run's files that detectron2 writes in place (appends to, or rewrites) on --resume, rather
 # than through a temporary file: a link there would be written through.
@@ -86,7 +105,8 @@ class OutputDirLock:
             os.close(fd)
             raise OutputDirBusyError(
                 f"{self.key} {self.output_dir!r} is in use by another run ({holder}): wait for "
-                f"it to end, or pass another {self.key}") from None
+                f"it to end, or pass another {self.key}"
+            ) from None
         if not created:
             self._check_lock_file(fd)
         started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -105,13 +125,21 @@ class OutputDirLock:
         """
         status = os.fstat(fd)
         text = os.read(fd, 1024)
-        reason = ("not a plain file" if not stat.S_ISREG(status.st_mode) else
-                  f"it has {status.st_nlink} names (hard links)" if status.st_nlink != 1 else
-                  "it holds other data" if text and not text.startswith(b"pid ") else None)
+        reason = (
+            "not a plain file"
+            if not stat.S_ISREG(status.st_mode)
+            else f"it has {status.st_nlink} names (hard links)"
+            if status.st_nlink != 1
+            else "it holds other data"
+            if text and not text.startswith(b"pid ")
+            else None
+        )
         if reason is not None:
             os.close(fd)
-            raise OutputWriteError(f"{self.path!r} is not a run's lock file ({reason}): move it "
-                                   f"away, or pass another {self.key}")
+            raise OutputWriteError(
+                f"{self.path!r} is not a run's lock file ({reason}): move it "
+                f"away, or pass another {self.key}"
+            )
 
     def release(self) -> None:
         """Release the lock; a folder the lock created and nothing else wrote into (a run that
@@ -131,9 +159,14 @@ class OutputDirLock:
         self.release()
 
 
-def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_rank: int = 0,
-                       run_files: Sequence[str] = RUN_FILES,
-                       key: str = "OUTPUT_DIR") -> Optional[str]:
+def prepare_output_dir(
+    output_dir: str,
+    resume: bool,
+    restart: bool,
+    machine_rank: int = 0,
+    run_files: Sequence[str] = RUN_FILES,
+    key: str = "OUTPUT_DIR",
+) -> Optional[str]:
     """Refuse to train over the run that ``output_dir`` holds, unless told how.
 
     A folder holds a run when it has any of a run's files (``run_files``, by default
@@ -160,8 +193,11 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
         return None
     if resume and latest is not None:
         for name in run_files_in(output_dir, WRITTEN_IN_PLACE):  # detectron2 appends to these
-            refuse_symlink(os.path.join(output_dir, name), f"a run writes its own {name}: "
-                           f"replace the link with a copy of its file, or pass --restart")
+            refuse_symlink(
+                os.path.join(output_dir, name),
+                f"a run writes its own {name}: "
+                f"replace the link with a copy of its file, or pass --restart",
+            )
         return None
     if not restart:
         moved = f"the previous run's files are moved to {PREVIOUS_RUN_PREFIX}<date-time>/"
@@ -169,13 +205,15 @@ def prepare_output_dir(output_dir: str, resume: bool, restart: bool, machine_ran
             raise FileExistsError(
                 f"{key} {output_dir!r} already holds a run (last checkpoint {latest}): pass "
                 f"--resume to continue it, another {key} to keep it, or --restart to start over "
-                f"in it ({moved})")
+                f"in it ({moved})"
+            )
         held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         nothing = "it has no checkpoint to resume from, " if resume else ""
         raise FileExistsError(
             f"{key} {output_dir!r} holds a run that stopped before its first checkpoint "
             f"({held}): {nothing}pass --restart to start over in it ({moved}), or another "
-            f"{key}")
+            f"{key}"
+        )
     if machine_rank != 0:
         return None
     previous = _new_dated_folder(output_dir, PREVIOUS_RUN_PREFIX)
@@ -207,8 +245,11 @@ def run_files_in(output_dir: str, run_files: Sequence[str] = RUN_FILES) -> List[
     """The names in ``output_dir`` that match one of ``run_files``, sorted."""
     if not os.path.isdir(output_dir):
         return []
-    return [name for name in sorted(os.listdir(output_dir))
-            if any(fnmatch.fnmatch(name, pattern) for pattern in run_files)]
+    return [
+        name
+        for name in sorted(os.listdir(output_dir))
+        if any(fnmatch.fnmatch(name, pattern) for pattern in run_files)
+    ]
 
 
 def _new_dated_folder(parent: str, prefix: str) -> str:

@@ -3,6 +3,7 @@ Tables 12 and 13 (k=16, h=4, u=1, scope 23x23). Prints a markdown table.
 
     python tools/param_counts.py
 """
+
 import argparse
 
 from lambda_det.modeling import PAPER_PARAMETERS, lambda_resnet
@@ -24,7 +25,8 @@ def main(argv=None) -> int:
         model = lambda_resnet(depth, placement=placement, se=se, num_classes=1000)
         ours = sum(p.numel() for p in model.parameters()) / 1e6
         source = "Table 12" if depth == 50 else "Table 13"
-        print(f"| {label(depth, placement, se)} | {ours:.2f} | {paper:.1f} | "
-              f"{100 * (ours / paper - 1):+.1f}% | {source} |")
+        print(
+            f"| {label(depth, placement, se)} | {ours:.2f} | {paper:.1f} | "
+            f"{100 * (ours / paper - 1):+.1f}% | {source} |"
+        )
     return 0
-

@@ -26,21 +26,33 @@ line. Images are read as the dataset checks accept them (a 16-bit, 32-bit or flo
 image is refused with the fix, as in a dataset) and resized as the config's evaluation resizes
 them; ``--batch-size`` images run together. ``--confidence-threshold`` is a score in [0, 1].
 """
+
 import argparse
 import json
 from pathlib import Path
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli.arguments import (
-    add_debug_and_overrides, parse_command_line, reporting_user_errors, tool_argument_parser)
+    add_debug_and_overrides,
+    parse_command_line,
+    reporting_user_errors,
+    tool_argument_parser,
+)
 from lambda_det.cli.checks import check_device
 from lambda_det.cli.interrupts import reporting_interrupts
 from lambda_det.config import resolve_config_file
 from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import (
-    Predictor, build_trained_model, check_output_folder, collect_inputs, dataset_image_ids,
-    drawing_names, metadata_of, predict_files)
+    Predictor,
+    build_trained_model,
+    check_output_folder,
+    collect_inputs,
+    dataset_image_ids,
+    drawing_names,
+    metadata_of,
+    predict_files,
+)
 from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import atomic_write, check_writable_folder
 from lambda_det.utils.errors import UserError
@@ -50,16 +62,25 @@ RESULTS_FILE = "predictions.json"
 
 def argument_parser() -> argparse.ArgumentParser:
     parser = tool_argument_parser(__doc__)
-    parser.add_argument("--input", nargs="+", required=True,
-                        help="image or video files, folders of them, or globs")
+    parser.add_argument(
+        "--input", nargs="+", required=True, help="image or video files, folders of them, or globs"
+    )
     parser.add_argument("--output", required=True, help="the folder to write into")
-    parser.add_argument("--confidence-threshold", type=float, default=0.5,
-                        help="lowest score kept, in [0, 1] (default 0.5; evaluation keeps 0.05)")
-    parser.add_argument("--device", default=None,
-                        help="cpu, cuda or cuda:N (default: the config's MODEL.DEVICE)")
+    parser.add_argument(
+        "--confidence-threshold",
+        type=float,
+        default=0.5,
+        help="lowest score kept, in [0, 1] (default 0.5; evaluation keeps 0.05)",
+    )
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: the config's MODEL.DEVICE)"
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace drawings and predictions.json in --output (never an input)")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace drawings and predictions.json in --output (never an input)",
+    )
     return add_debug_and_overrides(parser)
 
 
@@ -67,9 +88,13 @@ def config_overrides(args) -> list:
     """The command line's overrides, then the threshold for every head that has one."""
     threshold = str(args.confidence_threshold)
     overrides = list(args.opts) + [
-        "MODEL.ROI_HEADS.SCORE_THRESH_TEST", threshold,
-        "MODEL.RETINANET.SCORE_THRESH_TEST", threshold,
-        "MODEL.PANOPTIC_FPN.COMBINE.INSTANCES_CONFIDENCE_THRESH", threshold]
+        "MODEL.ROI_HEADS.SCORE_THRESH_TEST",
+        threshold,
+        "MODEL.RETINANET.SCORE_THRESH_TEST",
+        threshold,
+        "MODEL.PANOPTIC_FPN.COMBINE.INSTANCES_CONFIDENCE_THRESH",
+        threshold,
+    ]
     if args.device:
         overrides += ["MODEL.DEVICE", args.device]
     return overrides
@@ -78,9 +103,12 @@ def config_overrides(args) -> list:
 def main(argv=None) -> int:
     args = parse_command_line(argument_parser(), argv)
     output = Path(args.output)
-    with reporting_interrupts(lambda interrupt: (
+    with reporting_interrupts(
+        lambda interrupt: (
             f"interrupted by {interrupt.name}: {output} holds the drawings finished so far, "
-            f"without {RESULTS_FILE}; run the command again with --overwrite to redo them")):
+            f"without {RESULTS_FILE}; run the command again with --overwrite to redo them"
+        )
+    ):
         return predict(args, output)
 
 
@@ -89,13 +117,23 @@ def predict(args, output: Path) -> int:
         if args.batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
         if not 0 <= args.confidence_threshold <= 1:  # a score: above 1 keeps nothing
-            raise UserError(f"--confidence-threshold must be a score in [0, 1], got "
-                            f"{args.confidence_threshold}: pass e.g. 0.5 (0.05 keeps what "
-                            f"evaluation keeps)")
+            raise UserError(
+                f"--confidence-threshold must be a score in [0, 1], got "
+                f"{args.confidence_threshold}: pass e.g. 0.5 (0.05 keeps what "
+                f"evaluation keeps)"
+            )
         files = collect_inputs(args.input)
         cfg = load_config(args.config_file, config_overrides(args))
-        check_output_folder(files, output, args.overwrite, also_writes=[RESULTS_FILE], reads={
-            "--config": resolve_config_file(args.config_file), "MODEL.WEIGHTS": cfg.MODEL.WEIGHTS})
+        check_output_folder(
+            files,
+            output,
+            args.overwrite,
+            also_writes=[RESULTS_FILE],
+            reads={
+                "--config": resolve_config_file(args.config_file),
+                "MODEL.WEIGHTS": cfg.MODEL.WEIGHTS,
+            },
+        )
         check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
         check_writable_folder(output, "--output")
         register_datasets(cfg)
@@ -107,10 +145,19 @@ def predict(args, output: Path) -> int:
         if Path(name).stem != Path(path).stem:
             print(f"{path} is drawn as {output / name} (an earlier input has its name)")
     with reporting_user_errors(args.debug):
-        results, drawn = predict_files(predictor, files, output, metadata, cfg.INPUT.FORMAT,
-                                       known_ids, args.batch_size, overwrite=args.overwrite)
+        results, drawn = predict_files(
+            predictor,
+            files,
+            output,
+            metadata,
+            cfg.INPUT.FORMAT,
+            known_ids,
+            args.batch_size,
+            overwrite=args.overwrite,
+        )
         atomic_write(output / RESULTS_FILE, json.dumps(results), "--output")
-    print(f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
-          f"and {len(drawn)} drawn files to {output}")
+    print(
+        f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
+        f"and {len(drawn)} drawn files to {output}"
+    )
     return 0
-

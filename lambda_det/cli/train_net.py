@@ -10,6 +10,7 @@ OUTPUT_DIR in use) ends the run with exit status 2 and one ``error: ...`` line t
 bad value and the fix; ``--debug`` shows the traceback instead. Anything else is a bug and keeps
 its traceback.
 """
+
 import argparse
 import copy
 import os
@@ -17,22 +18,36 @@ import sys
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import torch
-from omegaconf import DictConfig
-from torch import nn
-from torch.multiprocessing import ProcessExitedException
 from detectron2.config import instantiate
 from detectron2.engine import default_argument_parser
 from detectron2.utils import comm
+from omegaconf import DictConfig
+from torch import nn
+from torch.multiprocessing import ProcessExitedException
+
 from lambda_det.checkpoint import (
-    AtomicCheckpointer, check_weights, checkpoint_to_resume, evaluation_weights, last_checkpoint,
-    load_weights)
+    AtomicCheckpointer,
+    check_weights,
+    checkpoint_to_resume,
+    evaluation_weights,
+    last_checkpoint,
+    load_weights,
+)
 from lambda_det.cli.arguments import (
-    USAGE_ERROR_STATUS, add_coco_dataset_argument, add_debug_argument, parse_command_line,
-    reporting_user_errors)
+    USAGE_ERROR_STATUS,
+    add_coco_dataset_argument,
+    add_debug_argument,
+    parse_command_line,
+    reporting_user_errors,
+)
 from lambda_det.cli.checks import check_weights_fit, load_run_config, meta_yaml_model
 from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command
 from lambda_det.cli.output_dir import (
-    PREVIOUS_RUN_PREFIX, OutputDirLock, evaluation_output_dir, prepare_output_dir)
+    PREVIOUS_RUN_PREFIX,
+    OutputDirLock,
+    evaluation_output_dir,
+    prepare_output_dir,
+)
 from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
 from lambda_det.data import register_datasets
@@ -42,29 +57,46 @@ from lambda_det.engine import lazy_training, preflight
 from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
 from lambda_det.engine.preflight import (
-    check_batch_size, check_evaluation_memory, check_launch_arguments, check_training_memory,
-    check_training_settings)
+    check_batch_size,
+    check_evaluation_memory,
+    check_launch_arguments,
+    check_training_memory,
+    check_training_settings,
+)
 from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_run_settings
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 from lambda_det.utils.errors import UserError
 
-__all__ = ["ConfigSystem", "YAML_CONFIGS", "LAZY_CONFIGS", "argument_parser", "main",
-           "load_lazy_run_config", "scale_yaml_to_world_size", "launch_checked",
-           "check_config_before_launch", "plan_evaluation", "Evaluation",
-           "prepare_training_output_dir", "interrupted_line"]
+__all__ = [
+    "ConfigSystem",
+    "YAML_CONFIGS",
+    "LAZY_CONFIGS",
+    "argument_parser",
+    "main",
+    "load_lazy_run_config",
+    "scale_yaml_to_world_size",
+    "launch_checked",
+    "check_config_before_launch",
+    "plan_evaluation",
+    "Evaluation",
+    "prepare_training_output_dir",
+    "interrupted_line",
+]
 
 INTERRUPTED_STATUSES = tuple(128 + signum for signum in SIGNALS)  # 130, 143
 
 
 class Evaluation(NamedTuple):
     """Where an ``--eval-only`` run writes and what it evaluates (see :func:`plan_evaluation`)."""
+
     output_dir: str
     weights: str
 
 
 class ConfigSystem(NamedTuple):
     """How a training tool reads its config; everything else is :func:`main`'s."""
+
     description: str
     output_dir_key: str  # how the help and the errors name the output folder
     datasets_help: str  # where --coco-dataset's NAME goes
@@ -78,20 +110,27 @@ class ConfigSystem(NamedTuple):
     tool: str = "tools/train_net.py"  # the script, for the command that resumes a run
 
 
-def argument_parser(output_dir: str = "OUTPUT_DIR",
-                    datasets: str = "DATASETS.TRAIN / TEST") -> argparse.ArgumentParser:
+def argument_parser(
+    output_dir: str = "OUTPUT_DIR", datasets: str = "DATASETS.TRAIN / TEST"
+) -> argparse.ArgumentParser:
     """detectron2's ``default_argument_parser`` plus ``--config NAME`` (an alias of
     --config-file that also takes a shipped config's name), ``--restart``, ``--debug`` and
     ``--coco-dataset NAME JSON IMAGE_DIR`` (see :mod:`lambda_det.data.coco`); the help names
     the output folder and the dataset keys as ``output_dir`` and ``datasets``."""
     parser = default_argument_parser()
-    parser.add_argument("--config", dest="config_file", metavar="NAME",
-                        help="config file, or the name of a shipped config (e.g. "
-                             "lambda_r152_mask_rcnn)")
-    parser.add_argument("--restart", action="store_true",
-                        help=f"train from iteration 0 in an {output_dir} that holds a run; the "
-                             f"previous run is first moved to {output_dir}/{PREVIOUS_RUN_PREFIX}"
-                             "<date-time>/")
+    parser.add_argument(
+        "--config",
+        dest="config_file",
+        metavar="NAME",
+        help="config file, or the name of a shipped config (e.g. lambda_r152_mask_rcnn)",
+    )
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help=f"train from iteration 0 in an {output_dir} that holds a run; the "
+        f"previous run is first moved to {output_dir}/{PREVIOUS_RUN_PREFIX}"
+        "<date-time>/",
+    )
     add_debug_argument(parser)
     add_coco_dataset_argument(parser, datasets)
     return parser
@@ -111,13 +150,17 @@ def run(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=N
             if args.eval_only:
                 model = Trainer.build_model(cfg)
                 settings = yaml_run_settings(cfg)
-                load_weights(model, evaluation_weights(
-                    settings.output_dir, settings.training.weights, args.resume))
+                load_weights(
+                    model,
+                    evaluation_weights(settings.output_dir, settings.training.weights, args.resume),
+                )
                 return Trainer.test(cfg, model)
             trainer = Trainer(cfg)
             trainer.resume_or_load(resume=args.resume)
-        with reporting_user_errors(args.debug, errors=(OutputWriteError,)), \
-                reporting_write_errors(cfg.OUTPUT_DIR, "OUTPUT_DIR", errnos=DISK_ERRNOS):
+        with (
+            reporting_user_errors(args.debug, errors=(OutputWriteError,)),
+            reporting_write_errors(cfg.OUTPUT_DIR, "OUTPUT_DIR", errnos=DISK_ERRNOS),
+        ):
             return trainer.train()
 
 
@@ -139,16 +182,18 @@ def run_lazy(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, 
             if args.eval_only:
                 model = instantiate(cfg.model).to(cfg.train.device)
                 settings = lazy_run_settings(cfg)
-                weights = evaluation_weights(settings.output_dir, settings.training.weights,
-                                             args.resume)
+                weights = evaluation_weights(
+                    settings.output_dir, settings.training.weights, args.resume
+                )
                 AtomicCheckpointer(model, require="all").load(weights, checkpointables=[])
                 return lazy_training.evaluate(cfg, model)
         with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
             return lazy_training.train(cfg, args.resume)
 
 
-def interrupted_line(interrupt: Interrupted, args: argparse.Namespace,
-                     output_dir: Sequence[str]) -> Optional[str]:
+def interrupted_line(
+    interrupt: Interrupted, args: argparse.Namespace, output_dir: Sequence[str]
+) -> Optional[str]:
     """The line a run that SIGINT or SIGTERM stopped prints (on the main process): the
     checkpoint it saved, or its last one, and the command that continues it. ``output_dir``:
     the run's folder (empty before its config is read)."""
@@ -160,12 +205,16 @@ def interrupted_line(interrupt: Interrupted, args: argparse.Namespace,
         return f"{stopped}: the evaluation stopped; run it again with: {rerun_command(tool, argv)}"
     resume = rerun_command(tool, argv, add=["--resume"], drop=["--restart"])
     if interrupt.checkpoint:
-        return (f"{stopped} after iteration {interrupt.iteration}: saved "
-                f"{interrupt.checkpoint}; continue with: {resume}")
+        return (
+            f"{stopped} after iteration {interrupt.iteration}: saved "
+            f"{interrupt.checkpoint}; continue with: {resume}"
+        )
     latest = last_checkpoint(output_dir[0]) if output_dir else None
     if latest:
-        return (f"{stopped}: the run's last checkpoint is {os.path.join(output_dir[0], latest)}; "
-                f"continue with: {resume}")
+        return (
+            f"{stopped}: the run's last checkpoint is {os.path.join(output_dir[0], latest)}; "
+            f"continue with: {resume}"
+        )
     restart = rerun_command(tool, argv, add=["--restart"], drop=["--resume"])
     return f"{stopped} before the run's first checkpoint: start again with: {restart}"
 
@@ -178,13 +227,17 @@ def plan_evaluation(output_dir: str, weights: str) -> Evaluation:
     (:func:`run`, :func:`run_lazy`), and sets its config from it."""
     folder = evaluation_output_dir(output_dir)
     if folder != output_dir:
-        print(f"--eval-only: {output_dir} holds a run, which this evaluation leaves as it is: "
-              f"it writes into {folder} (weights {weights})", flush=True)
+        print(
+            f"--eval-only: {output_dir} holds a run, which this evaluation leaves as it is: "
+            f"it writes into {folder} (weights {weights})",
+            flush=True,
+        )
     return Evaluation(folder, weights)
 
 
-def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, cfg,
-                               run: RunSettings) -> nn.Module:
+def check_config_before_launch(
+    args: argparse.Namespace, system: ConfigSystem, cfg, run: RunSettings
+) -> nn.Module:
     """What the config alone decides, checked before the output folder is touched: the device,
     the model (built on the meta device, returned for the weights' checks) and, for training,
     every setting that would fail after launch (as the user wrote it) and, for the batch
@@ -206,19 +259,29 @@ def check_config_before_launch(args: argparse.Namespace, system: ConfigSystem, c
     return model
 
 
-def prepare_training_output_dir(args: argparse.Namespace, output_dir: str,
-                                key: str = "OUTPUT_DIR") -> None:
+def prepare_training_output_dir(
+    args: argparse.Namespace, output_dir: str, key: str = "OUTPUT_DIR"
+) -> None:
     """:func:`prepare_output_dir` for this run, saying where the previous run's files went
     (``key``: the folder's name in the config, for errors)."""
-    previous = prepare_output_dir(output_dir, resume=args.resume, restart=args.restart,
-                                  machine_rank=args.machine_rank, key=key)
+    previous = prepare_output_dir(
+        output_dir,
+        resume=args.resume,
+        restart=args.restart,
+        machine_rank=args.machine_rank,
+        key=key,
+    )
     if previous:
-        print(f"--restart: moved the previous run's files in {output_dir} to {previous}: this "
-              f"run starts at iteration 0 with files of its own", flush=True)
+        print(
+            f"--restart: moved the previous run's files in {output_dir} to {previous}: this "
+            f"run starts at iteration 0 with files of its own",
+            flush=True,
+        )
 
 
-def check_before_launch(args: argparse.Namespace, run: RunSettings,
-                        model: nn.Module) -> Optional[Evaluation]:
+def check_before_launch(
+    args: argparse.Namespace, run: RunSettings, model: nn.Module
+) -> Optional[Evaluation]:
     """What the run reads, checked once before any process starts and before the output folder
     is written (the lock is already held): a mistake found later would leave a log or a config
     dump in it, or surface hours later at the final evaluation. Returns the plan of an
@@ -246,8 +309,9 @@ def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
     bundled datasets and the ``--coco-dataset`` triples registered in this process (every
     training process registers them again: :func:`run_lazy`)."""
     if not args.config_file:
-        raise UserError("pass a recipe: --config-file PATH.py, or --config NAME (e.g. "
-                        "lambda_r152_mask_rcnn)")
+        raise UserError(
+            "pass a recipe: --config-file PATH.py, or --config NAME (e.g. lambda_r152_mask_rcnn)"
+        )
     args.config_file = resolve_lazy_config_file(args.config_file)
     register_datasets()
     register_coco_triples(args.coco_dataset, source="--coco-dataset")
@@ -259,8 +323,10 @@ def scale_yaml_to_world_size(cfg, world_size: int):
     UserError."""
     reference, batch = cfg.SOLVER.REFERENCE_WORLD_SIZE, cfg.SOLVER.IMS_PER_BATCH
     if reference and batch % reference:
-        raise UserError(f"SOLVER.IMS_PER_BATCH {batch} does not split over "
-                        f"SOLVER.REFERENCE_WORLD_SIZE {reference}: use a multiple of it")
+        raise UserError(
+            f"SOLVER.IMS_PER_BATCH {batch} does not split over "
+            f"SOLVER.REFERENCE_WORLD_SIZE {reference}: use a multiple of it"
+        )
     return Trainer.auto_scale_workers(cfg, world_size)
 
 
@@ -268,17 +334,24 @@ YAML_CONFIGS = ConfigSystem(
     description="Train or evaluate a yaml config (configs/).",
     output_dir_key="OUTPUT_DIR",
     datasets_help="DATASETS.TRAIN / TEST (the run's config keeps it in DATASETS.COCO_INSTANCES)",
-    load=load_run_config, settings=yaml_run_settings, scale=scale_yaml_to_world_size,
-    build_model=meta_yaml_model, run=run)
+    load=load_run_config,
+    settings=yaml_run_settings,
+    scale=scale_yaml_to_world_size,
+    build_model=meta_yaml_model,
+    run=run,
+)
 
 LAZY_CONFIGS = ConfigSystem(
     description="Train or evaluate a LazyConfig recipe (configs/LazyConfigs/).",
     output_dir_key="train.output_dir",
     datasets_help="dataloader.train.dataset.names / dataloader.test.dataset.names",
-    load=load_lazy_run_config, settings=lazy_run_settings,
+    load=load_lazy_run_config,
+    settings=lazy_run_settings,
     scale=lambda cfg, world_size: scale_to_world_size(copy.deepcopy(cfg), world_size),
-    build_model=lambda cfg: instantiate(cfg.model), run=run_lazy,
-    tool="tools/lazyconfig_train_net.py")
+    build_model=lambda cfg: instantiate(cfg.model),
+    run=run_lazy,
+    tool="tools/lazyconfig_train_net.py",
+)
 
 
 def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS) -> int:
@@ -289,8 +362,11 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
     print("Command Line Args:", args)
-    invoked = sys.argv[0] if os.path.basename(sys.argv[0]) == os.path.basename(system.tool) \
+    invoked = (
+        sys.argv[0]
+        if os.path.basename(sys.argv[0]) == os.path.basename(system.tool)
         else system.tool
+    )
     args.command = (invoked, argv)  # for the line of an interrupted run
     output_dir = []
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
@@ -301,14 +377,26 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
             output_dir.append(run.output_dir.value)
             model = check_config_before_launch(args, system, cfg, run)
         cpu = torch.device(run.device.value).type == "cpu"
-        return launch_checked(system.run, args, run.output_dir.value,
-                              lambda: check_before_launch(args, run, model), cpu=cpu,
-                              output_dir_key=run.output_dir.key, cfg=cfg)
+        return launch_checked(
+            system.run,
+            args,
+            run.output_dir.value,
+            lambda: check_before_launch(args, run, model),
+            cpu=cpu,
+            output_dir_key=run.output_dir.key,
+            cfg=cfg,
+        )
 
 
-def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
-                   check: Callable[[], Optional[Evaluation]], cpu: bool,
-                   output_dir_key: str = "OUTPUT_DIR", cfg=None) -> int:
+def launch_checked(
+    run_function,
+    args: argparse.Namespace,
+    output_dir: str,
+    check: Callable[[], Optional[Evaluation]],
+    cpu: bool,
+    output_dir_key: str = "OUTPUT_DIR",
+    cfg=None,
+) -> int:
     """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
     that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg)``
     in every process, ``evaluation`` being what ``check`` returned (on the CPU, ``--num-gpus N``
@@ -324,9 +412,15 @@ def launch_checked(run_function, args: argparse.Namespace, output_dir: str,
         with reporting_user_errors(args.debug):
             evaluation = check()
         in_this_process = args.num_gpus * args.num_machines == 1  # as launch decides
-        launch(run_function, args.num_gpus, num_machines=args.num_machines,
-               machine_rank=args.machine_rank, dist_url=args.dist_url, cpu=cpu,
-               args=(args, evaluation, cfg if in_this_process else None))
+        launch(
+            run_function,
+            args.num_gpus,
+            num_machines=args.num_machines,
+            machine_rank=args.machine_rank,
+            dist_url=args.dist_url,
+            cpu=cpu,
+            args=(args, evaluation, cfg if in_this_process else None),
+        )
     except ProcessExitedException as error:  # a worker reported a user error or an interrupt
         if error.exit_code not in (USAGE_ERROR_STATUS, *INTERRUPTED_STATUSES):
             raise

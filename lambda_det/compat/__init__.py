@@ -7,6 +7,7 @@ This module only imports detectron2 for lambda_det: with a clear error when it i
 without the deprecation warning that torch >= 2.10 prints when fvcore and detectron2 call
 ``torch.jit.script`` at import time (they must stay scriptable, so the call itself is kept).
 """
+
 import contextlib
 import importlib
 import importlib.util
@@ -15,11 +16,22 @@ import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["import_detectron2", "detectron2_installed", "without_jit_script_deprecation",
-           "ddp_without_buffer_sync", "quiet_detectron2_warnings", "without_cuda_home_warning"]
+__all__ = [
+    "import_detectron2",
+    "detectron2_installed",
+    "without_jit_script_deprecation",
+    "ddp_without_buffer_sync",
+    "quiet_detectron2_warnings",
+    "without_cuda_home_warning",
+]
 
-_DETECTRON2_MODULES = ("detectron2.modeling", "detectron2.data", "detectron2.evaluation",
-                       "detectron2.engine", "detectron2.checkpoint")
+_DETECTRON2_MODULES = (
+    "detectron2.modeling",
+    "detectron2.data",
+    "detectron2.evaluation",
+    "detectron2.engine",
+    "detectron2.checkpoint",
+)
 
 # The lambda_det checkout this package runs from (an editable install's source tree).
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -33,13 +45,16 @@ def missing_detectron2_message(checkout: Path = CHECKOUT) -> str:
     if venv_python.is_file():
         return message + (
             f"The lambda_det checkout's .venv/ has it: run the tools as `{venv_python} tools/...`, "
-            f"or `source {checkout / '.venv' / 'bin' / 'activate'}` first and then `python tools/...`.")
+            f"or `source {checkout / '.venv' / 'bin' / 'activate'}` first and then "
+            f"`python tools/...`."
+        )
     return message + (
         "`make venv` in the lambda_det checkout builds one into .venv/ (then run "
         "`.venv/bin/python tools/...`, or `source .venv/bin/activate` first); in another "
         "environment that has torch, run `python tools/build_detectron2.py` from the lambda_det "
         "checkout (pure-Python detectron2 0.6 from PyPI's pb1-detectron2 source package), or "
-        "install your own detectron2 build.")
+        "install your own detectron2 build."
+    )
 
 
 @contextlib.contextmanager
@@ -47,8 +62,9 @@ def without_jit_script_deprecation():
     """Within: no FutureWarning for ``torch.jit.script``, which fvcore and detectron2 call when
     they are imported."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated",
-                                category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r".*torch\.jit\.script.* is deprecated", category=FutureWarning
+        )
         yield
 
 
@@ -89,8 +105,12 @@ def ddp_without_buffer_sync() -> dict:
 def quiet_detectron2_warnings() -> None:
     """In a training process: hide the deprecation warning torch prints when detectron2's
     ``comm.all_gather`` serialises through ``TypedStorage`` (nothing a user can change)."""
-    warnings.filterwarnings("ignore", message=r"TypedStorage is deprecated",
-                            category=UserWarning, module=r"detectron2\.")
+    warnings.filterwarnings(
+        "ignore",
+        message=r"TypedStorage is deprecated",
+        category=UserWarning,
+        module=r"detectron2\.",
+    )
 
 
 @contextlib.contextmanager

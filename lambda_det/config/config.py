@@ -12,6 +12,7 @@ lists and comprehensions; no other names or calls). A file with any other tag, t
 yaml mapping, or whose ``_BASE_`` chain is missing a file or loops, is a :class:`ConfigFileError`
 that names the file (:func:`check_config_file`).
 """
+
 import difflib
 import logging
 import os
@@ -19,6 +20,7 @@ import re
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import yaml
+
 from lambda_det.compat import import_detectron2
 from lambda_det.utils import run_defaults
 from lambda_det.utils.errors import UserError
@@ -26,13 +28,25 @@ from lambda_det.utils.text import not_text
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
-from fvcore.common.config import BASE_KEY  # noqa: E402
-from lambda_det.config.expressions import ExpressionError, evaluate_expression  # noqa: E402
 from detectron2.config import CfgNode as CN  # noqa: E402
+from fvcore.common.config import BASE_KEY  # noqa: E402
 
-__all__ = ["add_lambda_det_config", "merge_config", "prepare_merged_config", "resolve_config_file",
-           "adapt_norms_to_device", "check_config_file", "CfgNode", "ConfigFileError",
-           "config_keys", "did_you_mean", "flatten_config", "read_config_dump"]
+from lambda_det.config.expressions import ExpressionError, evaluate_expression  # noqa: E402
+
+__all__ = [
+    "add_lambda_det_config",
+    "merge_config",
+    "prepare_merged_config",
+    "resolve_config_file",
+    "adapt_norms_to_device",
+    "check_config_file",
+    "CfgNode",
+    "ConfigFileError",
+    "config_keys",
+    "did_you_mean",
+    "flatten_config",
+    "read_config_dump",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +129,11 @@ def _refuse_tag(loader, node):
 
 def _evaluate_expression_tag(loader, node):
     """``!!python/object/apply:eval ["EXPRESSION"]``, as detectron2's configs write it."""
-    if not (isinstance(node, yaml.SequenceNode) and len(node.value) == 1
-            and isinstance(node.value[0], yaml.ScalarNode)):
+    if not (
+        isinstance(node, yaml.SequenceNode)
+        and len(node.value) == 1
+        and isinstance(node.value[0], yaml.ScalarNode)
+    ):
         raise _RefusedTag(node)
     try:
         return evaluate_expression(loader.construct_scalar(node.value[0]))
@@ -126,8 +143,9 @@ def _evaluate_expression_tag(loader, node):
 
 # A tag the safe loader has no constructor for: refused, with its name and line.
 _PlainYamlLoader.add_constructor(None, _refuse_tag)
-_PlainYamlLoader.add_constructor("tag:yaml.org,2002:python/object/apply:eval",
-                                 _evaluate_expression_tag)
+_PlainYamlLoader.add_constructor(
+    "tag:yaml.org,2002:python/object/apply:eval", _evaluate_expression_tag
+)
 
 
 def _load_plain_yaml(stream, where: str):
@@ -139,11 +157,13 @@ def _load_plain_yaml(stream, where: str):
         raise ConfigFileError(
             f"{where}, line {refused.line}: the yaml tag {refused.tag} is refused (a config "
             f"holds plain values: mappings, lists, strings, numbers; a tag could run code): "
-            f"remove the tag") from None
+            f"remove the tag"
+        ) from None
     except _RefusedExpression as refused:
         raise ConfigFileError(
             f"{where}, line {refused.line}: !!python/object/apply:eval: {refused.reason}: "
-            f"write the value itself") from None
+            f"write the value itself"
+        ) from None
     except yaml.YAMLError as error:
         raise ConfigFileError(f"{where}: {' '.join(str(error).split())}") from None
     except UnicodeDecodeError as error:  # a binary file, read as text
@@ -183,8 +203,10 @@ def _merge_into(values: dict, base: dict, where: str) -> None:
     for key, value in values.items():
         if isinstance(value, dict) and key in base:
             if not isinstance(base[key], dict):
-                raise ConfigFileError(f"{where}: {key} is a mapping, but its _BASE_ gives it "
-                                      f"{base[key]!r}: make both mappings or neither")
+                raise ConfigFileError(
+                    f"{where}: {key} is a mapping, but its _BASE_ gives it "
+                    f"{base[key]!r}: make both mappings or neither"
+                )
             _merge_into(value, base[key], where)
         else:
             base[key] = value
@@ -196,15 +218,18 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
     where = f"config file {path}" + (f" (a _BASE_ of {chain[-1]})" if chain else "")
     if os.path.realpath(path) in map(os.path.realpath, chain):
         loop = " -> ".join([*chain, path])
-        raise ConfigFileError(f"config file {chain[0]}: its _BASE_ chain {loop} is a loop: "
-                              f"remove the _BASE_ that closes it")
+        raise ConfigFileError(
+            f"config file {chain[0]}: its _BASE_ chain {loop} is a loop: "
+            f"remove the _BASE_ that closes it"
+        )
     try:
         with CN._open_cfg(path) as f:
             data = _load_plain_yaml(f, where)
     except OSError:  # missing, a folder, unreadable
-        raise FileNotFoundError(f"{where} does not exist or is not a readable file"
-                                + (" (a relative _BASE_ is relative to the file naming it)"
-                                   if chain else "")) from None
+        raise FileNotFoundError(
+            f"{where} does not exist or is not a readable file"
+            + (" (a relative _BASE_ is relative to the file naming it)" if chain else "")
+        ) from None
     if data is None:
         raise ConfigFileError(f"{where} is empty: a config is a yaml mapping of KEY: value")
     if not isinstance(data, dict):
@@ -213,8 +238,9 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
     bases = data.get(BASE_KEY, [])
     bases = [bases] if isinstance(bases, str) else bases
     if not (isinstance(bases, list) and all(isinstance(base, str) for base in bases)):
-        raise ConfigFileError(f"{where}: {BASE_KEY} is {data[BASE_KEY]!r}: give a config path "
-                              f"or a list of them")
+        raise ConfigFileError(
+            f"{where}: {BASE_KEY} is {data[BASE_KEY]!r}: give a config path or a list of them"
+        )
     if BASE_KEY not in data:
         return data
     merged: dict = {}
@@ -304,7 +330,7 @@ def config_keys(node, prefix: str = "") -> Iterator[str]:
 
 
 def did_you_mean(key: str, keys: Sequence[str]) -> str:
-    """"did you mean X? " for the one of ``keys`` closest to a misspelt ``key``, else "": the
+    """ "did you mean X? " for the one of ``keys`` closest to a misspelt ``key``, else "": the
     hint of an unknown key, in yaml configs and LazyConfig recipes alike."""
     close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.8)
     return f"did you mean {close[0]}? " if close else ""
@@ -321,10 +347,12 @@ def _config_error(error: Exception, where: str, cfg: CN) -> ValueError:
     message = str(error.args[0]) if error.args else str(error)
     for prefix in _UNKNOWN_KEY_PREFIXES:
         if message.startswith(prefix):
-            key = message[len(prefix):]
-            return UserError(f"config key {key} ({where}) does not exist: "
-                              f"{did_you_mean(key, list(config_keys(cfg)))}check its spelling "
-                              f"(lambda_det's own keys are listed in docs/config.md)")
+            key = message[len(prefix) :]
+            return UserError(
+                f"config key {key} ({where}) does not exist: "
+                f"{did_you_mean(key, list(config_keys(cfg)))}check its spelling "
+                f"(lambda_det's own keys are listed in docs/config.md)"
+            )
     return UserError(f"{where}: {' '.join(message.split())}")
 
 
@@ -358,8 +386,10 @@ def merge_config(cfg: CN, config_file: Optional[str] = None, opts: Sequence[str]
     if config_file:
         path = resolve_config_file(config_file)
         if path.endswith(".py"):
-            raise UserError(f"{path} is a LazyConfig recipe: train it with "
-                             f"tools/lazyconfig_train_net.py, or pass a yaml config")
+            raise UserError(
+                f"{path} is a LazyConfig recipe: train it with "
+                f"tools/lazyconfig_train_net.py, or pass a yaml config"
+            )
         try:
             cfg.merge_from_file(path)
         except ConfigFileError:

@@ -9,6 +9,7 @@ strings, arithmetic, comparisons, lists, tuples, list comprehensions over them a
 nothing in the text can reach an object it did not create. The operators are Python's own
 (:mod:`operator`), so the values are exactly those ``eval`` gives.
 """
+
 import ast
 import operator
 from typing import Any, Callable, Dict, Mapping
@@ -16,8 +17,15 @@ from typing import Any, Callable, Dict, Mapping
 __all__ = ["ExpressionError", "evaluate_expression", "ALLOWED_CALLS"]
 
 ALLOWED_CALLS: Mapping[str, Callable] = {
-    "range": range, "int": int, "float": float, "round": round, "abs": abs, "min": min,
-    "max": max, "len": len, "sum": sum,
+    "range": range,
+    "int": int,
+    "float": float,
+    "round": round,
+    "abs": abs,
+    "min": min,
+    "max": max,
+    "len": len,
+    "sum": sum,
 }
 # Bounds that keep one config line from taking the machine: a sequence longer than any config's
 # list of sizes, and integers of more bits than any config value needs.
@@ -25,14 +33,22 @@ MAX_LENGTH = 100_000
 MAX_INTEGER_BITS = 4_096
 
 _BINARY: Dict[type, Callable[[Any, Any], Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
     ast.Pow: operator.pow,
 }
 _UNARY: Dict[type, Callable[[Any], Any]] = {ast.USub: operator.neg, ast.UAdd: operator.pos}
 _COMPARE: Dict[type, Callable[[Any, Any], bool]] = {
-    ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-    ast.Eq: operator.eq, ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
 }
 
 
@@ -70,10 +86,12 @@ class _Evaluator:
 
     def refuse(self, node: ast.AST, what: str, too_large: bool = False) -> ExpressionError:
         part = ast.get_source_segment(self.text.strip(), node) or type(node).__name__
-        why = (f"is too large (at most {MAX_LENGTH} items and {MAX_INTEGER_BITS}-bit integers)"
-               if too_large else
-               f"is refused: only numbers, strings, arithmetic, lists, tuples, list "
-               f"comprehensions and {', '.join(ALLOWED_CALLS)} are evaluated")
+        why = (
+            f"is too large (at most {MAX_LENGTH} items and {MAX_INTEGER_BITS}-bit integers)"
+            if too_large
+            else f"is refused: only numbers, strings, arithmetic, lists, tuples, list "
+            f"comprehensions and {', '.join(ALLOWED_CALLS)} are evaluated"
+        )
         return ExpressionError(f"{what} {part!r} in {self.text!r} {why}")
 
     def value(self, node: ast.AST, names: Dict[str, Any]) -> Any:
@@ -108,16 +126,25 @@ class _Evaluator:
 
     def check_size(self, node: ast.BinOp, left: Any, right: Any) -> None:
         integers = all(isinstance(side, int) for side in (left, right))
-        if isinstance(node.op, ast.Pow) and integers and abs(left) > 1 \
-                and left.bit_length() * right > MAX_INTEGER_BITS:
+        if (
+            isinstance(node.op, ast.Pow)
+            and integers
+            and abs(left) > 1
+            and left.bit_length() * right > MAX_INTEGER_BITS
+        ):
             raise self.refuse(node, "the power", too_large=True)
-        if isinstance(node.op, ast.Mult) and integers \
-                and left.bit_length() + right.bit_length() > MAX_INTEGER_BITS:
+        if (
+            isinstance(node.op, ast.Mult)
+            and integers
+            and left.bit_length() + right.bit_length() > MAX_INTEGER_BITS
+        ):
             raise self.refuse(node, "the product", too_large=True)
-        if isinstance(node.op, ast.Mult) and any(isinstance(side, (str, list, tuple))
-                                                 for side in (left, right)):
-            sequence, count = (left, right) if isinstance(left, (str, list, tuple)) \
-                else (right, left)
+        if isinstance(node.op, ast.Mult) and any(
+            isinstance(side, (str, list, tuple)) for side in (left, right)
+        ):
+            sequence, count = (
+                (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+            )
             if isinstance(count, int) and len(sequence) * count > MAX_LENGTH:
                 raise self.refuse(node, "the repetition", too_large=True)
 
@@ -139,8 +166,12 @@ class _Evaluator:
         return True
 
     def call(self, node: ast.Call, names: Dict[str, Any]) -> Any:
-        if not (isinstance(node.func, ast.Name) and node.func.id in ALLOWED_CALLS
-                and node.func.id not in names and not node.keywords):
+        if not (
+            isinstance(node.func, ast.Name)
+            and node.func.id in ALLOWED_CALLS
+            and node.func.id not in names
+            and not node.keywords
+        ):
             raise self.refuse(node, "the call")
         arguments = [self.value(argument, names) for argument in node.args]
         result = ALLOWED_CALLS[node.func.id](*arguments)

@@ -5,30 +5,47 @@ from lambda_det.config and detectron2's ``DefaultTrainer.auto_scale_workers``.
 A recipe defines ``model``, ``dataloader`` (``train``, ``test``, ``evaluator``), ``optimizer``,
 ``lr_multiplier`` and ``train`` (tools/lazyconfig_train_net.py reads them).
 """
+
 import logging
 import os
 from typing import Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
 from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import LazyConfig  # noqa: E402
 from detectron2.utils.file_io import PathManager  # noqa: E402
+
 from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean  # noqa: E402
 from lambda_det.config.config import _load_plain_yaml  # noqa: E402
 from lambda_det.utils.errors import UserError
 
-__all__ = ["load_lazy_config", "resolve_lazy_config_file", "apply_overrides",
-           "scale_to_world_size", "load_lazy_config_file", "REQUIRED_KEYS"]
+__all__ = [
+    "load_lazy_config",
+    "resolve_lazy_config_file",
+    "apply_overrides",
+    "scale_to_world_size",
+    "load_lazy_config_file",
+    "REQUIRED_KEYS",
+]
 
 logger = logging.getLogger(__name__)
 
-REQUIRED_KEYS = ("model", "dataloader.train", "dataloader.test", "dataloader.evaluator",
-                 "optimizer", "lr_multiplier", "train.output_dir", "train.max_iter",
-                 "train.device")
+REQUIRED_KEYS = (
+    "model",
+    "dataloader.train",
+    "dataloader.test",
+    "dataloader.evaluator",
+    "optimizer",
+    "lr_multiplier",
+    "train.output_dir",
+    "train.max_iter",
+    "train.device",
+)
 _ABSENT = object()
 
 
@@ -47,8 +64,10 @@ def resolve_lazy_config_file(name: str) -> str:
     else:
         path = get_config_file(name if os.path.splitext(name)[1] else name + ".py")
     if not path.endswith(".py"):
-        raise UserError(f"{path} is a yaml config: train it with tools/train_net.py, or pass a "
-                         f"LazyConfig .py recipe (e.g. lambda_r152_mask_rcnn.py)")
+        raise UserError(
+            f"{path} is a yaml config: train it with tools/train_net.py, or pass a "
+            f"LazyConfig .py recipe (e.g. lambda_r152_mask_rcnn.py)"
+        )
     return path
 
 
@@ -84,15 +103,19 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except OverrideParseException as error:
-        raise UserError(f"malformed override: {' '.join(str(error).split())} (write "
-                         f"key=value, e.g. train.max_iter=100)") from None
+        raise UserError(
+            f"malformed override: {' '.join(str(error).split())} (write "
+            f"key=value, e.g. train.max_iter=100)"
+        ) from None
     for override in parsed:
         key = override.key_or_group
         old = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=False)
         if old is _ABSENT and not (override.is_add() or override.is_force_add()):
             keys = config_keys(OmegaConf.to_container(cfg, resolve=False))
-            raise UserError(f"config key {key} does not exist: {did_you_mean(key, keys)}check "
-                             f"its spelling, or write +{key}=... to add it")
+            raise UserError(
+                f"config key {key} does not exist: {did_you_mean(key, keys)}check "
+                f"its spelling, or write +{key}=... to add it"
+            )
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key, default=None) if parent_key else cfg
         if not isinstance(parent, DictConfig):
@@ -109,7 +132,8 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
 
 def scale_to_world_size(cfg: DictConfig, world_size: int) -> DictConfig:
     """Keep the images per process of ``train.reference_world_size`` processes (0: off) on
-    ``world_size`` ones, as detectron2's ``auto_scale_workers`` does for SOLVER.REFERENCE_WORLD_SIZE:
+    ``world_size`` ones, as detectron2's ``auto_scale_workers`` does for
+    SOLVER.REFERENCE_WORLD_SIZE:
     batch and LR scale linearly, max_iter, steps, warmup, evaluation and checkpoint periods
     inversely. In place; returns ``cfg``.
 
@@ -121,8 +145,10 @@ def scale_to_world_size(cfg: DictConfig, world_size: int) -> DictConfig:
         return cfg
     batch = cfg.dataloader.train.total_batch_size
     if batch % reference:
-        raise UserError(f"dataloader.train.total_batch_size {batch} does not split over "
-                         f"train.reference_world_size {reference}: use a multiple of it")
+        raise UserError(
+            f"dataloader.train.total_batch_size {batch} does not split over "
+            f"train.reference_world_size {reference}: use a multiple of it"
+        )
     ratio = world_size / reference
 
     def fewer(value: int) -> int:
@@ -138,23 +164,31 @@ def scale_to_world_size(cfg: DictConfig, world_size: int) -> DictConfig:
     if "warmup_iters" in cfg.lr_multiplier:
         cfg.lr_multiplier.warmup_iters = fewer(cfg.lr_multiplier.warmup_iters)
     cfg.train.reference_world_size = world_size
-    logger.info("Scaled the recipe from %d to %d processes: batch %d, LR %g, %d iterations",
-                reference, world_size, cfg.dataloader.train.total_batch_size, cfg.optimizer.lr,
-                cfg.train.max_iter)
+    logger.info(
+        "Scaled the recipe from %d to %d processes: batch %d, LR %g, %d iterations",
+        reference,
+        world_size,
+        cfg.dataloader.train.total_batch_size,
+        cfg.optimizer.lr,
+        cfg.train.max_iter,
+    )
     return cfg
 
 
 def _check_recipe(cfg: DictConfig, path: str) -> None:
     for key in REQUIRED_KEYS:
         if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-            raise UserError(f"LazyConfig {path} has no {key}: a recipe defines model, "
-                             f"dataloader (train, test, evaluator), optimizer, lr_multiplier "
-                             f"and train (see configs/LazyConfigs/common/)")
+            raise UserError(
+                f"LazyConfig {path} has no {key}: a recipe defines model, "
+                f"dataloader (train, test, evaluator), optimizer, lr_multiplier "
+                f"and train (see configs/LazyConfigs/common/)"
+            )
     try:
         torch.device(cfg.train.device)
     except (RuntimeError, TypeError):
-        raise UserError(f"train.device {cfg.train.device!r} is not a torch device: use cuda, "
-                         f"cpu, or cuda:N") from None
+        raise UserError(
+            f"train.device {cfg.train.device!r} is not a torch device: use cuda, cpu, or cuda:N"
+        ) from None
 
 
 def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictConfig:
@@ -171,8 +205,10 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
         cfg = LazyConfig.load(path)
     except (SyntaxError, ImportError, NameError, AttributeError) as error:
         cause = error.__cause__ or error
-        raise UserError(f"LazyConfig {path} does not load: {type(cause).__name__}: "
-                         f"{' '.join(str(cause).split())}") from error
+        raise UserError(
+            f"LazyConfig {path} does not load: {type(cause).__name__}: "
+            f"{' '.join(str(cause).split())}"
+        ) from error
     apply_overrides(cfg, overrides)
     _check_recipe(cfg, path)
     changed = adapt_norms_to_device(cfg)
@@ -196,8 +232,9 @@ def load_lazy_config_file(filename: str, keys=None):
     if os.path.splitext(filename)[1] not in (".yaml", ".yml"):
         return _detectron2_lazy_config_load(filename, keys)
     with PathManager.open(filename) as f:
-        cfg = OmegaConf.create(_load_plain_yaml(f, f"LazyConfig {filename}"),
-                               flags={"allow_objects": True})
+        cfg = OmegaConf.create(
+            _load_plain_yaml(f, f"LazyConfig {filename}"), flags={"allow_objects": True}
+        )
     if keys is None:
         return cfg
     return cfg[keys] if isinstance(keys, str) else tuple(cfg[key] for key in keys)

@@ -1,6 +1,7 @@
 """The shipped configs (configs/ in a checkout; ``lambda_det/model_zoo/configs`` in an installed
 package, where setup.py copies them), found by name. :mod:`lambda_det.model_zoo` is their public
 face; the config loaders resolve names here, so the config package needs no model zoo."""
+
 from pathlib import Path
 from typing import List
 
@@ -20,8 +21,12 @@ def list_configs() -> List[str]:
     """Every shipped config, as paths relative to :func:`config_root`: the yaml configs (Base-*
     files included) and the LazyConfig .py recipes (LazyConfigs/, common/ pieces included)."""
     root = config_root()
-    return sorted(str(path.relative_to(root)) for pattern in ("*.yaml", "*.py")
-                  for path in root.rglob(pattern) if path.name != "__init__.py")
+    return sorted(
+        str(path.relative_to(root))
+        for pattern in ("*.yaml", "*.py")
+        for path in root.rglob(pattern)
+        if path.name != "__init__.py"
+    )
 
 
 def get_config_file(name: str) -> str:
@@ -34,13 +39,20 @@ def get_config_file(name: str) -> str:
     """
     wanted = name if name.endswith((".yaml", ".py")) else name + ".yaml"
     root = config_root()
-    matches = [relative for relative in list_configs()
-               if relative == wanted or Path(relative).name == wanted]
+    matches = [
+        relative
+        for relative in list_configs()
+        if relative == wanted or Path(relative).name == wanted
+    ]
     if len(matches) == 1:
         return str(root / matches[0])
     if matches:
         raise FileNotFoundError(f"config name {name!r} is ambiguous: give one of {matches}")
-    shipped = [relative for relative in list_configs()
-               if not Path(relative).name.startswith("Base") and "/common/" not in relative]
-    raise FileNotFoundError(f"config {name!r} is neither a file nor a shipped config; shipped: "
-                            f"{', '.join(shipped)}")
+    shipped = [
+        relative
+        for relative in list_configs()
+        if not Path(relative).name.startswith("Base") and "/common/" not in relative
+    ]
+    raise FileNotFoundError(
+        f"config {name!r} is neither a file nor a shipped config; shipped: {', '.join(shipped)}"
+    )

@@ -1,5 +1,6 @@
 """What a run may read by name, registered in detectron2's ``DatasetCatalog`` by the tools and
 the engine before they build loaders or check datasets: loading a config registers nothing."""
+
 from typing import List
 
 from lambda_det.data.coco import register_coco_datasets

@@ -17,6 +17,7 @@ Images are checked from their headers and tails (``DATALOADER.CHECK_IMAGES "head
 :func:`check_image_file`) in a thread pool: COCO train2017's 118k images in about 15 s on 2 cores
 from a warm page cache (docs/benchmarks.md).
 """
+
 import difflib
 import itertools
 import json
@@ -26,41 +27,65 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from PIL import Image
-
-from detectron2.data import DatasetCatalog, MetadataCatalog
-from detectron2.data import detection_utils
+from detectron2.data import DatasetCatalog, MetadataCatalog, detection_utils
 from detectron2.data.build import (
-    check_metadata_consistency, filter_images_with_only_crowd_annotations,
-    print_instances_class_histogram)
+    check_metadata_consistency,
+    filter_images_with_only_crowd_annotations,
+    print_instances_class_histogram,
+)
 from detectron2.structures import BoxMode
 from detectron2.utils.file_io import PathManager
+from PIL import Image
+
 from lambda_det.utils.errors import UserError, UserKeyError
 from lambda_det.utils.run_defaults import CHECK_IMAGES
 from lambda_det.utils.setting import Setting, is_integer, override
 
-__all__ = ["DataSettings", "yaml_data_settings", "yaml_num_classes",
-           "load_checked_dataset_dicts", "load_training_dicts", "load_checked_test_dicts",
-           "load_dataset", "check_dataset_dicts", "check_annotation_file", "check_annotation_files",
-           "segmentation_problem", "check_usable_annotations", "read_checked_image",
-           "check_num_classes", "check_images", "check_image_file", "check_image_mode",
-           "check_run_datasets", "check_prediction_classes", "IMAGE_CHECKS",
-           "READABLE_IMAGE_MODES", "MISSING_DATASET_HINT", "RUN_CONFIG_FIX"]
+__all__ = [
+    "DataSettings",
+    "yaml_data_settings",
+    "yaml_num_classes",
+    "load_checked_dataset_dicts",
+    "load_training_dicts",
+    "load_checked_test_dicts",
+    "load_dataset",
+    "check_dataset_dicts",
+    "check_annotation_file",
+    "check_annotation_files",
+    "segmentation_problem",
+    "check_usable_annotations",
+    "read_checked_image",
+    "check_num_classes",
+    "check_images",
+    "check_image_file",
+    "check_image_mode",
+    "check_run_datasets",
+    "check_prediction_classes",
+    "IMAGE_CHECKS",
+    "READABLE_IMAGE_MODES",
+    "MISSING_DATASET_HINT",
+    "RUN_CONFIG_FIX",
+]
 
 MISSING_DATASET_HINT = (
     "detectron2 reads its builtin datasets (coco_2017_train, ...) from $DETECTRON2_DATASETS, "
     "now {root!r}: set DETECTRON2_DATASETS to the folder that holds coco/ (with coco/annotations "
-    "and coco/train2017), or register your own dataset")
+    "and coco/train2017), or register your own dataset"
+)
 
 # The fix of a config that does not match the run that trained the weights.
-RUN_CONFIG_FIX = ("pass the run's own config, its OUTPUT_DIR/config.yaml, as --config (it holds "
-                  "the run's classes and datasets)")
+RUN_CONFIG_FIX = (
+    "pass the run's own config, its OUTPUT_DIR/config.yaml, as --config (it holds "
+    "the run's classes and datasets)"
+)
 # DATALOADER.CHECK_IMAGES: what the pre-flight reads of every image.
 IMAGE_CHECKS = ("header", "full", "none")
 # Bytes read from a file's end to find its end marker: encoders may pad after it.
 _TAIL_BYTES = 1024
-_END_MARKERS = {"JPEG": (b"\xff\xd9", "JPEG end-of-image marker FFD9"),
-                "PNG": (b"IEND", "PNG IEND chunk")}
+_END_MARKERS = {
+    "JPEG": (b"\xff\xd9", "JPEG end-of-image marker FFD9"),
+    "PNG": (b"IEND", "PNG IEND chunk"),
+}
 _EXIF_ORIENTATION = 274
 # PIL modes that detectron2's read_image turns into what the image shows, 8 bits per channel
 # (alpha dropped). It converts the others with PIL's ``convert``, which clips high-bit-depth
@@ -69,13 +94,16 @@ _EXIF_ORIENTATION = 274
 READABLE_IMAGE_MODES = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")
 _HIGH_BIT_DEPTH_MODES = {"I": "32-bit integer grayscale", "F": "32-bit float grayscale"}
 # Architectures whose heads classify detectron2's thing classes, and the key of their count.
-_NUM_CLASSES_KEYS = {"GeneralizedRCNN": "MODEL.ROI_HEADS.NUM_CLASSES",
-                     "PanopticFPN": "MODEL.ROI_HEADS.NUM_CLASSES",
-                     "RetinaNet": "MODEL.RETINANET.NUM_CLASSES"}
+_NUM_CLASSES_KEYS = {
+    "GeneralizedRCNN": "MODEL.ROI_HEADS.NUM_CLASSES",
+    "PanopticFPN": "MODEL.ROI_HEADS.NUM_CLASSES",
+    "RetinaNet": "MODEL.RETINANET.NUM_CLASSES",
+}
 
 
 class DataSettings(NamedTuple):
     """What a run reads of its data, each value with the key that sets it."""
+
     train: Setting  # the training datasets' names
     test: Setting  # the test datasets' names
     filter_empty: bool  # drop training images without usable annotations
@@ -104,13 +132,17 @@ def yaml_data_settings(cfg) -> DataSettings:
         filter_empty=cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
         masks=cfg.MODEL.MASK_ON,
         num_classes=yaml_num_classes(cfg),
-        check_images=Setting("DATALOADER.CHECK_IMAGES",
-                             cfg.DATALOADER.get("CHECK_IMAGES", CHECK_IMAGES)),
-        image_format=cfg.INPUT.FORMAT)
+        check_images=Setting(
+            "DATALOADER.CHECK_IMAGES", cfg.DATALOADER.get("CHECK_IMAGES", CHECK_IMAGES)
+        ),
+        image_format=cfg.INPUT.FORMAT,
+    )
 
 
 def _describe(name: str) -> str:
-    json_file = MetadataCatalog.get(name).get("json_file") if name in DatasetCatalog.list() else None
+    json_file = (
+        MetadataCatalog.get(name).get("json_file") if name in DatasetCatalog.list() else None
+    )
     return f"dataset {name!r}" + (f" (annotation file {json_file})" if json_file else "")
 
 
@@ -119,10 +151,15 @@ def _check_registered(names: Sequence[str]) -> None:
     for name in names:
         if name not in registered:
             close = difflib.get_close_matches(name, registered, n=3)
-            raise UserKeyError(f"dataset {name!r} is not registered"
-                           + (f"; did you mean {' or '.join(map(repr, close))}?" if close else
-                              " (register it with detectron2's DatasetCatalog, or name its "
-                              "files with DATASETS.COCO_INSTANCES / --coco-dataset)"))
+            raise UserKeyError(
+                f"dataset {name!r} is not registered"
+                + (
+                    f"; did you mean {' or '.join(map(repr, close))}?"
+                    if close
+                    else " (register it with detectron2's DatasetCatalog, or name its "
+                    "files with DATASETS.COCO_INSTANCES / --coco-dataset)"
+                )
+            )
 
 
 def load_dataset(name: str) -> List[dict]:
@@ -141,55 +178,77 @@ def load_dataset(name: str) -> List[dict]:
     try:
         dicts = DatasetCatalog.get(name)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        what = (f"annotation file {json_file} (dataset {name!r})" if json_file else
-                f"a JSON file of dataset {name!r}")
-        problem = (str(error) if isinstance(error, json.JSONDecodeError) else
-                   f"byte {error.start} is not UTF-8 text")
-        raise UserError(f"{what} is not valid JSON ({problem}): fix the file or write it "
-                         f"again") from None
+        what = (
+            f"annotation file {json_file} (dataset {name!r})"
+            if json_file
+            else f"a JSON file of dataset {name!r}"
+        )
+        problem = (
+            str(error)
+            if isinstance(error, json.JSONDecodeError)
+            else f"byte {error.start} is not UTF-8 text"
+        )
+        raise UserError(
+            f"{what} is not valid JSON ({problem}): fix the file or write it again"
+        ) from None
     except FileNotFoundError as error:
         root = os.getenv("DETECTRON2_DATASETS", "datasets")
         builtin = json_file and os.path.abspath(json_file).startswith(
-            os.path.abspath(root) + os.sep)
-        hint = MISSING_DATASET_HINT.format(root=root) if builtin or not json_file else (
-            "check the path it was registered with (DATASETS.COCO_INSTANCES, --coco-dataset)")
+            os.path.abspath(root) + os.sep
+        )
+        hint = (
+            MISSING_DATASET_HINT.format(root=root)
+            if builtin or not json_file
+            else ("check the path it was registered with (DATASETS.COCO_INSTANCES, --coco-dataset)")
+        )
         raise FileNotFoundError(f"{where}: {error}; {hint}") from None
     except KeyError as error:
         message = str(error.args[0]) if error.args else ""
         if message.startswith("Encountered category_id="):  # detectron2's load_coco_json
-            unknown = error.__cause__.args[0] if isinstance(error.__cause__, KeyError) else (
-                message.split("=", 1)[1].split()[0])
+            unknown = (
+                error.__cause__.args[0]
+                if isinstance(error.__cause__, KeyError)
+                else (message.split("=", 1)[1].split()[0])
+            )
             known = sorted(MetadataCatalog.get(name).get("thing_dataset_id_to_contiguous_id", {}))
-            raise UserError(f"{where}: an annotation has category_id={unknown}, which is not "
-                             f"among the ids of the file's categories {known}: fix the "
-                             f"annotation or add the category") from None
-        raise UserError(f"{where}: an image or annotation lacks the field {error}; COCO images "
-                         f"need id, file_name, height, width and annotations image_id, bbox, "
-                         f"category_id (and segmentation for masks)") from None
+            raise UserError(
+                f"{where}: an annotation has category_id={unknown}, which is not "
+                f"among the ids of the file's categories {known}: fix the "
+                f"annotation or add the category"
+            ) from None
+        raise UserError(
+            f"{where}: an image or annotation lacks the field {error}; COCO images "
+            f"need id, file_name, height, width and annotations image_id, bbox, "
+            f"category_id (and segmentation for masks)"
+        ) from None
     except (AssertionError, ValueError) as error:  # pycocotools' and detectron2's checks
-        if (isinstance(error, ValueError)  # load_coco_json's min() of no category ids
-                and MetadataCatalog.get(name).get("thing_classes") == []):
-            raise UserError(f"{where} has no categories: list them under \"categories\" "
-                             f"(id and name each)") from None
+        if (
+            isinstance(error, ValueError)  # load_coco_json's min() of no category ids
+            and MetadataCatalog.get(name).get("thing_classes") == []
+        ):
+            raise UserError(
+                f'{where} has no categories: list them under "categories" (id and name each)'
+            ) from None
         if json_file and "are not unique" in str(error):  # load_coco_json's annotation ids
             check_annotation_file(name)  # names the id
         raise UserError(f"{where}: {' '.join(str(error).split())}") from None
     if not len(dicts):
-        raise UserError(f"{where} has no images: check that the file lists them under "
-                         f"\"images\"")
+        raise UserError(f'{where} has no images: check that the file lists them under "images"')
     return dicts
 
 
 def _is_finite_number(value) -> bool:
     try:
-        return (isinstance(value, numbers.Real) and not isinstance(value, bool)
-                and math.isfinite(value))
+        return (
+            isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        )
     except OverflowError:  # an int too large for a float
         return False
 
 
-def segmentation_problem(segmentation, height: Optional[int] = None,
-                         width: Optional[int] = None) -> Optional[str]:
+def segmentation_problem(
+    segmentation, height: Optional[int] = None, width: Optional[int] = None
+) -> Optional[str]:
     """What is wrong with an annotation's ``segmentation``, in words (None: nothing): polygons
     of 3 or more x, y pairs of finite numbers (detectron2 drops shorter or odd ones without a
     word, trains on a NaN one as nothing and evaluates it until memory runs out), or an RLE mask
@@ -198,18 +257,23 @@ def segmentation_problem(segmentation, height: Optional[int] = None,
     if isinstance(segmentation, dict):
         size = segmentation.get("size")
         if height is not None and width is not None and list(size or ()) != [height, width]:
-            return (f"an RLE mask of size {size} (height, width), not its image's "
-                    f"[{height}, {width}]")
+            return (
+                f"an RLE mask of size {size} (height, width), not its image's [{height}, {width}]"
+            )
         return None
     if not isinstance(segmentation, (list, tuple)):
-        return (f"a segmentation of type {type(segmentation).__name__}, neither a list of "
-                f"polygons nor an RLE mask")
+        return (
+            f"a segmentation of type {type(segmentation).__name__}, neither a list of "
+            f"polygons nor an RLE mask"
+        )
     for polygon in segmentation:
         if not isinstance(polygon, (list, tuple)):
             return f"a polygon {polygon!r} that is not a list of x, y values"
         if len(polygon) < 6 or len(polygon) % 2:
-            return (f"a polygon of {len(polygon)} values, not 3 or more x, y pairs (an even "
-                    f"number, 6 or more)")
+            return (
+                f"a polygon of {len(polygon)} values, not 3 or more x, y pairs (an even "
+                f"number, 6 or more)"
+            )
         try:
             finite = math.isfinite(sum(polygon))
         except (TypeError, OverflowError):
@@ -246,8 +310,11 @@ def check_annotation_file(name: str) -> Optional[bool]:
     if not isinstance(data, dict):
         return None
     where = _describe(name)
-    kinds = (("images", "image", "file_name"), ("annotations", "annotation", "image_id"),
-             ("categories", "category", "name"))
+    kinds = (
+        ("images", "image", "file_name"),
+        ("annotations", "annotation", "image_id"),
+        ("categories", "category", "name"),
+    )
     for key, kind, label in kinds:
         first_with_id = {}
         for entry in data.get(key) or ():
@@ -259,31 +326,41 @@ def check_annotation_file(name: str) -> Optional[bool]:
                 raise UserError(
                     f"{where}: {kind} id {entry['id']!r} is used twice, by {what} "
                     f"{first.get(label)!r} and {entry.get(label)!r}: give each {kind} its "
-                    f"own id (pycocotools keeps only one of them)")
+                    f"own id (pycocotools keeps only one of them)"
+                )
     images = {}
     for image in data.get("images") or ():
         if isinstance(image, dict) and "id" in image:
             if not is_integer(image["id"]):
-                raise UserError(f"{where}: image {image.get('file_name')!r} has id "
-                                 f"{image['id']!r}, not an integer: give each image an integer "
-                                 f"id (COCO's format), and its annotations that image_id")
+                raise UserError(
+                    f"{where}: image {image.get('file_name')!r} has id "
+                    f"{image['id']!r}, not an integer: give each image an integer "
+                    f"id (COCO's format), and its annotations that image_id"
+                )
             images[image["id"]] = image
     for annotation in data.get("annotations") or ():
         if not isinstance(annotation, dict):
             continue
         image = images.get(annotation.get("image_id"))
         if image is None:
-            raise UserError(f"{where}: annotation id {annotation.get('id')!r} has image_id "
-                             f"{annotation.get('image_id')!r}, which no image of the file has "
-                             f"(detectron2 drops such annotations): set it to the id of its "
-                             f"image, or remove the annotation")
+            raise UserError(
+                f"{where}: annotation id {annotation.get('id')!r} has image_id "
+                f"{annotation.get('image_id')!r}, which no image of the file has "
+                f"(detectron2 drops such annotations): set it to the id of its "
+                f"image, or remove the annotation"
+            )
         segmentation = annotation.get("segmentation")
-        problem = segmentation_problem(segmentation, image.get("height"),
-                                       image.get("width")) if segmentation else None
+        problem = (
+            segmentation_problem(segmentation, image.get("height"), image.get("width"))
+            if segmentation
+            else None
+        )
         if problem:
-            raise UserError(f"{where}: annotation id {annotation.get('id')!r} of image id "
-                             f"{image['id']!r} ({image.get('file_name')}) has {problem}: fix "
-                             f"or remove the annotation")
+            raise UserError(
+                f"{where}: annotation id {annotation.get('id')!r} of image id "
+                f"{image['id']!r} ({image.get('file_name')}) has {problem}: fix "
+                f"or remove the annotation"
+            )
     return isinstance(data.get("annotations"), list)
 
 
@@ -298,12 +375,17 @@ def load_training_dicts(data: DataSettings, check_files: bool = False) -> List[d
     requires of its datasets (:func:`load_checked_dataset_dicts` with ``filter_empty``, and
     segmentations when the model predicts masks), for the trainer, the pre-flight and
     tools/check_dataset.py (these two with ``check_files``)."""
-    return load_checked_dataset_dicts(data.train.value, filter_empty=data.filter_empty,
-                                      require_masks=data.masks, check_files=check_files)
+    return load_checked_dataset_dicts(
+        data.train.value,
+        filter_empty=data.filter_empty,
+        require_masks=data.masks,
+        check_files=check_files,
+    )
 
 
-def load_checked_test_dicts(name: str, require_masks: bool = False,
-                            key: str = "DATASETS.TEST") -> List[dict]:
+def load_checked_test_dicts(
+    name: str, require_masks: bool = False, key: str = "DATASETS.TEST"
+) -> List[dict]:
     """A test set (of the list ``key``), loaded (:func:`load_dataset`), its COCO file checked
     (:func:`check_annotation_file`), its records checked as a training set's are
     (:func:`check_dataset_dicts`: sound boxes and segmentations, and segmentations when masks
@@ -319,9 +401,12 @@ def load_checked_test_dicts(name: str, require_masks: bool = False,
     return dicts
 
 
-def load_checked_dataset_dicts(names: Sequence[str], filter_empty: bool = True,
-                               require_masks: bool = False,
-                               check_files: bool = False) -> List[dict]:
+def load_checked_dataset_dicts(
+    names: Sequence[str],
+    filter_empty: bool = True,
+    require_masks: bool = False,
+    check_files: bool = False,
+) -> List[dict]:
     """``get_detection_dataset_dicts(names, filter_empty)`` (the same records, in the same order),
     with clearer errors: :func:`load_dataset`, :func:`check_annotation_files` (with
     ``check_files``), :func:`check_usable_annotations` and :func:`check_dataset_dicts`. Images
@@ -350,8 +435,9 @@ def load_checked_dataset_dicts(names: Sequence[str], filter_empty: bool = True,
     return dicts
 
 
-def check_usable_annotations(per_dataset: Sequence[Sequence[dict]], names: Sequence[str],
-                             test_key: Optional[str] = None) -> None:
+def check_usable_annotations(
+    per_dataset: Sequence[Sequence[dict]], names: Sequence[str], test_key: Optional[str] = None
+) -> None:
     """At least one non-crowd annotation to train on (to evaluate against, for a test set of
     the list ``test_key``), else a ValueError that says why."""
     counts = {"images": 0, "without annotations": 0, "with only crowd annotations": 0}
@@ -372,16 +458,19 @@ def check_usable_annotations(per_dataset: Sequence[Sequence[dict]], names: Seque
         raise UserError(
             f"{where}: no image has an annotation to evaluate against {of}, so COCO "
             f"evaluation would report AP nan: add non-crowd annotations (iscrowd 0), or leave "
-            f"the dataset out of {test_key} (tools/predict.py predicts on its images)")
+            f"the dataset out of {test_key} (tools/predict.py predicts on its images)"
+        )
     raise UserError(
         f"{where}: no image has an annotation to train on {of}: add non-crowd annotations "
         f"(iscrowd 0), and check that their image_id values are the images' ids (detectron2 "
         f"drops annotations of unknown images) and that their polygons have 3 points or more "
-        f"(detectron2 drops shorter ones)")
+        f"(detectron2 drops shorter ones)"
+    )
 
 
-def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
-                        require_masks: bool = False) -> None:
+def check_dataset_dicts(
+    dicts: Sequence[dict], names: Sequence[str] = (), require_masks: bool = False
+) -> None:
     """Raise a ValueError / FileNotFoundError naming the first bad image or annotation: the
     dataset (``names``), the image (id and file) and the annotation (its place in the image)."""
     datasets = ", ".join(map(repr, names))
@@ -395,33 +484,47 @@ def check_dataset_dicts(dicts: Sequence[dict], names: Sequence[str] = (),
             raise FileNotFoundError(f"image file {file_name} does not exist{where}")
         annotations = record.get("annotations", [])
         for number, annotation in enumerate(annotations, 1):
-            which = (f"{'dataset ' + datasets + ', ' if names else ''}image id "
-                     f"{record.get('image_id')!r} ({file_name}), annotation {number} of "
-                     f"{len(annotations)}")
+            which = (
+                f"{'dataset ' + datasets + ', ' if names else ''}image id "
+                f"{record.get('image_id')!r} ({file_name}), annotation {number} of "
+                f"{len(annotations)}"
+            )
             for key in required:
                 if key not in annotation:
-                    fix = ("add it, or train without masks (MODEL.MASK_ON False)"
-                           if key == "segmentation" else "add it, or remove the annotation")
+                    fix = (
+                        "add it, or train without masks (MODEL.MASK_ON False)"
+                        if key == "segmentation"
+                        else "add it, or remove the annotation"
+                    )
                     raise UserError(f"{which} has no {key!r}: {fix}")
             box = list(annotation["bbox"])
-            if len(box) != 4 or not all(isinstance(x, numbers.Real) and not isinstance(x, bool)
-                                        and math.isfinite(x) for x in box):
-                raise UserError(f"{which} has bbox={box}, not 4 finite numbers: fix or remove "
-                                 f"the annotation")
+            if len(box) != 4 or not all(
+                isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+                for x in box
+            ):
+                raise UserError(
+                    f"{which} has bbox={box}, not 4 finite numbers: fix or remove the annotation"
+                )
             mode = annotation.get("bbox_mode", BoxMode.XYWH_ABS)
             x0, y0, x1, y1 = BoxMode.convert(box, mode, BoxMode.XYXY_ABS)
             if x1 < x0 or y1 < y0:
-                raise UserError(f"{which} has a box of negative size, bbox={box} "
-                                 f"({BoxMode(mode).name}): fix or remove the annotation")
+                raise UserError(
+                    f"{which} has a box of negative size, bbox={box} "
+                    f"({BoxMode(mode).name}): fix or remove the annotation"
+                )
             segmentation = annotation.get("segmentation")
-            problem = segmentation_problem(segmentation, record.get("height"),
-                                           record.get("width")) if segmentation else None
+            problem = (
+                segmentation_problem(segmentation, record.get("height"), record.get("width"))
+                if segmentation
+                else None
+            )
             if problem:
                 raise UserError(f"{which} has {problem}: fix or remove the annotation")
 
 
-def check_num_classes(num_classes: Optional[Setting], names: Sequence[str],
-                      fix: Optional[str] = None) -> None:
+def check_num_classes(
+    num_classes: Optional[Setting], names: Sequence[str], fix: Optional[str] = None
+) -> None:
     """The model's class count (None: nothing to check) equals each dataset's number of
     categories (known once the dataset is loaded: detectron2's COCO loader sets
     ``thing_classes``); ``fix`` replaces the error's advice (to set the class count)."""
@@ -431,10 +534,16 @@ def check_num_classes(num_classes: Optional[Setting], names: Sequence[str],
     for name in names:
         classes = MetadataCatalog.get(name).get("thing_classes")
         if classes is not None and len(classes) != count:
-            raise UserError(f"{key} is {count}, but {_describe(name)} has {len(classes)} "
-                             f"categories: " + (fix or f"add '{override(key, len(classes))}' to "
-                                                       f"the command line (or set it in the "
-                                                       f"config)"))
+            raise UserError(
+                f"{key} is {count}, but {_describe(name)} has {len(classes)} "
+                f"categories: "
+                + (
+                    fix
+                    or f"add '{override(key, len(classes))}' to "
+                    f"the command line (or set it in the "
+                    f"config)"
+                )
+            )
 
 
 def check_prediction_classes(cfg) -> None:
@@ -447,8 +556,11 @@ def check_prediction_classes(cfg) -> None:
     _check_registered(names)
     for name in names:
         json_file = MetadataCatalog.get(name).get("json_file")
-        if (MetadataCatalog.get(name).get("thing_classes") is None and json_file
-                and PathManager.isfile(json_file)):
+        if (
+            MetadataCatalog.get(name).get("thing_classes") is None
+            and json_file
+            and PathManager.isfile(json_file)
+        ):
             load_dataset(name)  # detectron2's COCO loader sets thing_classes
     check_num_classes(yaml_num_classes(cfg), names, fix=RUN_CONFIG_FIX)
 
@@ -479,12 +591,16 @@ def check_image_mode(file_name: str, mode: str) -> None:
         return
     kind = "16-bit grayscale" if mode.startswith("I;16") else _HIGH_BIT_DEPTH_MODES.get(mode)
     if kind:
-        raise UserError(f"image file {file_name} is {kind} (PIL mode {mode!r}), which "
-                         f"detectron2's read_image clips to 0-255 instead of scaling (a 16-bit "
-                         f"image reads as solid white): convert it to 8-bit, scaling its values "
-                         f"to 0-255")
-    raise UserError(f"image file {file_name} has PIL mode {mode!r}, which detectron2's "
-                     f"read_image does not read as it shows: convert it to 8-bit RGB")
+        raise UserError(
+            f"image file {file_name} is {kind} (PIL mode {mode!r}), which "
+            f"detectron2's read_image clips to 0-255 instead of scaling (a 16-bit "
+            f"image reads as solid white): convert it to 8-bit, scaling its values "
+            f"to 0-255"
+        )
+    raise UserError(
+        f"image file {file_name} has PIL mode {mode!r}, which detectron2's "
+        f"read_image does not read as it shows: convert it to 8-bit RGB"
+    )
 
 
 def read_checked_image(file_name: str, image_format: str = "BGR"):
@@ -497,6 +613,7 @@ def read_checked_image(file_name: str, image_format: str = "BGR"):
     Raises:
         ValueError: the file is not a readable image, or its mode is refused.
     """
+
     def unreadable(error: Exception) -> ValueError:
         problem = " ".join(f"{type(error).__name__}: {error}".split())
         return UserError(f"image file {file_name} is not a readable image ({problem})")
@@ -513,8 +630,13 @@ def read_checked_image(file_name: str, image_format: str = "BGR"):
         raise unreadable(error) from None
 
 
-def check_image_file(file_name: str, width: Optional[int] = None, height: Optional[int] = None,
-                     mode: str = CHECK_IMAGES, image_format: str = "BGR") -> None:
+def check_image_file(
+    file_name: str,
+    width: Optional[int] = None,
+    height: Optional[int] = None,
+    mode: str = CHECK_IMAGES,
+    image_format: str = "BGR",
+) -> None:
     """One image is readable as it shows (:func:`check_image_mode`) and, when given, ``width``
     x ``height`` (after EXIF rotation).
 
@@ -531,8 +653,9 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
     if mode == "none":
         return
     if mode not in IMAGE_CHECKS:
-        raise UserError(f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got "
-                         f"{mode!r}")
+        raise UserError(
+            f"DATALOADER.CHECK_IMAGES must be one of {list(IMAGE_CHECKS)}, got {mode!r}"
+        )
     fix = "replace the file or remove it from the annotation file"
     missing_end = None
     try:
@@ -549,19 +672,28 @@ def check_image_file(file_name: str, width: Optional[int] = None, height: Option
     except FileNotFoundError:
         raise FileNotFoundError(f"image file {file_name} does not exist: {fix}") from None
     except Exception as error:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
-        problem = (f"is truncated (no {missing_end} at its end, and decoding fails: {error})"
-                   if missing_end else
-                   f"is not a readable image ({type(error).__name__}: {error})")
+        problem = (
+            f"is truncated (no {missing_end} at its end, and decoding fails: {error})"
+            if missing_end
+            else f"is not a readable image ({type(error).__name__}: {error})"
+        )
         raise UserError(f"image file {file_name} {' '.join(problem.split())}: {fix}") from None
     check_image_mode(file_name, pil_mode)
     if width is not None and height is not None and size != (width, height):
-        raise UserError(f"image file {file_name} is {size[0]}x{size[1]} (width x height) but its "
-                         f"annotation says {width}x{height}: fix width/height in the annotation "
-                         f"file, or replace the image")
+        raise UserError(
+            f"image file {file_name} is {size[0]}x{size[1]} (width x height) but its "
+            f"annotation says {width}x{height}: fix width/height in the annotation "
+            f"file, or replace the image"
+        )
 
 
-def check_images(dicts: Sequence[dict], mode: str = CHECK_IMAGES, image_format: str = "BGR",
-                 threads: Optional[int] = None, key: str = "DATALOADER.CHECK_IMAGES") -> int:
+def check_images(
+    dicts: Sequence[dict],
+    mode: str = CHECK_IMAGES,
+    image_format: str = "BGR",
+    threads: Optional[int] = None,
+    key: str = "DATALOADER.CHECK_IMAGES",
+) -> int:
     """:func:`check_image_file` for every record's image, in a thread pool (reading files
     waits on storage, which threads overlap). Returns the number of images checked. ``key``
     names ``mode`` in the error of an unknown one (a LazyConfig recipe's own key).
@@ -591,14 +723,18 @@ def check_images(dicts: Sequence[dict], mode: str = CHECK_IMAGES, image_format: 
         failures = [failure for failure in pool.map(check, files.items()) if failure]
     if failures:
         first = failures[0][1]
-        more = (f" ({len(failures) - 1} more image files fail this check, e.g. "
-                f"{failures[1][0]})" if len(failures) > 1 else "")
+        more = (
+            f" ({len(failures) - 1} more image files fail this check, e.g. {failures[1][0]})"
+            if len(failures) > 1
+            else ""
+        )
         raise type(first)(f"{first}{more}")
     return len(files)
 
 
-def check_run_datasets(data: DataSettings, training: bool = True,
-                       threads: Optional[int] = None) -> int:
+def check_run_datasets(
+    data: DataSettings, training: bool = True, threads: Optional[int] = None
+) -> int:
     """The pre-flight of the data of both training tools (tools/check_dataset.py's with a
     config): each training (when ``training``) and test dataset is registered and loads, its
     COCO file is sound (:func:`check_annotation_file`), it has as many categories as the model

@@ -7,11 +7,13 @@ registers each with detectron2's own ``register_coco_instances``; the tools call
 :func:`lambda_det.data.register_datasets`) in every process of a run, whose config (dumped to
 OUTPUT_DIR) keeps the list.
 """
+
 import os
 from typing import List, Sequence
 
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import register_coco_instances
+
 from lambda_det.utils.errors import UserError
 
 __all__ = ["register_coco_datasets", "register_coco_triples", "coco_dataset_overrides"]
@@ -21,14 +23,20 @@ KEY = "DATASETS.COCO_INSTANCES"
 
 def _same_path(a, b) -> bool:
     return a is not None and os.path.abspath(os.path.expanduser(str(a))) == os.path.abspath(
-        os.path.expanduser(str(b)))
+        os.path.expanduser(str(b))
+    )
 
 
 def _triple(entry, source: str) -> List[str]:
-    if (not isinstance(entry, (list, tuple)) or len(entry) != 3
-            or not all(isinstance(part, str) and part for part in entry)):
-        raise UserError(f"{source} entries are [name, json_file, image_root] (three non-empty "
-                         f"strings), got {entry!r}")
+    if (
+        not isinstance(entry, (list, tuple))
+        or len(entry) != 3
+        or not all(isinstance(part, str) and part for part in entry)
+    ):
+        raise UserError(
+            f"{source} entries are [name, json_file, image_root] (three non-empty "
+            f"strings), got {entry!r}"
+        )
     name, json_file, image_root = entry
     return [name, os.path.expanduser(json_file), os.path.expanduser(image_root)]
 
@@ -56,12 +64,12 @@ def register_coco_triples(entries: Sequence, source: str = KEY) -> List[str]:
         if name in DatasetCatalog.list():
             metadata = MetadataCatalog.get(name)
             registered = (metadata.get("json_file"), metadata.get("image_root"))
-            if not (_same_path(registered[0], json_file)
-                    and _same_path(registered[1], image_root)):
+            if not (_same_path(registered[0], json_file) and _same_path(registered[1], image_root)):
                 raise UserError(
                     f"dataset name {name!r} ({source}) is already registered with annotation file "
                     f"{registered[0]} and images {registered[1]}, not {json_file} and "
-                    f"{image_root}: give this dataset another name")
+                    f"{image_root}: give this dataset another name"
+                )
         else:
             register_coco_instances(name, {}, json_file, image_root)
         names.append(name)

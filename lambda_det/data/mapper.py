@@ -10,16 +10,23 @@ to 1024), the same one ``DefaultPredictor`` applies, so the test size has a sing
 The mapper is detectron2's ``DatasetMapper``, with one difference: an image it cannot read is
 named (:class:`DatasetMapper`).
 """
+
 import logging
 from typing import List, Sequence
 
 from detectron2.data import DatasetMapper as Detectron2DatasetMapper
 from detectron2.data import detection_utils
 from detectron2.data import transforms as T
+
 from lambda_det.utils.errors import UserError
 
-__all__ = ["build_lsj_augmentations", "check_lsj_settings", "build_mapper", "DatasetMapper",
-           "MIN_LSJ_IMAGE_SIZE"]
+__all__ = [
+    "build_lsj_augmentations",
+    "check_lsj_settings",
+    "build_mapper",
+    "DatasetMapper",
+    "MIN_LSJ_IMAGE_SIZE",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +35,9 @@ MIN_LSJ_IMAGE_SIZE = 32
 LSJ_KEYS = ("IMAGE_SIZE", "MIN_SCALE", "MAX_SCALE")
 
 
-def check_lsj_settings(image_size: int, min_scale: float, max_scale: float,
-                       keys: Sequence[str] = LSJ_KEYS) -> None:
+def check_lsj_settings(
+    image_size: int, min_scale: float, max_scale: float, keys: Sequence[str] = LSJ_KEYS
+) -> None:
     """The crop side is an integer of at least :data:`MIN_LSJ_IMAGE_SIZE`, and
     0 < min_scale <= max_scale; ``keys`` name the three values in the errors (the config's keys).
 
@@ -37,31 +45,47 @@ def check_lsj_settings(image_size: int, min_scale: float, max_scale: float,
         ValueError: naming the key, the value and the fix.
     """
     size_key, min_key, max_key = keys
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or (
-            image_size < MIN_LSJ_IMAGE_SIZE):
-        raise UserError(f"{size_key} must be an integer >= {MIN_LSJ_IMAGE_SIZE} (the backbone's "
-                         f"coarsest stride), got {image_size!r}: set {size_key} to the side of "
-                         f"the training crop, e.g. 1024")
+    if (
+        isinstance(image_size, bool)
+        or not isinstance(image_size, int)
+        or (image_size < MIN_LSJ_IMAGE_SIZE)
+    ):
+        raise UserError(
+            f"{size_key} must be an integer >= {MIN_LSJ_IMAGE_SIZE} (the backbone's "
+            f"coarsest stride), got {image_size!r}: set {size_key} to the side of "
+            f"the training crop, e.g. 1024"
+        )
     if not 0 < min_scale <= max_scale:
-        raise UserError(f"LSJ scales must satisfy 0 < {min_key} <= {max_key}, got {min_scale} "
-                         f"and {max_scale}: set {min_key} to a positive scale no larger than "
-                         f"{max_key}")
+        raise UserError(
+            f"LSJ scales must satisfy 0 < {min_key} <= {max_key}, got {min_scale} "
+            f"and {max_scale}: set {min_key} to a positive scale no larger than "
+            f"{max_key}"
+        )
 
 
-def build_lsj_augmentations(image_size: int, min_scale: float, max_scale: float,
-                            is_train: bool = True) -> List[T.Augmentation]:
+def build_lsj_augmentations(
+    image_size: int, min_scale: float, max_scale: float, is_train: bool = True
+) -> List[T.Augmentation]:
     """Scale the image to [min_scale, max_scale] x image_size (aspect kept), crop or pad to
     image_size x image_size, random horizontal flip. Training only (``is_train=False`` is an
     error: evaluation uses detectron2's test resize, see the module docstring).
     """
     if not is_train:
-        raise UserError("LSJ is a training augmentation; evaluation resizes by "
-                         "INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (detectron2's DatasetMapper)")
+        raise UserError(
+            "LSJ is a training augmentation; evaluation resizes by "
+            "INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST (detectron2's DatasetMapper)"
+        )
     check_lsj_settings(image_size, min_scale, max_scale)
-    return [T.ResizeScale(min_scale=min_scale, max_scale=max_scale,
-                          target_height=image_size, target_width=image_size),
-            T.FixedSizeCrop(crop_size=(image_size, image_size)),
-            T.RandomFlip(horizontal=True)]
+    return [
+        T.ResizeScale(
+            min_scale=min_scale,
+            max_scale=max_scale,
+            target_height=image_size,
+            target_width=image_size,
+        ),
+        T.FixedSizeCrop(crop_size=(image_size, image_size)),
+        T.RandomFlip(horizontal=True),
+    ]
 
 
 def _raised_in(error: BaseException, function) -> bool:
@@ -88,12 +112,16 @@ class DatasetMapper(Detectron2DatasetMapper):
                 raise
             file_name = dataset_dict.get("file_name")
             if isinstance(error, FileNotFoundError):
-                raise FileNotFoundError(f"image file {file_name} no longer exists: restore it "
-                                        f"or remove it from the annotation file") from error
+                raise FileNotFoundError(
+                    f"image file {file_name} no longer exists: restore it "
+                    f"or remove it from the annotation file"
+                ) from error
             message = " ".join(f"{type(error).__name__}: {error}".split())
-            raise UserError(f"image file {file_name} cannot be decoded ({message}): replace it "
-                             f"or remove it from the annotation file (DATALOADER.CHECK_IMAGES "
-                             f"full finds every such file before training)") from error
+            raise UserError(
+                f"image file {file_name} cannot be decoded ({message}): replace it "
+                f"or remove it from the annotation file (DATALOADER.CHECK_IMAGES "
+                f"full finds every such file before training)"
+            ) from error
 
 
 def build_mapper(cfg, is_train: bool) -> DatasetMapper:
@@ -103,11 +131,16 @@ def build_mapper(cfg, is_train: bool) -> DatasetMapper:
         return DatasetMapper(cfg, is_train)
     if not is_train:
         if lsj.IMAGE_SIZE != cfg.INPUT.MAX_SIZE_TEST:
-            logger.warning("evaluating at INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST = %s / %s, not at "
-                           "the training size INPUT.LSJ.IMAGE_SIZE = %s (set both to change it)",
-                           cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST, lsj.IMAGE_SIZE)
+            logger.warning(
+                "evaluating at INPUT.MIN_SIZE_TEST / MAX_SIZE_TEST = %s / %s, not at "
+                "the training size INPUT.LSJ.IMAGE_SIZE = %s (set both to change it)",
+                cfg.INPUT.MIN_SIZE_TEST,
+                cfg.INPUT.MAX_SIZE_TEST,
+                lsj.IMAGE_SIZE,
+            )
         return DatasetMapper(cfg, is_train)
     augmentations = build_lsj_augmentations(lsj.IMAGE_SIZE, lsj.MIN_SCALE, lsj.MAX_SCALE)
     # The crop cuts masks, so boxes are recomputed from them (as detectron2 does for its crops).
-    return DatasetMapper(cfg, is_train, augmentations=augmentations,
-                         recompute_boxes=cfg.MODEL.MASK_ON)
+    return DatasetMapper(
+        cfg, is_train, augmentations=augmentations, recompute_boxes=cfg.MODEL.MASK_ON
+    )

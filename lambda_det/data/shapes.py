@@ -9,6 +9,7 @@ Registered in detectron2's catalogs as ``lambda_det_shapes_train`` (256 images) 
 ``lambda_det_shapes_val`` (48 images), under ``$DETECTRON2_DATASETS/lambda_det_shapes_v1``
 (``./datasets`` by default, as detectron2's builtin datasets).
 """
+
 import json
 import math
 import os
@@ -19,13 +20,18 @@ from typing import Dict, List, Tuple
 
 import cv2
 import numpy as np
-from pycocotools import mask as mask_util
-
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.datasets import load_coco_json
+from pycocotools import mask as mask_util
 
-__all__ = ["SHAPES_CLASSES", "SHAPES_SPLITS", "shapes_root", "ensure_shapes_dataset",
-           "register_shapes_datasets", "generate_split"]
+__all__ = [
+    "SHAPES_CLASSES",
+    "SHAPES_SPLITS",
+    "shapes_root",
+    "ensure_shapes_dataset",
+    "register_shapes_datasets",
+    "generate_split",
+]
 
 SHAPES_CLASSES = ("circle", "square", "triangle")
 VERSION = "v1"
@@ -77,7 +83,9 @@ def _make_image(rng: np.random.Generator) -> Tuple[np.ndarray, List[dict]]:
             kind_index = int(rng.integers(len(SHAPES_CLASSES)))
             margin = side * 0.8
             center = (rng.uniform(margin, width - margin), rng.uniform(margin, height - margin))
-            polygon = _polygon(SHAPES_CLASSES[kind_index], center, side, rng.uniform(0, 2 * math.pi))
+            polygon = _polygon(
+                SHAPES_CLASSES[kind_index], center, side, rng.uniform(0, 2 * math.pi)
+            )
             x0, y0 = polygon.min(0) - 2
             x1, y1 = polygon.max(0) + 2
             if x0 < 0 or y0 < 0 or x1 > width or y1 > height:
@@ -109,14 +117,22 @@ def generate_split(folder: Path, split: str) -> Path:
             flat = [float(round(v, 2)) for v in obj["polygon"].reshape(-1)]
             rle = mask_util.merge(mask_util.frPyObjects([flat], height, width))
             x, y, w, h = (float(v) for v in mask_util.toBbox(rle))
-            annotations.append({
-                "id": len(annotations) + 1, "image_id": image_id,
-                "category_id": obj["category"] + 1, "segmentation": [flat],
-                "area": float(mask_util.area(rle)), "bbox": [x, y, w, h], "iscrowd": 0})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": image_id,
+                    "category_id": obj["category"] + 1,
+                    "segmentation": [flat],
+                    "area": float(mask_util.area(rle)),
+                    "bbox": [x, y, w, h],
+                    "iscrowd": 0,
+                }
+            )
     categories = [{"id": i + 1, "name": name} for i, name in enumerate(SHAPES_CLASSES)]
     json_path = folder / f"{split}.json"
-    json_path.write_text(json.dumps({"images": images, "annotations": annotations,
-                                     "categories": categories}))
+    json_path.write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
     return json_path
 
 
@@ -137,9 +153,11 @@ def ensure_shapes_dataset(root: Path = None) -> Path:
             if not (root / "COMPLETE").is_file():
                 if not root.is_dir():
                     raise
-                raise OSError(f"cannot create the shapes dataset at {root}: the folder exists "
-                              f"but is not a complete dataset (no COMPLETE file); delete it "
-                              f"and run again ({error})") from error
+                raise OSError(
+                    f"cannot create the shapes dataset at {root}: the folder exists "
+                    f"but is not a complete dataset (no COMPLETE file); delete it "
+                    f"and run again ({error})"
+                ) from error
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root
@@ -168,6 +186,9 @@ def register_shapes_datasets() -> None:
             MetadataCatalog.remove(name)
         DatasetCatalog.register(name, lambda split=split, name=name: _load(split, name, root))
         MetadataCatalog.get(name).set(  # the category ids too, as detectron2's builtin COCO
-            thing_classes=list(SHAPES_CLASSES), thing_dataset_id_to_contiguous_id=CATEGORY_IDS,
+            thing_classes=list(SHAPES_CLASSES),
+            thing_dataset_id_to_contiguous_id=CATEGORY_IDS,
             evaluator_type="coco",
-            json_file=str(root / f"{split}.json"), image_root=str(root / split))
+            json_file=str(root / f"{split}.json"),
+            image_root=str(root / split),
+        )

@@ -4,19 +4,19 @@ Detectron2 0.6's ``AMPTrainer`` autocasts to float16 on CUDA only and always sca
 bfloat16 has float32's exponent range, so it needs no loss scaling; the lambda layers keep their
 float32 islands (softmax, the lambda contractions) under either dtype.
 """
+
 import logging
 import time
 from typing import Optional
 
 import torch
-
 from detectron2.config import CfgNode
 from detectron2.engine import SimpleTrainer
+
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.run_defaults import AMP_DTYPE
 
-__all__ = ["MixedPrecisionTrainer", "AMP_DTYPES", "cpu_amp_warning",
-           "warn_about_slow_cpu_amp"]
+__all__ = ["MixedPrecisionTrainer", "AMP_DTYPES", "cpu_amp_warning", "warn_about_slow_cpu_amp"]
 
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -40,26 +40,43 @@ def cpu_amp_warning(cfg) -> Optional[str]:
     tiny shapes model on an AVX2 host; an LSJ recipe), bfloat16 6.6x on the AVX2 host."""
     if isinstance(cfg, CfgNode):
         enabled, dtype = cfg.SOLVER.AMP.ENABLED, cfg.SOLVER.AMP.get("DTYPE", AMP_DTYPE)
-        device, bfloat16, off = cfg.MODEL.DEVICE, "SOLVER.AMP.DTYPE bfloat16", \
-            "SOLVER.AMP.ENABLED False"
+        device, bfloat16, off = (
+            cfg.MODEL.DEVICE,
+            "SOLVER.AMP.DTYPE bfloat16",
+            "SOLVER.AMP.ENABLED False",
+        )
     else:
         amp = cfg.train.get("amp", {})
         enabled, dtype = amp.get("enabled", False), amp.get("dtype", AMP_DTYPE)
-        device, bfloat16, off = cfg.train.device, "train.amp.dtype=bfloat16", \
-            "train.amp.enabled=False"
-    if not enabled or dtype not in AMP_DTYPES or torch.device(device).type != "cpu" \
-            or _has_fast_cpu_kernels(dtype):
+        device, bfloat16, off = (
+            cfg.train.device,
+            "train.amp.dtype=bfloat16",
+            "train.amp.enabled=False",
+        )
+    if (
+        not enabled
+        or dtype not in AMP_DTYPES
+        or torch.device(device).type != "cpu"
+        or _has_fast_cpu_kernels(dtype)
+    ):
         return None
     if dtype == "bfloat16":
-        return (f"bfloat16 autocast on this CPU trains several times slower than float32 (6.6x "
-                f"measured): it lacks AVX-512, which oneDNN's bfloat16 kernels need; train in "
-                f"float32 with {off}")
-    choice = (f"bfloat16 is the CPU's choice: set {bfloat16}" if _has_fast_cpu_kernels("bfloat16")
-              else f"this CPU lacks AVX-512, which oneDNN's bfloat16 kernels need, so train in "
-                   f"float32 with {off}")
-    return (f"float16 autocast on the CPU trains many times slower than float32 (14x to 17x "
-            f"measured: without float16 kernels, oneDNN runs the convolutions' backward in "
-            f"reference code); {choice}")
+        return (
+            f"bfloat16 autocast on this CPU trains several times slower than float32 (6.6x "
+            f"measured): it lacks AVX-512, which oneDNN's bfloat16 kernels need; train in "
+            f"float32 with {off}"
+        )
+    choice = (
+        f"bfloat16 is the CPU's choice: set {bfloat16}"
+        if _has_fast_cpu_kernels("bfloat16")
+        else f"this CPU lacks AVX-512, which oneDNN's bfloat16 kernels need, so train in "
+        f"float32 with {off}"
+    )
+    return (
+        f"float16 autocast on the CPU trains many times slower than float32 (14x to 17x "
+        f"measured: without float16 kernels, oneDNN runs the convolutions' backward in "
+        f"reference code); {choice}"
+    )
 
 
 def warn_about_slow_cpu_amp(cfg) -> None:
@@ -78,14 +95,16 @@ class MixedPrecisionTrainer(SimpleTrainer):
         device_type: "cuda" or "cpu", the device the model runs on.
     """
 
-    def __init__(self, model, data_loader, optimizer, dtype: str = AMP_DTYPE,
-                 device_type: str = "cuda"):
+    def __init__(
+        self, model, data_loader, optimizer, dtype: str = AMP_DTYPE, device_type: str = "cuda"
+    ):
         if dtype not in AMP_DTYPES:
             raise UserError(f"SOLVER.AMP.DTYPE must be one of {sorted(AMP_DTYPES)}, got {dtype!r}")
         super().__init__(model, data_loader, optimizer)
         self.dtype, self.device_type = AMP_DTYPES[dtype], device_type
-        self.grad_scaler = (torch.amp.GradScaler(device_type) if self.dtype == torch.float16
-                            else None)
+        self.grad_scaler = (
+            torch.amp.GradScaler(device_type) if self.dtype == torch.float16 else None
+        )
 
     def run_step(self):
         assert self.model.training, "[MixedPrecisionTrainer] model was changed to eval mode!"

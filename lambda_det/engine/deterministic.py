@@ -18,15 +18,16 @@ and ``ASPECT_RATIO_GROUPING`` do not apply: every image is drawn uniformly. "The
 holds for a fixed ``SOLVER.IMS_PER_BATCH``; with ``REFERENCE_WORLD_SIZE`` set, detectron2
 rescales the batch with the number of processes, and so the batches.
 """
+
 import copy
 import random
 from typing import Callable, List, Sequence
 
 import numpy as np
 import torch
-
 from detectron2.engine import HookBase
 from detectron2.utils import comm
+
 from lambda_det.utils.errors import UserError
 
 __all__ = ["DeterministicTrainLoader", "SeedEachIteration", "stream_seed"]
@@ -44,11 +45,20 @@ class DeterministicTrainLoader:
     generator reads it when it starts.
     """
 
-    def __init__(self, dataset: Sequence[dict], mapper: Callable[[dict], dict], total_batch_size: int,
-                 seed: int, rank: int = 0, world_size: int = 1):
+    def __init__(
+        self,
+        dataset: Sequence[dict],
+        mapper: Callable[[dict], dict],
+        total_batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if total_batch_size % world_size:
-            raise UserError(f"SOLVER.IMS_PER_BATCH={total_batch_size} is not divisible by the "
-                            f"{world_size} processes")
+            raise UserError(
+                f"SOLVER.IMS_PER_BATCH={total_batch_size} is not divisible by the "
+                f"{world_size} processes"
+            )
         if len(dataset) == 0:
             raise UserError("the training dataset is empty")
         self.dataset = dataset

@@ -17,6 +17,7 @@ memory (:func:`watching_launcher_signals`), not as a second signal: Ctrl-C and a
 signal reach every process, and a worker counts only its own. Data loader workers forked while
 the handler is installed ignore the signals (the training process decides).
 """
+
 import contextlib
 import functools
 import multiprocessing
@@ -28,10 +29,17 @@ from typing import Callable, Iterator, Optional
 from detectron2.engine import HookBase
 from detectron2.engine.hooks import PeriodicCheckpointer
 from detectron2.utils import comm
+
 from lambda_det.checkpoint import last_checkpoint
 
-__all__ = ["Interrupted", "SIGNALS", "stopping_on_signals", "InterruptCheckpoint",
-           "watching_launcher_signals", "with_launcher_signals"]
+__all__ = [
+    "Interrupted",
+    "SIGNALS",
+    "stopping_on_signals",
+    "InterruptCheckpoint",
+    "watching_launcher_signals",
+    "with_launcher_signals",
+]
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -42,8 +50,9 @@ class Interrupted(KeyboardInterrupt):
     other than the main one). A KeyboardInterrupt, so that ``except Exception`` (detectron2's
     training loop logs those with their traceback) lets it through."""
 
-    def __init__(self, signum: int, checkpoint: Optional[str] = None,
-                 iteration: Optional[int] = None):
+    def __init__(
+        self, signum: int, checkpoint: Optional[str] = None, iteration: Optional[int] = None
+    ):
         super().__init__(signum, checkpoint, iteration)
         self.signum, self.checkpoint, self.iteration = signum, checkpoint, iteration
 
@@ -72,8 +81,11 @@ def _handle(signum: int, frame) -> None:
         return  # a data loader worker forked from the training process, which decides
     if _STATE.signum and _STATE.deferring:
         name = signal.Signals(signum).name
-        os.write(2, f"{name} again: stopped at once, without saving the iteration in flight "
-                    f"(--resume continues from the last complete checkpoint)\n".encode())
+        os.write(
+            2,
+            f"{name} again: stopped at once, without saving the iteration in flight "
+            f"(--resume continues from the last complete checkpoint)\n".encode(),
+        )
         os._exit(128 + signum)
     _STATE.signum = _STATE.signum or signum
     if not _STATE.deferring:
@@ -133,14 +145,16 @@ class InterruptCheckpoint(HookBase):
         raise Interrupted(signum, checkpoint, iteration)
 
     def _save(self, iteration: int) -> Optional[str]:
-        periodic = next((hook for hook in self.trainer._hooks
-                         if isinstance(hook, PeriodicCheckpointer)), None)
+        periodic = next(
+            (hook for hook in self.trainer._hooks if isinstance(hook, PeriodicCheckpointer)), None
+        )
         if periodic is None:
             return None
         checkpointer, prefix = periodic.checkpointer, periodic.file_prefix
         name = f"{prefix}_{iteration:07d}"
-        saved = [f"{name}.pth"] + ([f"{prefix}_final.pth"]
-                                   if iteration >= self.trainer.max_iter - 1 else [])
+        saved = [f"{name}.pth"] + (
+            [f"{prefix}_final.pth"] if iteration >= self.trainer.max_iter - 1 else []
+        )
         if last_checkpoint(checkpointer.save_dir) not in saved:
             checkpointer.save(name, iteration=iteration)  # as the periodic checkpointer does
         return os.path.join(checkpointer.save_dir, last_checkpoint(checkpointer.save_dir))
@@ -170,8 +184,11 @@ def watching_launcher_signals(main_func: Callable) -> Iterator[Callable]:
             return
         for child in multiprocessing.active_children():
             child.kill()
-        os.write(2, f"{signal.Signals(signum).name} again: stopped the training processes at "
-                    f"once\n".encode())
+        os.write(
+            2,
+            f"{signal.Signals(signum).name} again: stopped the training processes at "
+            f"once\n".encode(),
+        )
         os._exit(128 + signum)
 
     if threading.current_thread() is not threading.main_thread():

@@ -4,15 +4,16 @@ Detectron2 0.6's ``launch`` asserts CUDA and uses NCCL as soon as there is more 
 The GPU path stays detectron2's own; this module adds the CPU path (same arguments, gloo backend,
 detectron2's per-machine process group set up the same way), used for tests and small runs.
 """
+
 import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from detectron2.engine import launch as detectron2_launch
 from detectron2.utils import comm
+
 from lambda_det.engine.interrupt import watching_launcher_signals
 from lambda_det.utils.errors import UserError
 
@@ -21,8 +22,16 @@ __all__ = ["launch"]
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
-def launch(main_func, num_processes: int, num_machines: int = 1, machine_rank: int = 0,
-           dist_url: str = None, args=(), cpu: bool = False, timeout=DEFAULT_TIMEOUT):
+def launch(
+    main_func,
+    num_processes: int,
+    num_machines: int = 1,
+    machine_rank: int = 0,
+    dist_url: str = None,
+    args=(),
+    cpu: bool = False,
+    timeout=DEFAULT_TIMEOUT,
+):
     """Run ``main_func(*args)`` in ``num_processes`` processes per machine.
 
     Args:
@@ -41,12 +50,30 @@ def launch(main_func, num_processes: int, num_machines: int = 1, machine_rank: i
         dist_url = f"tcp://127.0.0.1:{_free_port()}"
     with watching_launcher_signals(main_func) as main_func:
         if not cpu:
-            return detectron2_launch(main_func, num_processes, num_machines=num_machines,
-                                     machine_rank=machine_rank, dist_url=dist_url, args=args,
-                                     timeout=timeout)
-        mp.spawn(_cpu_worker, nprocs=num_processes, daemon=False,
-                 args=(main_func, world_size, num_processes, num_machines, machine_rank,
-                       dist_url, args, timeout))
+            return detectron2_launch(
+                main_func,
+                num_processes,
+                num_machines=num_machines,
+                machine_rank=machine_rank,
+                dist_url=dist_url,
+                args=args,
+                timeout=timeout,
+            )
+        mp.spawn(
+            _cpu_worker,
+            nprocs=num_processes,
+            daemon=False,
+            args=(
+                main_func,
+                world_size,
+                num_processes,
+                num_machines,
+                machine_rank,
+                dist_url,
+                args,
+                timeout,
+            ),
+        )
 
 
 def _free_port() -> int:
@@ -57,14 +84,28 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _cpu_worker(local_rank, main_func, world_size, num_processes, num_machines, machine_rank,
-                dist_url, args, timeout):
+def _cpu_worker(
+    local_rank,
+    main_func,
+    world_size,
+    num_processes,
+    num_machines,
+    machine_rank,
+    dist_url,
+    args,
+    timeout,
+):
     # Processes share the machine's cores; more threads than cores only thrashes.
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     torch.set_num_threads(max(1, (cores or 1) // num_processes))
     global_rank = machine_rank * num_processes + local_rank
-    dist.init_process_group(backend="gloo", init_method=dist_url, world_size=world_size,
-                            rank=global_rank, timeout=timeout)
+    dist.init_process_group(
+        backend="gloo",
+        init_method=dist_url,
+        world_size=world_size,
+        rank=global_rank,
+        timeout=timeout,
+    )
     for machine in range(num_machines):  # detectron2's comm.get_local_rank() needs this group
         ranks = list(range(machine * num_processes, (machine + 1) * num_processes))
         group = dist.new_group(ranks)

@@ -3,16 +3,18 @@ detectron2's tools/lazyconfig_train_net.py ``do_train`` / ``do_test``, on the pi
 trainer uses (:func:`~lambda_det.engine.trainer.build_step_trainer`, safe and atomic
 checkpoints, :class:`~lambda_det.engine.trainer.FinalEvalHook`, the deterministic loader, the
 same checks and the same train.output_dir/eval_results.json)."""
+
 import logging
 from typing import Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from detectron2.config import instantiate
 from detectron2.engine import hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
+from omegaconf import DictConfig, OmegaConf
+
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
@@ -32,8 +34,9 @@ logger = logging.getLogger(__name__)
 def evaluate(cfg: DictConfig, model: torch.nn.Module):
     """COCO evaluation of ``model`` on ``dataloader.test`` with ``dataloader.evaluator``;
     the main process prints the results and writes train.output_dir/eval_results.json."""
-    results = inference_on_dataset(model, instantiate(cfg.dataloader.test),
-                                   instantiate(cfg.dataloader.evaluator))
+    results = inference_on_dataset(
+        model, instantiate(cfg.dataloader.test), instantiate(cfg.dataloader.evaluator)
+    )
     if comm.is_main_process() and results:
         print_csv_format(results)
         config = _printable(OmegaConf.to_container(cfg, resolve=True))
@@ -66,9 +69,14 @@ def _deterministic_train_loader(cfg: DictConfig, seed: int) -> DeterministicTrai
     """dataloader.train's dataset and mapper, drawn by (seed, iteration) instead of detectron2's
     sampler (see :mod:`lambda_det.engine.deterministic`)."""
     loader = cfg.dataloader.train
-    return DeterministicTrainLoader(instantiate(loader.dataset), instantiate(loader.mapper),
-                                    loader.total_batch_size, seed, comm.get_rank(),
-                                    comm.get_world_size())
+    return DeterministicTrainLoader(
+        instantiate(loader.dataset),
+        instantiate(loader.mapper),
+        loader.total_batch_size,
+        seed,
+        comm.get_rank(),
+        comm.get_world_size(),
+    )
 
 
 def train(cfg: DictConfig, resume: bool) -> None:
@@ -88,27 +96,41 @@ def train(cfg: DictConfig, resume: bool) -> None:
         model.backbone.compile()  # in place: parameter names and checkpoints stay the same
     cfg.optimizer.params.model = model
     optimizer = instantiate(cfg.optimizer)
-    train_loader = (instantiate(cfg.dataloader.train) if seed is None
-                    else _deterministic_train_loader(cfg, seed))
+    train_loader = (
+        instantiate(cfg.dataloader.train)
+        if seed is None
+        else _deterministic_train_loader(cfg, seed)
+    )
     ddp = dict(cfg.train.ddp)
     if ddp.get("broadcast_buffers") is False:  # detectron2's spelling, deprecated in torch
         del ddp["broadcast_buffers"]
         ddp.update(ddp_without_buffer_sync())
     amp = cfg.train.amp
-    trainer = build_step_trainer(model, train_loader, optimizer, cfg.train.device,
-                                 amp.get("dtype", AMP_DTYPE) if amp.enabled else None, **ddp)
+    trainer = build_step_trainer(
+        model,
+        train_loader,
+        optimizer,
+        cfg.train.device,
+        amp.get("dtype", AMP_DTYPE) if amp.enabled else None,
+        **ddp,
+    )
     checkpointer = AtomicCheckpointer(trainer.model, cfg.train.output_dir, trainer=trainer)
     main = comm.is_main_process()
-    trainer.register_hooks([
-        SeedEachIteration(seed) if seed is not None else None,
-        hooks.IterationTimer(),
-        hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
-        hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
-        FinalEvalHook(cfg.train.eval_period, lambda: evaluate(cfg, trainer.model)),
-        hooks.PeriodicWriter(run_writers(cfg.train.output_dir, cfg.train.max_iter),
-                             period=cfg.train.log_period) if main else None,
-        InterruptCheckpoint(),  # last: after the step's checkpoint and writes
-    ])
+    trainer.register_hooks(
+        [
+            SeedEachIteration(seed) if seed is not None else None,
+            hooks.IterationTimer(),
+            hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+            hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
+            FinalEvalHook(cfg.train.eval_period, lambda: evaluate(cfg, trainer.model)),
+            hooks.PeriodicWriter(
+                run_writers(cfg.train.output_dir, cfg.train.max_iter), period=cfg.train.log_period
+            )
+            if main
+            else None,
+            InterruptCheckpoint(),  # last: after the step's checkpoint and writes
+        ]
+    )
     resuming = resume and checkpointer.has_checkpoint()
     # A resumed checkpoint must fit the whole model; initial weights, the image network.
     checkpointer.require = "all" if resuming else "backbone"

@@ -9,6 +9,7 @@ tools/train_net.py (yaml configs) and tools/lazyconfig_train_net.py (LazyConfig 
 the same settings with different keys: :mod:`lambda_det.engine.run_settings` reads either into
 :class:`TrainingSettings`, which the checks here take.
 """
+
 import argparse
 import contextlib
 import logging
@@ -26,18 +27,30 @@ from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.setting import Setting, is_integer, override
 
-__all__ = ["Setting", "BackboneSettings", "TrainingSettings", "check_launch_arguments",
-           "check_device", "check_training_settings", "check_training_recipe",
-           "check_batch_size", "inputs_lower_bound", "training_memory_lower_bound",
-           "evaluation_memory_lower_bound", "available_memory", "check_training_memory",
-           "check_evaluation_memory"]
+__all__ = [
+    "Setting",
+    "BackboneSettings",
+    "TrainingSettings",
+    "check_launch_arguments",
+    "check_device",
+    "check_training_settings",
+    "check_training_recipe",
+    "check_batch_size",
+    "inputs_lower_bound",
+    "training_memory_lower_bound",
+    "evaluation_memory_lower_bound",
+    "available_memory",
+    "check_training_memory",
+    "check_evaluation_memory",
+]
 
-GIB = 2 ** 30
+GIB = 2**30
 logger = logging.getLogger(__name__)
 
 
 class BackboneSettings(NamedTuple):
     """What a LambdaResNet backbone freezes, checked against training from scratch."""
+
     norm: Setting  # where the norm was set (MODEL.RESNETS.NORM when LAMBDA_RESNET.NORM is None)
     norm_key: str  # the key that sets the LambdaResNet's norm
     freeze_at: Setting
@@ -45,6 +58,7 @@ class BackboneSettings(NamedTuple):
 
 class TrainingSettings(NamedTuple):
     """The settings of a training run that are checked before launch, each with its key."""
+
     learning_rate: Setting
     max_iter: Setting
     lr_steps: Optional[Setting]  # the steps the schedule keeps (None: no step schedule)
@@ -69,11 +83,15 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
     exits 0 having done nothing."""
     for flag, value in (("--num-gpus", args.num_gpus), ("--num-machines", args.num_machines)):
         if value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}: pass {flag} 1 or more (on the "
-                            f"CPU, --num-gpus N starts N processes)")
+            raise UserError(
+                f"{flag} must be >= 1, got {value}: pass {flag} 1 or more (on the "
+                f"CPU, --num-gpus N starts N processes)"
+            )
     if not 0 <= args.machine_rank < args.num_machines:
-        raise UserError(f"--machine-rank must be in 0..{args.num_machines - 1} for "
-                        f"--num-machines {args.num_machines}, got {args.machine_rank}")
+        raise UserError(
+            f"--machine-rank must be in 0..{args.num_machines - 1} for "
+            f"--num-machines {args.num_machines}, got {args.machine_rank}"
+        )
 
 
 def check_device(device: Setting, num_gpus: int) -> None:
@@ -82,24 +100,34 @@ def check_device(device: Setting, num_gpus: int) -> None:
     try:
         parsed = torch.device(device.value)
     except (RuntimeError, TypeError):
-        raise UserError(f"{device.key} {device.value!r} is not a torch device: set "
-                        f"{device.key} to cuda, cuda:N or cpu") from None
+        raise UserError(
+            f"{device.key} {device.value!r} is not a torch device: set "
+            f"{device.key} to cuda, cuda:N or cpu"
+        ) from None
     if parsed.type == "cpu":
         return
     if parsed.type != "cuda":
-        raise UserError(f"{device.key} {device.value!r}: lambda_det trains and evaluates on "
-                        f"cuda or cpu; set {device.key} to one of them")
+        raise UserError(
+            f"{device.key} {device.value!r}: lambda_det trains and evaluates on "
+            f"cuda or cpu; set {device.key} to one of them"
+        )
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        raise UserError(f"{device.key} {device.value!r} needs a CUDA GPU, and torch finds none "
-                        f"on this machine: set {device.key} to cpu")
+        raise UserError(
+            f"{device.key} {device.value!r} needs a CUDA GPU, and torch finds none "
+            f"on this machine: set {device.key} to cpu"
+        )
     if parsed.index is not None and parsed.index >= count:
-        raise UserError(f"{device.key} {device.value!r}: this machine has {count} CUDA "
-                        f"GPU(s), cuda:0 to cuda:{count - 1}")
+        raise UserError(
+            f"{device.key} {device.value!r}: this machine has {count} CUDA "
+            f"GPU(s), cuda:0 to cuda:{count - 1}"
+        )
     if num_gpus > count:
-        raise UserError(f"--num-gpus {num_gpus} needs {num_gpus} CUDA GPUs and this machine "
-                        f"has {count}: pass --num-gpus {count} or fewer, or set {device.key} "
-                        f"to cpu")
+        raise UserError(
+            f"--num-gpus {num_gpus} needs {num_gpus} CUDA GPUs and this machine "
+            f"has {count}: pass --num-gpus {count} or fewer, or set {device.key} "
+            f"to cpu"
+        )
 
 
 def _is_number(value) -> bool:
@@ -108,8 +136,10 @@ def _is_number(value) -> bool:
 
 def _check_integer_at_least(setting: Setting, minimum: int, meaning: str) -> None:
     if not is_integer(setting.value) or setting.value < minimum:
-        raise UserError(f"{setting.key} must be an integer >= {minimum} ({meaning}), got "
-                        f"{setting.value!r}: set {setting.key} to an integer >= {minimum}")
+        raise UserError(
+            f"{setting.key} must be an integer >= {minimum} ({meaning}), got "
+            f"{setting.value!r}: set {setting.key} to an integer >= {minimum}"
+        )
 
 
 def _check_lr_steps(steps: Setting, max_iter: Setting) -> None:
@@ -118,19 +148,25 @@ def _check_lr_steps(steps: Setting, max_iter: Setting) -> None:
     values = list(steps.value)
     bounds_ok = all(is_integer(step) and 0 < step < max_iter.value for step in values)
     if not bounds_ok or values != sorted(set(values)):
-        raise UserError(f"{steps.key} {values} must be increasing iterations between 1 and "
-                        f"{max_iter.key} - 1 = {max_iter.value - 1} (steps past it are left out): "
-                        f"set {steps.key} to the iterations at which the LR drops")
+        raise UserError(
+            f"{steps.key} {values} must be increasing iterations between 1 and "
+            f"{max_iter.key} - 1 = {max_iter.value - 1} (steps past it are left out): "
+            f"set {steps.key} to the iterations at which the LR drops"
+        )
 
 
 def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") -> None:
     """The images per iteration over all processes (``key``) split evenly over them."""
     if not is_integer(batch) or batch < 1:
-        raise UserError(f"{key} must be a positive integer (images per iteration over all "
-                        f"processes), got {batch!r}")
+        raise UserError(
+            f"{key} must be a positive integer (images per iteration over all "
+            f"processes), got {batch!r}"
+        )
     if batch % world_size:
-        raise UserError(f"{key} {batch} does not split over {world_size} processes: use a "
-                        f"multiple of {world_size}")
+        raise UserError(
+            f"{key} {batch} does not split over {world_size} processes: use a "
+            f"multiple of {world_size}"
+        )
 
 
 def check_training_settings(settings: TrainingSettings) -> None:
@@ -144,28 +180,37 @@ def check_training_settings(settings: TrainingSettings) -> None:
     check_batch_size(settings.batch.value, 1, key=settings.batch.key)
     lr = settings.learning_rate
     if not _is_number(lr.value) or not math.isfinite(lr.value) or lr.value <= 0:
-        raise UserError(f"{lr.key} must be a finite number > 0, got {lr.value!r}: set {lr.key} "
-                        f"to a positive learning rate")
+        raise UserError(
+            f"{lr.key} must be a finite number > 0, got {lr.value!r}: set {lr.key} "
+            f"to a positive learning rate"
+        )
     _check_integer_at_least(settings.max_iter, 1, "iterations to train")
     if settings.lr_steps is not None:
         _check_lr_steps(settings.lr_steps, settings.max_iter)
     dtype = settings.amp_dtype
     if dtype is not None and dtype.value not in AMP_DTYPES:
-        raise UserError(f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {dtype.value!r}: "
-                        f"set {dtype.key} to float16 or bfloat16")
+        raise UserError(
+            f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {dtype.value!r}: "
+            f"set {dtype.key} to float16 or bfloat16"
+        )
     seed = settings.seed
     if settings.deterministic.value and (not is_integer(seed.value) or seed.value < 0):
-        raise UserError(f"{settings.deterministic.key} needs a fixed {seed.key} >= 0, got "
-                        f"{seed.key}={seed.value!r}: set {seed.key} to a number such as 0")
+        raise UserError(
+            f"{settings.deterministic.key} needs a fixed {seed.key} >= 0, got "
+            f"{seed.key}={seed.value!r}: set {seed.key} to a number such as 0"
+        )
     if settings.lsj is not None:
-        check_lsj_settings(*(setting.value for setting in settings.lsj),
-                           keys=[setting.key for setting in settings.lsj])
+        check_lsj_settings(
+            *(setting.value for setting in settings.lsj),
+            keys=[setting.key for setting in settings.lsj],
+        )
     for setting in settings.at_least_one:
         _check_integer_at_least(setting, 1, "iterations")
     for setting in settings.at_least_zero:
         if not _is_number(setting.value) or not setting.value >= 0:
-            raise UserError(f"{setting.key} must be >= 0, got {setting.value!r}: set "
-                            f"{setting.key} to 0 or more")
+            raise UserError(
+                f"{setting.key} must be >= 0, got {setting.value!r}: set {setting.key} to 0 or more"
+            )
     check_training_recipe(settings)
 
 
@@ -186,29 +231,38 @@ def check_training_recipe(settings: TrainingSettings) -> None:
             f"fit a LambdaResNet, and no pretrained LambdaResNet weights exist: train from "
             f"scratch with {override(weights.key, '')} {override(backbone.freeze_at.key, 0)} "
             f"and a trainable norm (e.g. {override(backbone.norm_key, 'SyncBN')}), or convert a "
-            f"classifier you pretrained with tools/convert_timm_checkpoint.py")
+            f"classifier you pretrained with tools/convert_timm_checkpoint.py"
+        )
     if weights.value:
         return
     scratch = f"when training from scratch ({weights.key} is empty)"
     if backbone.norm.value == "FrozenBN":
-        raise UserError(f"{backbone.norm.key} 'FrozenBN' freezes randomly initialised "
-                        f"statistics {scratch}: set {backbone.norm_key} to SyncBN (several "
-                        f"GPUs), BN or GN")
+        raise UserError(
+            f"{backbone.norm.key} 'FrozenBN' freezes randomly initialised "
+            f"statistics {scratch}: set {backbone.norm_key} to SyncBN (several "
+            f"GPUs), BN or GN"
+        )
     freeze_at = backbone.freeze_at
     if freeze_at.value > 0:
-        raise UserError(f"{freeze_at.key} {freeze_at.value} freezes randomly initialised "
-                        f"stages {scratch}: set {override(freeze_at.key, 0)}")
+        raise UserError(
+            f"{freeze_at.key} {freeze_at.value} freezes randomly initialised "
+            f"stages {scratch}: set {override(freeze_at.key, 0)}"
+        )
 
 
 # ---- memory ----
+
 
 @contextlib.contextmanager
 def _least_saving_lambda_layers(module: nn.Module):
     """Lambda layers with impl "auto" pick their form by device and size; on the meta device,
     run them as "tiled", the form that keeps the least for backward (only its inputs), so that
     the count stays a lower bound wherever the run goes."""
-    layers = [layer for layer in module.modules()
-              if isinstance(layer, LambdaLayer) and layer.impl == "auto"]
+    layers = [
+        layer
+        for layer in module.modules()
+        if isinstance(layer, LambdaLayer) and layer.impl == "auto"
+    ]
     for layer in layers:
         layer.impl = "tiled"
     try:
@@ -241,8 +295,9 @@ def inputs_lower_bound(model: nn.Module, images: int, size: int) -> int:
     return _weight_bytes(model) + images * _channels(model) * side * side * 4
 
 
-def training_memory_lower_bound(model: nn.Module, images: int, size: int,
-                                mixed_precision: bool = False) -> int:
+def training_memory_lower_bound(
+    model: nn.Module, images: int, size: int, mixed_precision: bool = False
+) -> int:
     """Bytes that one training process needs at least: the model's parameters, plus what its
     backbone's forward pass over ``images`` images of ``size`` x ``size`` (padded to the
     backbone's size divisibility) keeps for backward, counted by running ``model`` (built on
@@ -273,8 +328,10 @@ def training_memory_lower_bound(model: nn.Module, images: int, size: int,
     training = backbone.training
     backbone.eval()
     try:
-        with _least_saving_lambda_layers(backbone), \
-                torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
+        with (
+            _least_saving_lambda_layers(backbone),
+            torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor),
+        ):
             backbone(torch.empty(images, channels, size, size, device="meta"))
     finally:
         backbone.train(training)
@@ -303,8 +360,10 @@ def evaluation_memory_lower_bound(model: nn.Module, size: int) -> int:
 
     def measure(module, inputs, output):
         nonlocal largest
-        storages = {tensor.untyped_storage()._cdata: tensor.untyped_storage().nbytes()
-                    for tensor in _tensors((inputs, output))}
+        storages = {
+            tensor.untyped_storage()._cdata: tensor.untyped_storage().nbytes()
+            for tensor in _tensors((inputs, output))
+        }
         largest = max(largest, sum(storages.values()))
 
     handles = [module.register_forward_hook(measure) for module in backbone.modules()]
@@ -346,8 +405,9 @@ def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
     """
     parsed = torch.device(device)
     if parsed.type == "cuda":
-        indices = [parsed.index] if parsed.index is not None and processes == 1 \
-            else range(processes)
+        indices = (
+            [parsed.index] if parsed.index is not None and processes == 1 else range(processes)
+        )
         total = min(torch.cuda.get_device_properties(index).total_memory for index in indices)
         return total, f"the GPU has {total / GIB:.1f} GiB"
     available = _memory_available_on_this_machine()
@@ -359,8 +419,9 @@ def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
     return available // processes, where
 
 
-def _lower_bound(model: nn.Module, images: int, size: int, available: int,
-                 count: Callable[[], int]) -> Optional[int]:
+def _lower_bound(
+    model: nn.Module, images: int, size: int, available: int, count: Callable[[], int]
+) -> Optional[int]:
     """:func:`inputs_lower_bound` when it already exceeds ``available``, else ``count()`` (a
     forward pass on the meta device); None when an operator has no meta kernel (a custom
     backbone's)."""
@@ -374,8 +435,9 @@ def _lower_bound(model: nn.Module, images: int, size: int, available: int,
         return None
 
 
-def check_training_memory(model: nn.Module, settings: TrainingSettings, device: str,
-                          num_gpus: int, world_size: int) -> Optional[int]:
+def check_training_memory(
+    model: nn.Module, settings: TrainingSettings, device: str, num_gpus: int, world_size: int
+) -> Optional[int]:
     """Refuse a training whose lower bound of memory per process (:func:`inputs_lower_bound`
     at once, then :func:`training_memory_lower_bound`) exceeds what the process can have
     (:func:`available_memory`): it would fail, or swap for hours, after allocating.
@@ -394,20 +456,27 @@ def check_training_memory(model: nn.Module, settings: TrainingSettings, device: 
     images = settings.batch.value // world_size
     size = settings.input_size.value
     available, where = limit
-    needed = _lower_bound(model, images, size, available, lambda: training_memory_lower_bound(
-        model, images, size, settings.amp_dtype is not None))
+    needed = _lower_bound(
+        model,
+        images,
+        size,
+        available,
+        lambda: training_memory_lower_bound(model, images, size, settings.amp_dtype is not None),
+    )
     if needed is None:
         return None
     if needed > available:
         raise UserError(
             f"training needs at least ~{needed / GIB:.1f} GiB per process for {images} images "
             f"of {size}x{size} (the backbone's activations and the model's weights), {where}: "
-            f"lower {settings.batch.key} or {settings.input_size.key}")
+            f"lower {settings.batch.key} or {settings.input_size.key}"
+        )
     return needed
 
 
-def check_evaluation_memory(model: nn.Module, test_size: Optional[Setting], device: str,
-                            num_gpus: int) -> Optional[int]:
+def check_evaluation_memory(
+    model: nn.Module, test_size: Optional[Setting], device: str, num_gpus: int
+) -> Optional[int]:
     """Refuse an evaluation (``--eval-only``, or a training run's) whose lower bound of memory
     per process, one image of the test size at a time, exceeds what the process can have:
     :func:`inputs_lower_bound` at once, then :func:`evaluation_memory_lower_bound`.
@@ -425,8 +494,9 @@ def check_evaluation_memory(model: nn.Module, test_size: Optional[Setting], devi
         return None
     available, where = limit
     size = test_size.value
-    needed = _lower_bound(model, 1, size, available,
-                          lambda: evaluation_memory_lower_bound(model, size))
+    needed = _lower_bound(
+        model, 1, size, available, lambda: evaluation_memory_lower_bound(model, size)
+    )
     if needed is None:
         return None
     if needed > available:
@@ -434,5 +504,6 @@ def check_evaluation_memory(model: nn.Module, test_size: Optional[Setting], devi
             f"evaluation needs at least ~{needed / GIB:.1f} GiB per process for one image of "
             f"{size}x{size} (the model's weights and the backbone's largest activations), "
             f"{where}: lower {test_size.key} (the longest side images are resized to for "
-            f"evaluation)")
+            f"evaluation)"
+        )
     return needed

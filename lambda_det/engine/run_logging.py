@@ -6,6 +6,7 @@ log.txt keeps everything. The console shows the run: a long printout (the enviro
 config file, the full config, the model) appears there as its first line and the path of
 log.txt, which holds it in full.
 """
+
 import json
 import logging
 import os
@@ -15,20 +16,30 @@ from typing import List
 from detectron2.engine import defaults as engine_defaults
 from detectron2.engine.hooks import PeriodicWriter
 from detectron2.utils import comm
-from detectron2.utils.events import (
-    CommonMetricPrinter, EventWriter, JSONWriter, get_event_storage)
+from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, get_event_storage
 from detectron2.utils.logger import setup_logger
+
 from lambda_det.utils.atomic import atomic_path
 
-__all__ = ["setup_run_logging", "PRINTOUTS", "MetricsWriter", "ProgressPrinter", "run_writers",
-           "resume_metrics"]
+__all__ = [
+    "setup_run_logging",
+    "PRINTOUTS",
+    "MetricsWriter",
+    "ProgressPrinter",
+    "run_writers",
+    "resume_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
 # The first words of the long printouts: detectron2's default_setup logs the first three,
 # DefaultTrainer (and lambda_det's LazyConfig trainer) the model.
-PRINTOUTS = ("Environment info:", "Contents of args.config_file=", "Running with full config:",
-             "Model:")
+PRINTOUTS = (
+    "Environment info:",
+    "Contents of args.config_file=",
+    "Running with full config:",
+    "Model:",
+)
 
 
 class _PrintoutsInLogFile(logging.Formatter):
@@ -44,8 +55,13 @@ class _PrintoutsInLogFile(logging.Formatter):
         first, newline, rest = message.partition("\n")
         if newline and message.startswith(PRINTOUTS):
             lines = rest.count("\n") + 1
-            record = logging.makeLogRecord({**record.__dict__, "args": None,
-                                            "msg": f"{first} {lines} lines in {self.log_file}"})
+            record = logging.makeLogRecord(
+                {
+                    **record.__dict__,
+                    "args": None,
+                    "msg": f"{first} {lines} lines in {self.log_file}",
+                }
+            )
         return self.console.format(record)
 
 
@@ -57,8 +73,10 @@ def setup_run_logging(cfg) -> None:
     # The very calls of default_setup: setup_logger caches its loggers by these arguments, so
     # default_setup gets the loggers set up here rather than adding handlers of its own.
     setup_logger(output_dir, distributed_rank=rank, name="fvcore")
-    loggers = [setup_logger(output_dir, distributed_rank=rank),
-               setup_logger(output_dir, distributed_rank=rank, name="lambda_det")]
+    loggers = [
+        setup_logger(output_dir, distributed_rank=rank),
+        setup_logger(output_dir, distributed_rank=rank, name="lambda_det"),
+    ]
     if not output_dir:  # no log.txt to point at: the console keeps the printouts
         return
     log_file = os.path.join(output_dir, "log.txt")
@@ -89,9 +107,13 @@ class MetricsWriter(JSONWriter):
         if len(kept) < len(lines):
             with atomic_path(self.json_file) as temporary, open(temporary, "w") as f:
                 f.writelines(line + "\n" for line in kept)
-            logger.info("Resuming after iteration %d: dropped the %d last lines of %s (records "
-                        "of the iterations this run trains again)", iteration,
-                        len(lines) - len(kept), self.json_file)
+            logger.info(
+                "Resuming after iteration %d: dropped the %d last lines of %s (records "
+                "of the iterations this run trains again)",
+                iteration,
+                len(lines) - len(kept),
+                self.json_file,
+            )
         self._file_handle = open(self.json_file, "a")
 
 

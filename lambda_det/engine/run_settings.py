@@ -6,11 +6,12 @@
 :func:`lambda_det.checkpoint.evaluation_weights`) take these values, so both tools run the same
 checks and name each value by the key the user wrote.
 """
+
 import sys
 from typing import Callable, NamedTuple, Optional
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
 from detectron2.data import transforms as T
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lambda_det.data.checks import DataSettings, yaml_data_settings
 from lambda_det.data.mapper import build_lsj_augmentations
@@ -21,12 +22,19 @@ from lambda_det.solver import warmup_multistep
 from lambda_det.utils.run_defaults import AMP_DTYPE, CHECK_IMAGES, LOG_PERIOD
 from lambda_det.utils.setting import Setting, is_integer
 
-__all__ = ["RunSettings", "yaml_run_settings", "lazy_run_settings", "yaml_training_settings",
-           "lazy_training_settings", "lazy_data_settings"]
+__all__ = [
+    "RunSettings",
+    "yaml_run_settings",
+    "lazy_run_settings",
+    "yaml_training_settings",
+    "lazy_training_settings",
+    "lazy_data_settings",
+]
 
 
 class RunSettings(NamedTuple):
     """What a run reads, each value with the key that sets it."""
+
     device: Setting
     output_dir: Setting
     data: DataSettings
@@ -35,16 +43,22 @@ class RunSettings(NamedTuple):
 
 def yaml_run_settings(cfg) -> RunSettings:
     """The run settings of a yaml config (tools/train_net.py)."""
-    return RunSettings(device=Setting("MODEL.DEVICE", cfg.MODEL.DEVICE),
-                       output_dir=Setting("OUTPUT_DIR", cfg.OUTPUT_DIR),
-                       data=yaml_data_settings(cfg), training=yaml_training_settings(cfg))
+    return RunSettings(
+        device=Setting("MODEL.DEVICE", cfg.MODEL.DEVICE),
+        output_dir=Setting("OUTPUT_DIR", cfg.OUTPUT_DIR),
+        data=yaml_data_settings(cfg),
+        training=yaml_training_settings(cfg),
+    )
 
 
 def lazy_run_settings(cfg: DictConfig) -> RunSettings:
     """The run settings of a LazyConfig recipe (tools/lazyconfig_train_net.py)."""
-    return RunSettings(device=Setting("train.device", cfg.train.device),
-                       output_dir=Setting("train.output_dir", cfg.train.output_dir),
-                       data=lazy_data_settings(cfg), training=lazy_training_settings(cfg))
+    return RunSettings(
+        device=Setting("train.device", cfg.train.device),
+        output_dir=Setting("train.output_dir", cfg.train.output_dir),
+        data=lazy_data_settings(cfg),
+        training=lazy_training_settings(cfg),
+    )
 
 
 def _names(node) -> tuple:
@@ -62,11 +76,14 @@ def lazy_data_settings(cfg: DictConfig) -> DataSettings:
         test=Setting("dataloader.test.dataset.names", _names(test.dataset)),
         filter_empty=train.dataset.get("filter_empty", True),
         masks=OmegaConf.select(cfg, "model.roi_heads.mask_in_features", default=None) is not None,
-        num_classes=(None if num_classes is None
-                     else Setting("model.roi_heads.num_classes", num_classes)),
-        check_images=Setting("dataloader.check_images",
-                             cfg.dataloader.get("check_images", CHECK_IMAGES)),
-        image_format=train.mapper.get("image_format", "BGR"))
+        num_classes=(
+            None if num_classes is None else Setting("model.roi_heads.num_classes", num_classes)
+        ),
+        check_images=Setting(
+            "dataloader.check_images", cfg.dataloader.get("check_images", CHECK_IMAGES)
+        ),
+        image_format=train.mapper.get("image_format", "BGR"),
+    )
 
 
 def yaml_training_settings(cfg) -> TrainingSettings:
@@ -78,8 +95,9 @@ def yaml_training_settings(cfg) -> TrainingSettings:
     if lsj.ENABLED:
         input_size = Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE)
     else:  # the largest short-side resize, of a square image
-        input_size = Setting("INPUT.MIN_SIZE_TRAIN",
-                             min(max(cfg.INPUT.MIN_SIZE_TRAIN), cfg.INPUT.MAX_SIZE_TRAIN))
+        input_size = Setting(
+            "INPUT.MIN_SIZE_TRAIN", min(max(cfg.INPUT.MIN_SIZE_TRAIN), cfg.INPUT.MAX_SIZE_TRAIN)
+        )
     return TrainingSettings(
         learning_rate=Setting("SOLVER.BASE_LR", solver.BASE_LR),
         max_iter=Setting("SOLVER.MAX_ITER", solver.MAX_ITER),
@@ -87,22 +105,31 @@ def yaml_training_settings(cfg) -> TrainingSettings:
         amp_dtype=Setting("SOLVER.AMP.DTYPE", solver.AMP.DTYPE) if solver.AMP.ENABLED else None,
         deterministic=Setting("DATALOADER.DETERMINISTIC", cfg.DATALOADER.DETERMINISTIC),
         seed=Setting("SEED", cfg.SEED),
-        lsj=(Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE),
-             Setting("INPUT.LSJ.MIN_SCALE", lsj.MIN_SCALE),
-             Setting("INPUT.LSJ.MAX_SCALE", lsj.MAX_SCALE)) if lsj.ENABLED else None,
-        at_least_one=(Setting("SOLVER.LOG_PERIOD", solver.LOG_PERIOD),
-                      Setting("SOLVER.CHECKPOINT_PERIOD", solver.CHECKPOINT_PERIOD)),
-        at_least_zero=(Setting("SOLVER.MOMENTUM", solver.MOMENTUM),
-                       Setting("SOLVER.WEIGHT_DECAY", solver.WEIGHT_DECAY),
-                       Setting("SOLVER.WARMUP_ITERS", solver.WARMUP_ITERS),
-                       Setting("TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD),
-                       Setting("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS)),
+        lsj=(
+            Setting("INPUT.LSJ.IMAGE_SIZE", lsj.IMAGE_SIZE),
+            Setting("INPUT.LSJ.MIN_SCALE", lsj.MIN_SCALE),
+            Setting("INPUT.LSJ.MAX_SCALE", lsj.MAX_SCALE),
+        )
+        if lsj.ENABLED
+        else None,
+        at_least_one=(
+            Setting("SOLVER.LOG_PERIOD", solver.LOG_PERIOD),
+            Setting("SOLVER.CHECKPOINT_PERIOD", solver.CHECKPOINT_PERIOD),
+        ),
+        at_least_zero=(
+            Setting("SOLVER.MOMENTUM", solver.MOMENTUM),
+            Setting("SOLVER.WEIGHT_DECAY", solver.WEIGHT_DECAY),
+            Setting("SOLVER.WARMUP_ITERS", solver.WARMUP_ITERS),
+            Setting("TEST.EVAL_PERIOD", cfg.TEST.EVAL_PERIOD),
+            Setting("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS),
+        ),
         batch=Setting("SOLVER.IMS_PER_BATCH", solver.IMS_PER_BATCH),
         input_size=input_size,
         weights=Setting("MODEL.WEIGHTS", cfg.MODEL.WEIGHTS),
         backbone=_yaml_backbone(cfg),
-        test_size=_test_size("INPUT.MAX_SIZE_TEST", cfg.INPUT.MIN_SIZE_TEST,
-                             cfg.INPUT.MAX_SIZE_TEST),
+        test_size=_test_size(
+            "INPUT.MAX_SIZE_TEST", cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST
+        ),
     )
 
 
@@ -110,8 +137,7 @@ def _test_size(key: str, short_side, max_size) -> Optional[Setting]:
     """The side of a square image resized by detectron2's ``ResizeShortestEdge(short_side,
     max_size)`` at evaluation, with ``key``, the maximum size's key (lowering it bounds every
     image); None when it does not resize (a short side of 0) or the values are not sizes."""
-    sides = (list(short_side) if isinstance(short_side, (list, tuple, ListConfig))
-             else [short_side])
+    sides = list(short_side) if isinstance(short_side, (list, tuple, ListConfig)) else [short_side]
     if not sides or not all(is_integer(side) and side > 0 for side in [*sides, max_size]):
         return None
     return Setting(key, min(min(sides), max_size))
@@ -122,18 +148,21 @@ def _yaml_backbone(cfg) -> Optional[BackboneSettings]:
         return None
     norm_key = "MODEL.LAMBDA_RESNET.NORM"
     norm_from = "MODEL.RESNETS.NORM" if cfg.MODEL.LAMBDA_RESNET.NORM is None else norm_key
-    return BackboneSettings(norm=Setting(norm_from, backbone_setting(cfg, "NORM")),
-                            norm_key=norm_key,
-                            freeze_at=Setting("MODEL.BACKBONE.FREEZE_AT",
-                                              cfg.MODEL.BACKBONE.FREEZE_AT))
+    return BackboneSettings(
+        norm=Setting(norm_from, backbone_setting(cfg, "NORM")),
+        norm_key=norm_key,
+        freeze_at=Setting("MODEL.BACKBONE.FREEZE_AT", cfg.MODEL.BACKBONE.FREEZE_AT),
+    )
 
 
 def _calls(node, function: Callable) -> bool:
     """Whether a LazyConfig node is ``LazyCall(function)(...)`` (its target as the function
     itself or by its dotted name)."""
     target = node.get("_target_") if isinstance(node, DictConfig) else None
-    names = {f"{function.__module__}.{function.__qualname__}",
-             f"{function.__module__.rpartition('.')[0]}.{function.__qualname__}"}
+    names = {
+        f"{function.__module__}.{function.__qualname__}",
+        f"{function.__module__.rpartition('.')[0]}.{function.__qualname__}",
+    }
     return target is function or target in names
 
 
@@ -150,28 +179,38 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
     lsj = input_size = None
     if _calls(augmentations, build_lsj_augmentations):
         prefix = "dataloader.train.mapper.augmentations."
-        lsj = tuple(Setting(prefix + name, augmentations[name])
-                    for name in ("image_size", "min_scale", "max_scale"))
+        lsj = tuple(
+            Setting(prefix + name, augmentations[name])
+            for name in ("image_size", "min_scale", "max_scale")
+        )
         input_size = lsj[0]
-    optional_at_least_zero = [(f"optimizer.{name}", cfg.optimizer.get(name))
-                              for name in ("momentum", "weight_decay")]
-    optional_at_least_zero.append(("dataloader.train.num_workers",
-                                   cfg.dataloader.train.get("num_workers")))
+    optional_at_least_zero = [
+        (f"optimizer.{name}", cfg.optimizer.get(name)) for name in ("momentum", "weight_decay")
+    ]
+    optional_at_least_zero.append(
+        ("dataloader.train.num_workers", cfg.dataloader.train.get("num_workers"))
+    )
     amp = train.get("amp", {})
     return TrainingSettings(
         learning_rate=Setting("optimizer.lr", cfg.optimizer.get("lr")),
         max_iter=Setting("train.max_iter", max_iter),
         lr_steps=steps,
-        amp_dtype=(Setting("train.amp.dtype", amp.get("dtype", AMP_DTYPE))
-                   if amp.get("enabled", False) else None),
+        amp_dtype=(
+            Setting("train.amp.dtype", amp.get("dtype", AMP_DTYPE))
+            if amp.get("enabled", False)
+            else None
+        ),
         deterministic=Setting("train.deterministic", train.get("deterministic", False)),
         seed=Setting("train.seed", train.get("seed", -1)),
         lsj=lsj,
-        at_least_one=(Setting("train.log_period", train.get("log_period", LOG_PERIOD)),
-                      Setting("train.checkpointer.period", train.checkpointer.get("period"))),
-        at_least_zero=(Setting("train.eval_period", train.get("eval_period", 0)),
-                       *(Setting(key, value) for key, value in optional_at_least_zero
-                         if value is not None)),
+        at_least_one=(
+            Setting("train.log_period", train.get("log_period", LOG_PERIOD)),
+            Setting("train.checkpointer.period", train.checkpointer.get("period")),
+        ),
+        at_least_zero=(
+            Setting("train.eval_period", train.get("eval_period", 0)),
+            *(Setting(key, value) for key, value in optional_at_least_zero if value is not None),
+        ),
         batch=Setting("dataloader.train.total_batch_size", cfg.dataloader.train.total_batch_size),
         input_size=input_size,
         weights=Setting("train.init_checkpoint", train.init_checkpoint),
@@ -186,9 +225,11 @@ def _lazy_test_size(cfg: DictConfig) -> Optional[Setting]:
     augmentations = OmegaConf.select(cfg, "dataloader.test.mapper.augmentations", default=None)
     for index, augmentation in enumerate(augmentations or ()):
         if _calls(augmentation, T.ResizeShortestEdge):
-            return _test_size(f"dataloader.test.mapper.augmentations.{index}.max_size",
-                              augmentation.get("short_edge_length"),
-                              augmentation.get("max_size", sys.maxsize))
+            return _test_size(
+                f"dataloader.test.mapper.augmentations.{index}.max_size",
+                augmentation.get("short_edge_length"),
+                augmentation.get("max_size", sys.maxsize),
+            )
     return None
 
 
@@ -197,15 +238,14 @@ def _lazy_backbone(cfg: DictConfig) -> Optional[BackboneSettings]:
     if not _calls(bottom_up, LambdaResNetBackbone):
         return None
     prefix = "model.backbone.bottom_up."
-    return BackboneSettings(norm=Setting(prefix + "norm", bottom_up.get("norm")),
-                            norm_key=prefix + "norm",
-                            freeze_at=Setting(prefix + "freeze_at", bottom_up.get("freeze_at", 0)))
+    return BackboneSettings(
+        norm=Setting(prefix + "norm", bottom_up.get("norm")),
+        norm_key=prefix + "norm",
+        freeze_at=Setting(prefix + "freeze_at", bottom_up.get("freeze_at", 0)),
+    )
 
 
 def _kept_steps(steps, last) -> list:
     """The steps a multi-step schedule keeps: all but the integers past ``last`` (anything
     else stays, to be refused by name)."""
-    return [step for step in steps
-            if not (is_integer(step) and is_integer(last) and step > last)]
-
-
+    return [step for step in steps if not (is_integer(step) and is_integer(last) and step > last)]

@@ -1,6 +1,7 @@
 """Training and evaluation on top of detectron2's ``DefaultTrainer`` (tools/train_net.py's yaml
 configs), and what the LazyConfig training loop (:mod:`.lazy_training`) shares with it: the
 step trainer (DDP, mixed precision) and the record of evaluation results."""
+
 import argparse
 import json
 import logging
@@ -13,13 +14,19 @@ import torch
 from detectron2.config import CfgNode
 from detectron2.data import build_detection_test_loader, build_detection_train_loader
 from detectron2.engine import (
-    DefaultTrainer, SimpleTrainer, TrainerBase, create_ddp_model, default_setup)
+    DefaultTrainer,
+    SimpleTrainer,
+    TrainerBase,
+    create_ddp_model,
+    default_setup,
+)
 from detectron2.engine import defaults as engine_defaults
 from detectron2.engine.hooks import EvalHook, PeriodicWriter
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
 from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
+
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync, without_cuda_home_warning
 from lambda_det.config import resolve_config_file
@@ -34,14 +41,23 @@ from lambda_det.engine.run_settings import yaml_training_settings
 from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
-__all__ = ["Trainer", "setup_cfg", "plain_default_setup", "build_step_trainer",
-           "write_eval_results", "FinalEvalHook"]
+__all__ = [
+    "Trainer",
+    "setup_cfg",
+    "plain_default_setup",
+    "build_step_trainer",
+    "write_eval_results",
+    "FinalEvalHook",
+]
 
 logger = logging.getLogger(__name__)
 
 
-def setup_cfg(args: argparse.Namespace, evaluation: Optional[Tuple[str, str]] = None,
-              cfg: Optional[CfgNode] = None) -> CfgNode:
+def setup_cfg(
+    args: argparse.Namespace,
+    evaluation: Optional[Tuple[str, str]] = None,
+    cfg: Optional[CfgNode] = None,
+) -> CfgNode:
     """The frozen config of ``--config-file`` and trailing overrides
     (:func:`lambda_det.run_config.load_config`; ``cfg``: that config when this process has
     loaded it already), its datasets registered (:func:`lambda_det.data.register_datasets`),
@@ -101,8 +117,10 @@ def write_eval_results(output_dir: str, config: str, results) -> None:
     atomically (a crash mid-write never leaves a truncated file)."""
     os.makedirs(output_dir, exist_ok=True)
     record = {"config": config, "results": _plain(results)}
-    with atomic_path(os.path.join(output_dir, "eval_results.json")) as temporary, \
-            open(temporary, "w") as f:
+    with (
+        atomic_path(os.path.join(output_dir, "eval_results.json")) as temporary,
+        open(temporary, "w") as f,
+    ):
         json.dump(record, f, indent=2)
 
 
@@ -113,8 +131,14 @@ def _plain(results):
     return float(results)
 
 
-def build_step_trainer(model: torch.nn.Module, data_loader, optimizer, device: str,
-                       amp_dtype: Optional[str] = None, **ddp_options) -> TrainerBase:
+def build_step_trainer(
+    model: torch.nn.Module,
+    data_loader,
+    optimizer,
+    device: str,
+    amp_dtype: Optional[str] = None,
+    **ddp_options,
+) -> TrainerBase:
     """The trainer of one iteration for both config systems: ``model`` in detectron2's
     ``create_ddp_model`` (on the CPU without GPU device ids, which detectron2 0.6 passes), then
     detectron2's ``SimpleTrainer``, or :class:`MixedPrecisionTrainer` with ``amp_dtype``."""
@@ -122,8 +146,9 @@ def build_step_trainer(model: torch.nn.Module, data_loader, optimizer, device: s
         ddp_options.setdefault("device_ids", None)
     model = create_ddp_model(model, **ddp_options)
     if amp_dtype is not None:
-        return MixedPrecisionTrainer(model, data_loader, optimizer, dtype=amp_dtype,
-                                     device_type=torch.device(device).type)
+        return MixedPrecisionTrainer(
+            model, data_loader, optimizer, dtype=amp_dtype, device_type=torch.device(device).type
+        )
     return SimpleTrainer(model, data_loader, optimizer)
 
 
@@ -180,8 +205,13 @@ class Trainer(DefaultTrainer):
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
         self._trainer = build_step_trainer(
-            model, data_loader, optimizer, cfg.MODEL.DEVICE,
-            cfg.SOLVER.AMP.DTYPE if cfg.SOLVER.AMP.ENABLED else None, **ddp_without_buffer_sync())
+            model,
+            data_loader,
+            optimizer,
+            cfg.MODEL.DEVICE,
+            cfg.SOLVER.AMP.DTYPE if cfg.SOLVER.AMP.ENABLED else None,
+            **ddp_without_buffer_sync(),
+        )
         model = self._trainer.model
         self.data_loader = data_loader
         self.scheduler = self.build_lr_scheduler(cfg, optimizer)
@@ -197,8 +227,10 @@ class Trainer(DefaultTrainer):
             hooks.insert(0, SeedEachIteration(self.cfg.SEED))
         if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
             hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
-        hooks = [FinalEvalHook(hook._period, hook._func) if type(hook) is EvalHook else hook
-                 for hook in hooks]
+        hooks = [
+            FinalEvalHook(hook._period, hook._func) if type(hook) is EvalHook else hook
+            for hook in hooks
+        ]
         return hooks + [InterruptCheckpoint()]  # last: after the step's checkpoint and writes
 
     def build_writers(self):
@@ -245,13 +277,20 @@ class Trainer(DefaultTrainer):
         dataset = load_training_dicts(yaml_data_settings(cfg))
         if not cfg.DATALOADER.get("DETERMINISTIC", False):
             return build_detection_train_loader(cfg, mapper=mapper, dataset=dataset)
-        return DeterministicTrainLoader(dataset, mapper, cfg.SOLVER.IMS_PER_BATCH, cfg.SEED,
-                                        comm.get_rank(), comm.get_world_size())
+        return DeterministicTrainLoader(
+            dataset,
+            mapper,
+            cfg.SOLVER.IMS_PER_BATCH,
+            cfg.SEED,
+            comm.get_rank(),
+            comm.get_world_size(),
+        )
 
     @classmethod
     def build_test_loader(cls, cfg, dataset_name):
-        return build_detection_test_loader(cfg, dataset_name,
-                                           mapper=build_mapper(cfg, is_train=False))
+        return build_detection_test_loader(
+            cfg, dataset_name, mapper=build_mapper(cfg, is_train=False)
+        )
 
     @classmethod
     def build_evaluator(cls, cfg, dataset_name, output_folder: Optional[str] = None):

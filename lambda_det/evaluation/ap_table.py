@@ -4,6 +4,7 @@ A run's results are read from ``eval_results.json`` (written by tools/train_net.
 detectron2's ``metrics.json`` (the last logged ``bbox/AP``... values). COCO reports AP in percent;
 APs/APm/APl are AP over objects of area < 32^2, 32^2..96^2 and > 96^2 pixels (maxDets 100).
 """
+
 import json
 import math
 import os
@@ -74,19 +75,24 @@ def load_results(path: str, dataset: Optional[str] = None) -> Results:
         record = json.loads(text)
         per_dataset = record["results"]
     except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise UserError(f"{path} is not an eval_results.json written by train_net.py: "
-                        f"{error}") from error
+        raise UserError(
+            f"{path} is not an eval_results.json written by train_net.py: {error}"
+        ) from error
     if not isinstance(per_dataset, dict):
-        raise UserError(f"{path} is not an eval_results.json written by train_net.py: its "
-                        f"'results' is {type(per_dataset).__name__}, not a mapping")
+        raise UserError(
+            f"{path} is not an eval_results.json written by train_net.py: its "
+            f"'results' is {type(per_dataset).__name__}, not a mapping"
+        )
     # {dataset: {task: metrics}} from DefaultTrainer.test, or {task: metrics} for one dataset.
     if any(task in per_dataset for task, _ in TASKS):
         return _checked(per_dataset, path)
     if dataset is None and len(per_dataset) == 1:
         return _checked(next(iter(per_dataset.values())), path)
     if dataset not in per_dataset:
-        raise UserError(f"{path} has results for the datasets {sorted(per_dataset)}: name one "
-                        f"(got dataset={dataset!r})")
+        raise UserError(
+            f"{path} has results for the datasets {sorted(per_dataset)}: name one "
+            f"(got dataset={dataset!r})"
+        )
     return _checked(per_dataset[dataset], path)
 
 
@@ -95,8 +101,10 @@ def _checked(results, path: Path) -> Results:
     measured), with the numbers as floats; else a ValueError naming the file and the value."""
     fix = "pass the eval_results.json or metrics.json that tools/train_net.py wrote"
     if not isinstance(results, dict):
-        raise UserError(f"{path} holds {type(results).__name__} where results by task "
-                        f"(bbox, segm) belong: {fix}")
+        raise UserError(
+            f"{path} holds {type(results).__name__} where results by task "
+            f"(bbox, segm) belong: {fix}"
+        )
     checked: Results = dict(results)
     for task, metrics in results.items():
         if task not in dict(TASKS):
@@ -105,8 +113,9 @@ def _checked(results, path: Path) -> Results:
             raise UserError(f"{path}: {task} is {metrics!r}, not a mapping of metrics: {fix}")
         checked[task] = {}
         for metric, value in metrics.items():
-            if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, (int, float))):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float))
+            ):
                 raise UserError(f"{path}: {task}/{metric} is {value!r}, not a number: {fix}")
             checked[task][metric] = None if value is None else float(value)
     return checked
@@ -124,8 +133,9 @@ def _delta(value: Optional[float], reference: Optional[float]) -> str:
     return f"{value - reference:+.1f}"
 
 
-def format_ap_table(runs: Mapping[str, Results], baseline: Optional[str] = None,
-                    paper: bool = False) -> str:
+def format_ap_table(
+    runs: Mapping[str, Results], baseline: Optional[str] = None, paper: bool = False
+) -> str:
     """A markdown table: one row per run, bbox and mask AP and APs/APm/APl, like Table 14.
 
     Args:
@@ -137,8 +147,9 @@ def format_ap_table(runs: Mapping[str, Results], baseline: Optional[str] = None,
     if paper:
         rows.update({f"{name} (paper)": results for name, results in PAPER_TABLE_14.items()})
     if baseline is not None and baseline not in rows:
-        raise UserError(f"baseline {baseline!r} is not one of the rows {list(rows)}: pass one "
-                        f"of them")
+        raise UserError(
+            f"baseline {baseline!r} is not one of the rows {list(rows)}: pass one of them"
+        )
     header = "| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |"
     lines = [header, "|:--|--:|:-:|--:|:-:|"]
     for name, results in rows.items():
@@ -161,9 +172,15 @@ def format_ap_table(runs: Mapping[str, Results], baseline: Optional[str] = None,
 def plot_ap_by_size(runs: Mapping[str, Results], path: str, title: str = "COCO AP by object size"):
     """Grouped bars (AP, APs, APm, APl) per run, one panel for boxes and one for masks
     (:func:`~lambda_det.evaluation.plots.plot_ap_bars`); the folder is made if needed."""
-    panels = {f"{title}: {'boxes' if label == 'bb' else 'masks'}": {
-        name: [(results.get(task, {}).get(metric, float("nan")), None) for metric in SIZE_METRICS]
-        for name, results in runs.items()}
-        for task, label in TASKS if any(task in results for results in runs.values())}
+    panels = {
+        f"{title}: {'boxes' if label == 'bb' else 'masks'}": {
+            name: [
+                (results.get(task, {}).get(metric, float("nan")), None) for metric in SIZE_METRICS
+            ]
+            for name, results in runs.items()
+        }
+        for task, label in TASKS
+        if any(task in results for results in runs.values())
+    }
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     return plot_ap_bars(panels, SIZE_METRICS, path)

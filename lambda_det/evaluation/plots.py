@@ -1,6 +1,7 @@
 """One chart for COCO AP: grouped bars, one group per metric, one bar per run, one panel per task
 (boxes, masks). The demo's and tools/ap_table.py's AP-by-size chart and the comparison over seeds
 (mean with std error bars) are both drawn by :func:`plot_ap_bars`."""
+
 import math
 from typing import Mapping, Optional, Sequence, Tuple
 
@@ -17,8 +18,12 @@ def _error_bar(mean: float, std: Optional[float]) -> Tuple[float, float]:
     return min(std, max(mean, 0.0)), std
 
 
-def plot_ap_bars(panels: Mapping[str, Mapping[str, Sequence[Bar]]], metrics: Sequence[str],
-                 path: str, panel_width: float = 6.0) -> str:
+def plot_ap_bars(
+    panels: Mapping[str, Mapping[str, Sequence[Bar]]],
+    metrics: Sequence[str],
+    path: str,
+    panel_width: float = 6.0,
+) -> str:
     """Write a PNG (atomically) of one panel per ``panels`` entry (title -> run -> one
     ``(mean, std)`` per metric). A metric without a value (NaN) gets no bar rather than a bar at
     0. Bars with a std get error bars; bars without one are labelled with their value."""
@@ -27,20 +32,28 @@ def plot_ap_bars(panels: Mapping[str, Mapping[str, Sequence[Bar]]], metrics: Seq
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(panels), figsize=(panel_width * len(panels), 4.2),
-                                squeeze=False)
+    figure, axes = plt.subplots(
+        1, len(panels), figsize=(panel_width * len(panels), 4.2), squeeze=False
+    )
     for axis, (title, runs) in zip(axes[0], panels.items()):
         width = 0.8 / max(1, len(runs))
         for index, (name, values) in enumerate(runs.items()):
             offset = (index - (len(runs) - 1) / 2) * width
-            shown = [(position, mean, std) for position, (mean, std) in enumerate(values)
-                     if not math.isnan(mean)]
+            shown = [
+                (position, mean, std)
+                for position, (mean, std) in enumerate(values)
+                if not math.isnan(mean)
+            ]
             errors = [_error_bar(mean, std) for _, mean, std in shown]
             with_std = any(std is not None for _, _, std in shown)
-            bars = axis.bar([position + offset for position, _, _ in shown],
-                            [mean for _, mean, _ in shown], width, label=name,
-                            yerr=list(zip(*errors)) if with_std and shown else None,
-                            capsize=3 if with_std else 0)
+            bars = axis.bar(
+                [position + offset for position, _, _ in shown],
+                [mean for _, mean, _ in shown],
+                width,
+                label=name,
+                yerr=list(zip(*errors)) if with_std and shown else None,
+                capsize=3 if with_std else 0,
+            )
             if not with_std:
                 axis.bar_label(bars, labels=[f"{mean:.1f}" for _, mean, _ in shown], fontsize=7)
         axis.set_xticks(range(len(metrics)), metrics)

@@ -65,19 +65,46 @@ The modules (what they hold that is public is importable from ``lambda_det.expor
 * :mod:`~lambda_det.export._torch_export`: the export-only replacements of detectron2 functions;
 * :mod:`~lambda_det.export._archive`: the checks that loading a ``.pt2`` runs no code from it.
 """
-from lambda_det.export.files import (
-    EXPORT_FORMATS, FILE_SUFFIXES, ONNX_OPSET, check_export_output, metadata_path)
-from lambda_det.export.files import (  # noqa: F401  (outside __all__, importable from here too)
-    METADATA_NAME, SIZE_NAMES, PathLike)
-from lambda_det.export.tracing import (
-    TracedModel, eager_outputs, fixed_size_reason, sample_image, trace_model)
-from lambda_det.export.program import export_program, torch_export_min_size
-from lambda_det.export.metadata import class_table, export_metadata
-from lambda_det.export.saving import export_model
-from lambda_det.export.exported_model import ExportedModel, max_differences, outputs_to_instances
 
-__all__ = ["EXPORT_FORMATS", "FILE_SUFFIXES", "ONNX_OPSET", "TracedModel", "ExportedModel",
-           "sample_image", "eager_outputs", "check_export_output", "metadata_path",
-           "class_table", "export_metadata", "fixed_size_reason",
-           "trace_model", "export_program", "torch_export_min_size", "export_model",
-           "outputs_to_instances", "max_differences"]
+from lambda_det.export.exported_model import ExportedModel, max_differences, outputs_to_instances
+from lambda_det.export.files import (  # noqa: F401  (outside __all__, importable from here too)
+    EXPORT_FORMATS,
+    FILE_SUFFIXES,
+    METADATA_NAME,
+    ONNX_OPSET,
+    SIZE_NAMES,
+    PathLike,
+    check_export_output,
+    metadata_path,
+)
+from lambda_det.export.metadata import class_table, export_metadata
+from lambda_det.export.program import export_program, torch_export_min_size
+from lambda_det.export.saving import export_model
+from lambda_det.export.tracing import (
+    TracedModel,
+    eager_outputs,
+    fixed_size_reason,
+    sample_image,
+    trace_model,
+)
+
+__all__ = [
+    "EXPORT_FORMATS",
+    "FILE_SUFFIXES",
+    "ONNX_OPSET",
+    "TracedModel",
+    "ExportedModel",
+    "sample_image",
+    "eager_outputs",
+    "check_export_output",
+    "metadata_path",
+    "class_table",
+    "export_metadata",
+    "fixed_size_reason",
+    "trace_model",
+    "export_program",
+    "torch_export_min_size",
+    "export_model",
+    "outputs_to_instances",
+    "max_differences",
+]

@@ -31,6 +31,7 @@ The file is read once: the check and the load see the same bytes, through torch'
 reader. :func:`load_program` calls ``load_pt2``, not ``torch.export.load``, which after a
 ``RuntimeError`` retries the file as torch 2.7's format and loads that format's pickles in full.
 """
+
 import ast
 import io
 import json
@@ -42,6 +43,7 @@ import sympy
 import torch
 import torch.utils._sympy.functions as torch_sympy
 from torch.export.pt2_archive._package import PT2ArchiveReader, load_pt2
+
 from lambda_det.utils.errors import UserError
 
 __all__ = ["ARCHIVE_VERSION", "zip_kind", "check_archive", "load_program"]
@@ -51,17 +53,25 @@ MODEL = "models/model.json"  # torch.export.save writes one program, "model"
 WEIGHTS_CONFIG = "data/weights/model_weights_config.json"
 CONSTANTS_CONFIG = "data/constants/model_constants_config.json"
 SAMPLE_INPUTS = "data/sample_inputs/model.pt"
-REQUIRED = ("archive_format", "archive_version", MODEL, WEIGHTS_CONFIG, CONSTANTS_CONFIG,
-            SAMPLE_INPUTS)
+REQUIRED = (
+    "archive_format",
+    "archive_version",
+    MODEL,
+    WEIGHTS_CONFIG,
+    CONSTANTS_CONFIG,
+    SAMPLE_INPUTS,
+)
 OPTIONAL = ("byteorder", ".data/version", ".data/serialization_id")  # torch's zip writer's own
 # The members each config may name: raw bytes, or a torch.save pickle with use_pickle.
-PAYLOADS = ((WEIGHTS_CONFIG, "data/weights/", "weight_"),
-            (CONSTANTS_CONFIG, "data/constants/", "tensor_"))
+PAYLOADS = (
+    (WEIGHTS_CONFIG, "data/weights/", "weight_"),
+    (CONSTANTS_CONFIG, "data/constants/", "tensor_"),
+)
 EXPORT_AGAIN = "export the model again with tools/export_model.py --format torch_export"
 
 
 def zip_kind(path: str) -> str:
-    """"torch_export" or "torchscript": which exported file ``path`` is, by its members.
+    """ "torch_export" or "torchscript": which exported file ``path`` is, by its members.
 
     Raises:
         ValueError: ``path`` is a torch.save checkpoint, another zip archive, or no zip archive.
@@ -70,25 +80,32 @@ def zip_kind(path: str) -> str:
         with zipfile.ZipFile(path) as archive:
             names = {name.split("/", 1)[-1] for name in archive.namelist()}
     except zipfile.BadZipFile:
-        raise UserError(f"{path!r} is not an exported model: it is not a zip archive, as "
-                        f"TorchScript (.ts) and torch.export (.pt2) files are; pass the file "
-                        f"tools/export_model.py wrote (ONNX files end in .onnx)") from None
+        raise UserError(
+            f"{path!r} is not an exported model: it is not a zip archive, as "
+            f"TorchScript (.ts) and torch.export (.pt2) files are; pass the file "
+            f"tools/export_model.py wrote (ONNX files end in .onnx)"
+        ) from None
     if "archive_format" in names:
         return "torch_export"
     if "constants.pkl" in names:
         return "torchscript"
     if "data.pkl" in names:
-        raise UserError(f"{path!r} is a PyTorch checkpoint (torch.save: weights, e.g. of "
-                        f"training), not an exported model: export it with "
-                        f"tools/export_model.py --format torch_export (or torchscript, onnx) "
-                        f"MODEL.WEIGHTS {path}, and pass the file that writes")
-    raise UserError(f"{path!r} is a zip archive but neither a TorchScript nor a torch.export "
-                    f"file: pass the file tools/export_model.py wrote")
+        raise UserError(
+            f"{path!r} is a PyTorch checkpoint (torch.save: weights, e.g. of "
+            f"training), not an exported model: export it with "
+            f"tools/export_model.py --format torch_export (or torchscript, onnx) "
+            f"MODEL.WEIGHTS {path}, and pass the file that writes"
+        )
+    raise UserError(
+        f"{path!r} is a zip archive but neither a TorchScript nor a torch.export "
+        f"file: pass the file tools/export_model.py wrote"
+    )
 
 
 def _refuse(path: str, reason: str) -> UserError:
-    return UserError(f"{path!r} is not a torch.export archive lambda_det loads: {reason}; "
-                     f"{EXPORT_AGAIN}")
+    return UserError(
+        f"{path!r} is not a torch.export archive lambda_det loads: {reason}; {EXPORT_AGAIN}"
+    )
 
 
 def _loads_as_tensors(data: bytes) -> bool:
@@ -105,14 +122,18 @@ def _payloads(reader: PT2ArchiveReader, path: str) -> Dict[str, bool]:
     for config_name, folder, prefix in PAYLOADS:
         try:
             config = json.loads(reader.read_string(config_name))["config"]
-            entries = [(meta["path_name"], bool(meta.get("use_pickle")))
-                       for meta in config.values()]
+            entries = [
+                (meta["path_name"], bool(meta.get("use_pickle"))) for meta in config.values()
+            ]
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise _refuse(path, f"{config_name} is not a payload config ({error!r})") from None
         for name, pickled in entries:
             if not (isinstance(name, str) and re.fullmatch(re.escape(prefix) + r"\d+", name)):
-                raise _refuse(path, f"{config_name} names {folder}{name}, not a {prefix}N "
-                                    f"tensor (other kinds are unpickled in full)")
+                raise _refuse(
+                    path,
+                    f"{config_name} names {folder}{name}, not a {prefix}N "
+                    f"tensor (other kinds are unpickled in full)",
+                )
             members[folder + name] = members.get(folder + name, False) or pickled
     return members
 
@@ -134,8 +155,9 @@ def _is_sympy(name: str) -> bool:
         return False
     value = getattr(torch_sympy, name, None)
     value = getattr(sympy, name, None) if value is None else value
-    return isinstance(value, sympy.Basic) or (isinstance(value, type)
-                                              and issubclass(value, sympy.Basic))
+    return isinstance(value, sympy.Basic) or (
+        isinstance(value, type) and issubclass(value, sympy.Basic)
+    )
 
 
 def _sympy_ok(node: ast.AST) -> bool:
@@ -145,8 +167,9 @@ def _sympy_ok(node: ast.AST) -> bool:
         return _is_sympy(node.id)
     if isinstance(node, ast.UnaryOp):
         return isinstance(node.op, (ast.USub, ast.UAdd)) and _sympy_ok(node.operand)
-    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and _is_sympy(node.func.id)):
+    if not (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and _is_sympy(node.func.id)
+    ):
         return False
     args = node.args
     # Only a symbol's name or a float's digits are strings (sympy would sympify others).
@@ -156,17 +179,23 @@ def _sympy_ok(node: ast.AST) -> bool:
             return False
         args = args[1:]
     return all(map(_sympy_ok, args)) and all(
-        keyword.arg and not keyword.arg.startswith("_") and isinstance(keyword.value, ast.Constant)
-        and type(keyword.value.value) in _NUMBER_TYPES for keyword in node.keywords)
+        keyword.arg
+        and not keyword.arg.startswith("_")
+        and isinstance(keyword.value, ast.Constant)
+        and type(keyword.value.value) in _NUMBER_TYPES
+        for keyword in node.keywords
+    )
 
 
 def _is_input(node: ast.AST) -> bool:
     """L['image'] (or L['a'][0]): an input of the program, as the guards name it."""
-    return (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-            and type(node.slice.value) in (str, int)
-            and re.fullmatch(r"\w+", str(node.slice.value)) is not None
-            and (isinstance(node.value, ast.Name) and node.value.id == "L"
-                 or _is_input(node.value)))
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.slice, ast.Constant)
+        and type(node.slice.value) in (str, int)
+        and re.fullmatch(r"\w+", str(node.slice.value)) is not None
+        and (isinstance(node.value, ast.Name) and node.value.id == "L" or _is_input(node.value))
+    )
 
 
 def _guard_function(node: ast.AST) -> bool:
@@ -192,13 +221,18 @@ def _guard_ok(node: ast.AST) -> bool:
     if isinstance(node, ast.UnaryOp):
         return isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)) and _guard_ok(node.operand)
     if isinstance(node, ast.Compare):
-        return (all(isinstance(op, _COMPARISONS) for op in node.ops)
-                and all(map(_guard_ok, [node.left, *node.comparators])))
+        return all(isinstance(op, _COMPARISONS) for op in node.ops) and all(
+            map(_guard_ok, [node.left, *node.comparators])
+        )
     if isinstance(node, ast.Call):
         return not node.keywords and _guard_function(node.func) and all(map(_guard_ok, node.args))
     if isinstance(node, ast.Subscript):  # L['image'].size()[1]
-        return (isinstance(node.value, ast.Call) and _guard_ok(node.value)
-                and isinstance(node.slice, ast.Constant) and type(node.slice.value) is int)
+        return (
+            isinstance(node.value, ast.Call)
+            and _guard_ok(node.value)
+            and isinstance(node.slice, ast.Constant)
+            and type(node.slice.value) is int
+        )
     return False
 
 
@@ -213,14 +247,25 @@ def _check_expression(text, guard: bool, path: str) -> None:
     except (SyntaxError, ValueError):
         tree = None
     if tree is None or not (_guard_ok if guard else _sympy_ok)(tree.body):
-        raise _refuse(path, f"its {what} {text[:80]!r} is not an expression of sizes, which "
-                            f"torch would run as Python code")
+        raise _refuse(
+            path,
+            f"its {what} {text[:80]!r} is not an expression of sizes, which "
+            f"torch would run as Python code",
+        )
 
 
 # The program's strings that torch keeps as data (messages, stack traces, module paths, pytree
 # specs parsed as JSON), not as code. Strings under every other key must be _NAME.
-TEXT_KEYS = {"as_string", "as_strings", "stack_trace", "nn_module_stack", "torch_fn",
-             "torch_version", "in_spec", "out_spec"}
+TEXT_KEYS = {
+    "as_string",
+    "as_strings",
+    "stack_trace",
+    "nn_module_stack",
+    "torch_fn",
+    "torch_version",
+    "in_spec",
+    "out_spec",
+}
 _NAME = re.compile(r"([A-Za-z_][\w.]*)?")
 
 
@@ -239,8 +284,11 @@ def _check_program(program, path: str) -> None:
         elif isinstance(value, list):
             stack.extend((key, item) for item in value)
         elif isinstance(value, str) and key not in TEXT_KEYS and not _NAME.fullmatch(value):
-            raise _refuse(path, f"its {MODEL} has the {key} {value[:80]!r}, not a name (torch "
-                                f"writes names into Python code that it runs)")
+            raise _refuse(
+                path,
+                f"its {MODEL} has the {key} {value[:80]!r}, not a name (torch "
+                f"writes names into Python code that it runs)",
+            )
 
 
 def check_archive(data: bytes, path: str) -> None:
@@ -249,8 +297,9 @@ def check_archive(data: bytes, path: str) -> None:
     try:
         reader = PT2ArchiveReader(io.BytesIO(data))
     except (RuntimeError, AssertionError, UnicodeDecodeError) as error:
-        raise _refuse(path, f"torch cannot open it as one ({' '.join(str(error).split())})") \
-            from None
+        raise _refuse(
+            path, f"torch cannot open it as one ({' '.join(str(error).split())})"
+        ) from None
     names = reader.get_file_names()
     if len({name.lower() for name in names}) != len(names):
         raise _refuse(path, "two of its members have the same name but for case")
@@ -259,8 +308,11 @@ def check_archive(data: bytes, path: str) -> None:
         raise _refuse(path, f"it has no {missing[0]}")
     version = reader.read_string("archive_version")
     if version != ARCHIVE_VERSION:
-        raise _refuse(path, f"its archive version is {version[:20]!r}, and lambda_det knows the "
-                            f"layout of version {ARCHIVE_VERSION!r} (torch 2.14.1)")
+        raise _refuse(
+            path,
+            f"its archive version is {version[:20]!r}, and lambda_det knows the "
+            f"layout of version {ARCHIVE_VERSION!r} (torch 2.14.1)",
+        )
     payloads = _payloads(reader, path)
     known = set(REQUIRED) | set(OPTIONAL) | set(payloads)
     unknown = [name for name in names if name not in known and not name.startswith("extra/")]
@@ -271,9 +323,11 @@ def check_archive(data: bytes, path: str) -> None:
         pickled.append(SAMPLE_INPUTS)
     for name in pickled:
         if not _loads_as_tensors(reader.read_bytes(name)):
-            raise UserError(f"{path!r}: {name} holds objects other than tensors and plain "
-                            f"containers, which loading would unpickle by running code; "
-                            f"refusing to load it ({EXPORT_AGAIN})")
+            raise UserError(
+                f"{path!r}: {name} holds objects other than tensors and plain "
+                f"containers, which loading would unpickle by running code; "
+                f"refusing to load it ({EXPORT_AGAIN})"
+            )
     try:
         program = json.loads(reader.read_string(MODEL))
     except ValueError:

@@ -44,13 +44,9 @@ answer for every input (``GuardOnDataDependentSymNode``):
   number of boxes kept is 0 or more; torchvision's says 2 or more (``create_unbacked_symint``),
   which the exported program would assert, failing on images with fewer than 2 detections.
 """
+
 import contextlib
 from typing import Dict, Iterator, List, Optional, Tuple
-
-import torch
-import torch.nn.functional as F
-from torch.fx.experimental.symbolic_shapes import guard_or_false
-import torchvision  # noqa: F401  (registers torch.ops.torchvision.nms)
 
 import detectron2.layers.wrappers as d2_wrappers
 import detectron2.modeling.anchor_generator as anchor_generator
@@ -59,8 +55,12 @@ import detectron2.modeling.poolers as poolers
 import detectron2.modeling.proposal_generator.proposal_utils as proposal_utils
 import detectron2.modeling.proposal_generator.rpn as rpn
 import detectron2.modeling.roi_heads.fast_rcnn as fast_rcnn
+import torch
+import torch.nn.functional as F
+import torchvision  # noqa: F401  (registers torch.ops.torchvision.nms)
 from detectron2.layers import cat
 from detectron2.structures import Boxes, ImageList, Instances
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 __all__ = ["export_friendly_detectron2"]
 
@@ -70,9 +70,12 @@ __all__ = ["export_friendly_detectron2"]
 # them with the installed detectron2's signatures.
 
 
-def _from_tensors(tensors: List[torch.Tensor], size_divisibility: int = 0,
-                  pad_value: float = 0.0,
-                  padding_constraints: Optional[Dict[str, int]] = None) -> ImageList:
+def _from_tensors(
+    tensors: List[torch.Tensor],
+    size_divisibility: int = 0,
+    pad_value: float = 0.0,
+    padding_constraints: Optional[Dict[str, int]] = None,
+) -> ImageList:
     """ImageList.from_tensors for one image with symbolic sizes (several: the original).
     ``padding_constraints`` is detectron2 main's: {"square_size": pad to this square,
     "size_divisibility": replaces the argument}; detectron2 0.6's callers never pass it."""
@@ -91,25 +94,41 @@ def _from_tensors(tensors: List[torch.Tensor], size_divisibility: int = 0,
         stride = size_divisibility
         padded_height = (padded_height + stride - 1) // stride * stride
         padded_width = (padded_width + stride - 1) // stride * stride
-    batched = F.pad(image, [0, padded_width - width, 0, padded_height - height],
-                    value=pad_value).unsqueeze_(0)
+    batched = F.pad(
+        image, [0, padded_width - width, 0, padded_height - height], value=pad_value
+    ).unsqueeze_(0)
     return ImageList(batched.contiguous(), [(height, width)])
 
 
-def _batch_norm(input: torch.Tensor, running_mean, running_var, weight=None, bias=None,
-                training: bool = False, momentum: float = 0.1, eps: float = 1e-5):
+def _batch_norm(
+    input: torch.Tensor,
+    running_mean,
+    running_var,
+    weight=None,
+    bias=None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+):
     """F.batch_norm: in eval mode, the operator that torch.export records for it anyway
     (``_native_batch_norm_legit_no_training``), without torch.batch_norm's question whether the
     input is empty, which the RoI heads' data-dependent box count cannot answer."""
     if training or running_mean is None or running_var is None:
-        return _ORIGINALS["batch_norm"](input, running_mean, running_var, weight, bias,
-                                        training, momentum, eps)
+        return _ORIGINALS["batch_norm"](
+            input, running_mean, running_var, weight, bias, training, momentum, eps
+        )
     return torch.ops.aten._native_batch_norm_legit_no_training(
-        input, weight, bias, running_mean, running_var, momentum, eps)[0]
+        input, weight, bias, running_mean, running_var, momentum, eps
+    )[0]
 
 
-def _create_grid_offsets(size: List[int], stride: int, offset: float, device=None,
-                         target_device_tensor: Optional[torch.Tensor] = None):
+def _create_grid_offsets(
+    size: List[int],
+    stride: int,
+    offset: float,
+    device=None,
+    target_device_tensor: Optional[torch.Tensor] = None,
+):
     """anchor_generator._create_grid_offsets: the anchors' x and y shifts on a feature map, as
     ``arange(n) * stride + offset * stride`` rather than ``arange(offset * stride, n * stride,
     stride)``, whose length symbolic shapes cannot see to be n (a float ceil). The same values
@@ -121,10 +140,12 @@ def _create_grid_offsets(size: List[int], stride: int, offset: float, device=Non
     if isinstance(device, torch.Tensor):
         device = device.device
     grid_height, grid_width = size
-    shifts_x = torch.arange(grid_width, dtype=torch.float32, device=device) * stride \
-        + offset * stride
-    shifts_y = torch.arange(grid_height, dtype=torch.float32, device=device) * stride \
-        + offset * stride
+    shifts_x = (
+        torch.arange(grid_width, dtype=torch.float32, device=device) * stride + offset * stride
+    )
+    shifts_y = (
+        torch.arange(grid_height, dtype=torch.float32, device=device) * stride + offset * stride
+    )
     shift_y, shift_x = torch.meshgrid(shifts_y, shifts_x, indexing="ij")
     return shift_x.reshape(-1), shift_y.reshape(-1)
 
@@ -132,10 +153,10 @@ def _create_grid_offsets(size: List[int], stride: int, offset: float, device=Non
 def _conv2d_forward(self, x: torch.Tensor) -> torch.Tensor:
     """detectron2.layers.Conv2d.forward, asking the size of x only in training."""
     if self.training and x.numel() == 0:
-        assert not isinstance(self.norm, torch.nn.SyncBatchNorm), \
+        assert not isinstance(self.norm, torch.nn.SyncBatchNorm), (
             "SyncBatchNorm does not support empty inputs!"
-    x = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation,
-                 self.groups)
+        )
+    x = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
     if self.norm is not None:
         x = self.norm(x)
     if self.activation is not None:
@@ -158,8 +179,10 @@ def _instances_set(self: Instances, name: str, value) -> None:
     """Instances.set, comparing lengths that may be symbolic (``len()`` must return an int)."""
     length = value.__len__()
     if len(self._fields):
-        torch._check(self.__len__() == length, lambda: f"Adding a field of length {length} to a "
-                                                       f"Instances of length {self.__len__()}")
+        torch._check(
+            self.__len__() == length,
+            lambda: f"Adding a field of length {length} to a Instances of length {self.__len__()}",
+        )
     self._fields[name] = value
 
 
@@ -177,14 +200,19 @@ def _convert_boxes_to_pooler_format(box_lists: List[Boxes]) -> torch.Tensor:
     """poolers.convert_boxes_to_pooler_format: (M, 5) rows (image index, box), the image
     indices from each list's symbolic length rather than a tensor of lengths."""
     boxes = torch.cat([box_list.tensor for box_list in box_lists], dim=0)
-    indices = torch.cat([torch.full((box_list.tensor.shape[0], 1), index, dtype=boxes.dtype,
-                                    device=boxes.device)
-                         for index, box_list in enumerate(box_lists)], dim=0)
+    indices = torch.cat(
+        [
+            torch.full((box_list.tensor.shape[0], 1), index, dtype=boxes.dtype, device=boxes.device)
+            for index, box_list in enumerate(box_lists)
+        ],
+        dim=0,
+    )
     return cat([indices, boxes], dim=1)
 
 
-def _batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
-                 iou_threshold: float) -> torch.Tensor:
+def _batched_nms(
+    boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor, iou_threshold: float
+) -> torch.Tensor:
     """NMS within each class: one NMS on boxes moved apart by class, as torchvision's
     ``batched_nms`` does for up to 4000 coordinates on the CPU. Its callers here clip the boxes
     first, so the largest coordinate is that of the boxes or 0 (none)."""
@@ -200,20 +228,28 @@ def _batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
 def _nms_fake(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """torchvision::nms on fake tensors: a (K,) index tensor with K unknown, 0 or more.
     (torchvision's own says K >= 2, which the exported program then asserts on every image.)"""
-    torch._check(boxes.dim() == 2 and boxes.size(1) == 4,
-                 lambda: f"boxes should be an (N, 4) tensor, got {tuple(boxes.shape)}")
-    torch._check(scores.dim() == 1 and scores.size(0) == boxes.size(0),
-                 lambda: f"scores should be an ({boxes.size(0)},) tensor, got "
-                         f"{tuple(scores.shape)}")
+    torch._check(
+        boxes.dim() == 2 and boxes.size(1) == 4,
+        lambda: f"boxes should be an (N, 4) tensor, got {tuple(boxes.shape)}",
+    )
+    torch._check(
+        scores.dim() == 1 and scores.size(0) == boxes.size(0),
+        lambda: f"scores should be an ({boxes.size(0)},) tensor, got {tuple(scores.shape)}",
+    )
     count = torch.library.get_ctx().new_dynamic_size()
     return boxes.new_empty(count, dtype=torch.long)
 
 
-def _find_top_rpn_proposals(proposals: List[torch.Tensor],
-                            pred_objectness_logits: List[torch.Tensor],
-                            image_sizes: List[Tuple[int, int]], nms_thresh: float,
-                            pre_nms_topk: int, post_nms_topk: int, min_box_size: float,
-                            training: bool) -> List[Instances]:
+def _find_top_rpn_proposals(
+    proposals: List[torch.Tensor],
+    pred_objectness_logits: List[torch.Tensor],
+    image_sizes: List[Tuple[int, int]],
+    nms_thresh: float,
+    pre_nms_topk: int,
+    post_nms_topk: int,
+    min_box_size: float,
+    training: bool,
+) -> List[Instances]:
     """proposal_utils.find_top_rpn_proposals with masks instead of questions about values."""
     if training:
         raise RuntimeError("torch.export of the RPN is for inference (eval mode) only")
@@ -232,14 +268,21 @@ def _find_top_rpn_proposals(proposals: List[torch.Tensor],
     for index, image_size in enumerate(image_sizes):
         image_boxes, image_scores = Boxes(boxes[index]), scores[index]
         valid = torch.isfinite(image_boxes.tensor).all(dim=1) & torch.isfinite(image_scores)
-        image_boxes, image_scores, image_levels = \
-            image_boxes[valid], image_scores[valid], levels[valid]
+        image_boxes, image_scores, image_levels = (
+            image_boxes[valid],
+            image_scores[valid],
+            levels[valid],
+        )
         image_boxes.clip(image_size)
         keep = image_boxes.nonempty(threshold=min_box_size)
-        image_boxes, image_scores, image_levels = \
-            image_boxes[keep], image_scores[keep], image_levels[keep]
-        keep = proposal_utils.batched_nms(image_boxes.tensor, image_scores, image_levels,
-                                          nms_thresh)[:post_nms_topk]  # sorted by score
+        image_boxes, image_scores, image_levels = (
+            image_boxes[keep],
+            image_scores[keep],
+            image_levels[keep],
+        )
+        keep = proposal_utils.batched_nms(
+            image_boxes.tensor, image_scores, image_levels, nms_thresh
+        )[:post_nms_topk]  # sorted by score
         result = Instances(image_size)
         result.proposal_boxes = image_boxes[keep]
         result.objectness_logits = image_scores[keep]
@@ -247,9 +290,14 @@ def _find_top_rpn_proposals(proposals: List[torch.Tensor],
     return results
 
 
-def _fast_rcnn_inference_single_image(boxes: torch.Tensor, scores: torch.Tensor,
-                                      image_shape: Tuple[int, int], score_thresh: float,
-                                      nms_thresh: float, topk_per_image: int):
+def _fast_rcnn_inference_single_image(
+    boxes: torch.Tensor,
+    scores: torch.Tensor,
+    image_shape: Tuple[int, int],
+    score_thresh: float,
+    nms_thresh: float,
+    topk_per_image: int,
+):
     """fast_rcnn.fast_rcnn_inference_single_image with a mask instead of a question about
     values."""
     valid = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores).all(dim=1)

@@ -1,4 +1,5 @@
 """Running an exported file (:class:`ExportedModel`) and comparing its outputs with eager mode's."""
+
 import json
 import os
 import warnings
@@ -8,10 +9,10 @@ import numpy as np
 import torch
 from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
+
 from lambda_det.export._archive import load_program, zip_kind
 from lambda_det.export.files import FILE_SUFFIXES, METADATA_NAME, PathLike, metadata_path
 from lambda_det.utils.errors import UserError
-
 
 _ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
 
@@ -43,14 +44,15 @@ class ExportedModel:
             try:
                 import onnxruntime
             except ImportError as error:
-                raise ImportError(f"running {path!r} needs onnxruntime "
-                                  f"(pip install onnxruntime)") from error
-            self._session = onnxruntime.InferenceSession(
-                path, providers=["CPUExecutionProvider"])
+                raise ImportError(
+                    f"running {path!r} needs onnxruntime (pip install onnxruntime)"
+                ) from error
+            self._session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
             (model_input,) = self._session.get_inputs()
             self._input_name = model_input.name
-            self.input_shape = tuple(size if isinstance(size, int) else None
-                                     for size in model_input.shape)  # "height", "width": any
+            self.input_shape = tuple(
+                size if isinstance(size, int) else None for size in model_input.shape
+            )  # "height", "width": any
             self.input_dtype = _ONNX_TYPES.get(model_input.type)
             self.output_names = tuple(output.name for output in self._session.get_outputs())
             self._module = None
@@ -62,8 +64,9 @@ class ExportedModel:
         else:
             extra_files = {METADATA_NAME: ""}
             with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r".*torch\.jit\.load.* is deprecated",
-                                        category=FutureWarning)
+                warnings.filterwarnings(
+                    "ignore", message=r".*torch\.jit\.load.* is deprecated", category=FutureWarning
+                )
                 self._module = torch.jit.load(path, _extra_files=extra_files)
             self._read_metadata(path, extra_files[METADATA_NAME], "a TorchScript")
         self.path = path
@@ -74,8 +77,10 @@ class ExportedModel:
     def _read_metadata(self, path: str, text: str, kind: str) -> None:
         """The input and outputs, from the metadata stored in the file itself."""
         if not text:
-            raise UserError(f"{path!r} is not {kind} file written by lambda_det.export (it has "
-                            f"no {METADATA_NAME})")
+            raise UserError(
+                f"{path!r} is not {kind} file written by lambda_det.export (it has "
+                f"no {METADATA_NAME})"
+            )
         metadata = json.loads(text)
         self.input_shape = tuple(metadata["input_shape"])
         self.input_dtype = getattr(torch, metadata["input_dtype"])
@@ -84,17 +89,21 @@ class ExportedModel:
 
     def __call__(self, image: torch.Tensor) -> Dict[str, torch.Tensor]:
         if image.dim() != len(self.input_shape) or any(
-                expected not in (None, size) for expected, size in zip(self.input_shape,
-                                                                       image.shape)):
+            expected not in (None, size) for expected, size in zip(self.input_shape, image.shape)
+        ):
             raise UserError(
                 f"{self.path!r} was traced for images of shape {self.input_shape}, got "
                 f"{tuple(image.shape)}: resize or pad the image, or export again with a sample "
-                f"of this size")
-        if self.min_size is not None and any(size < smallest for size, smallest in
-                                             zip(image.shape[1:], self.min_size)):
-            raise UserError(f"{self.path!r} takes images of at least {self.min_size[0]} x "
-                            f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} "
-                            f"(TorchScript and ONNX exports take any size)")
+                f"of this size"
+            )
+        if self.min_size is not None and any(
+            size < smallest for size, smallest in zip(image.shape[1:], self.min_size)
+        ):
+            raise UserError(
+                f"{self.path!r} takes images of at least {self.min_size[0]} x "
+                f"{self.min_size[1]} pixels, got {tuple(image.shape[1:])} "
+                f"(TorchScript and ONNX exports take any size)"
+            )
         if self.input_dtype is not None and image.dtype != self.input_dtype:
             raise UserError(f"{self.path!r} takes {self.input_dtype} images, got {image.dtype}")
         if self._module is not None:
@@ -106,23 +115,24 @@ class ExportedModel:
         return dict(zip(self.output_names, outputs))
 
 
-def outputs_to_instances(outputs: Mapping[str, torch.Tensor], height: int,
-                         width: int) -> Instances:
+def outputs_to_instances(outputs: Mapping[str, torch.Tensor], height: int, width: int) -> Instances:
     """Final predictions for an image of ``height`` x ``width`` from exported outputs.
 
     The same as the eager ``model([{"image": image, "height": height, "width": width}])``:
     boxes rescaled from the input's size, masks pasted into the image as booleans.
     """
     image_size = tuple(int(size) for size in outputs["image_size"])
-    fields = {name: torch.as_tensor(value) for name, value in outputs.items()
-              if name != "image_size"}
+    fields = {
+        name: torch.as_tensor(value) for name, value in outputs.items() if name != "image_size"
+    }
     if "pred_boxes" in fields:
         fields["pred_boxes"] = Boxes(fields["pred_boxes"])
     return detector_postprocess(Instances(image_size, **fields), height, width)
 
 
-def max_differences(expected: Mapping[str, torch.Tensor],
-                    actual: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+def max_differences(
+    expected: Mapping[str, torch.Tensor], actual: Mapping[str, torch.Tensor]
+) -> Dict[str, float]:
     """Per output name, the largest absolute difference (inf where the shapes or names differ,
     nan where either side has a NaN)."""
     differences = {}
@@ -138,4 +148,3 @@ def max_differences(expected: Mapping[str, torch.Tensor],
         else:
             differences[name] = float((reference.double() - value.double()).abs().max())
     return differences
-

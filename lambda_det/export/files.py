@@ -1,11 +1,11 @@
 """The exported files: formats, suffixes, the metadata beside them, and the output paths an
 export may write."""
+
 import os
 from pathlib import Path
 from typing import Mapping, Optional, Union
 
 from lambda_det.utils.atomic import check_output_file
-
 
 EXPORT_FORMATS = ("torchscript", "onnx", "torch_export")
 FILE_SUFFIXES = {"torchscript": ".ts", "onnx": ".onnx", "torch_export": ".pt2"}
@@ -18,14 +18,14 @@ SIZE_NAMES = ("height", "width")
 PathLike = Union[str, os.PathLike]
 
 
-
 def metadata_path(output: PathLike) -> Path:
     """The metadata file written next to an exported ``output``: ``<output>.json``."""
     return Path(f"{os.fspath(output)}.json")
 
 
-def check_export_output(output: PathLike, reads: Mapping[str, Optional[str]],
-                        overwrite: bool) -> None:
+def check_export_output(
+    output: PathLike, reads: Mapping[str, Optional[str]], overwrite: bool
+) -> None:
     """Refuse an export path that would lose a file (the output rule,
     :func:`~lambda_det.utils.atomic.check_output_file`): never a file the export reads
     (``reads``: e.g. "MODEL.WEIGHTS" -> the checkpoint, "--config" -> the config; compared as
@@ -36,11 +36,13 @@ def check_export_output(output: PathLike, reads: Mapping[str, Optional[str]],
         IsADirectoryError: ``output`` (or its metadata path) is a folder.
         FileExistsError: ``output`` (or its metadata path) exists; the message names the fix.
     """
-    for path, what in ((output, f"--output {str(output)!r}"),
-                       (metadata_path(output), f"the metadata file {str(metadata_path(output))!r} "
-                                               f"of --output")):
+    for path, what in (
+        (output, f"--output {str(output)!r}"),
+        (metadata_path(output), f"the metadata file {str(metadata_path(output))!r} of --output"),
+    ):
         if os.path.isdir(path):
-            raise IsADirectoryError(f"{what} is a folder: pass another file path, e.g. "
-                                    f"{os.path.join(output, 'model.ts')!r}")
+            raise IsADirectoryError(
+                f"{what} is a folder: pass another file path, e.g. "
+                f"{os.path.join(output, 'model.ts')!r}"
+            )
         check_output_file(path, overwrite, reads, "--output", what)
-

@@ -1,13 +1,20 @@
 """``torch.export`` of a detectron2 model: an ExportedProgram with a symbolic image height and
 width, under :func:`~lambda_det.export._torch_export.export_friendly_detectron2`."""
+
 import torch
 import torch.fx.experimental._config  # noqa: F401  (backed_size_oblivious, for export_program)
-from torch import nn
 from detectron2.export import TracingAdapter
+from torch import nn
+
 from lambda_det.export._torch_export import export_friendly_detectron2
 from lambda_det.export.files import SIZE_NAMES
 from lambda_det.export.tracing import (
-    TracedModel, _check_sample, _inference, _output_names, fixed_size_reason)
+    TracedModel,
+    _check_sample,
+    _inference,
+    _output_names,
+    fixed_size_reason,
+)
 from lambda_det.utils.errors import UserError
 
 
@@ -55,24 +62,34 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
         raise UserError(
             f"the torch.export sample must be at least {min_size} x {min_size} pixels (every "
             f"feature map at least 2 x 2; the export then takes any size from there), got "
-            f"{tuple(image.shape[1:])}: pass a larger --sample-image or --sample-size")
+            f"{tuple(image.shape[1:])}: pass a larger --sample-image or --sample-size"
+        )
     adapter = TracingAdapter(model, [{"image": image}], _inference)
     height = torch.export.Dim(SIZE_NAMES[0], min=min_size)
     width = torch.export.Dim(SIZE_NAMES[1], min=min_size)
-    with export_friendly_detectron2(), torch.no_grad(), \
-            torch.fx.experimental._config.patch(backed_size_oblivious=True):
+    with (
+        export_friendly_detectron2(),
+        torch.no_grad(),
+        torch.fx.experimental._config.patch(backed_size_oblivious=True),
+    ):
         try:
-            program = torch.export.export(_ImageToOutputs(adapter), (image,),
-                                          dynamic_shapes={"image": {1: height, 2: width}},
-                                          strict=False)
+            program = torch.export.export(
+                _ImageToOutputs(adapter),
+                (image,),
+                dynamic_shapes={"image": {1: height, 2: width}},
+                strict=False,
+            )
         except torch._dynamo.exc.UserError as error:
             # Constraints violated: some layer holds only for some sizes (e.g. AFT-conv's
             # windows, a global lambda layer's max_size).
-            violations = [line.strip(" -") for line in str(error).splitlines()
-                          if line.strip().startswith("- ")]
+            violations = [
+                line.strip(" -")
+                for line in str(error).splitlines()
+                if line.strip().startswith("- ")
+            ]
             raise UserError(
                 f"torch.export cannot take this model at every size from {min_size}: "
                 f"{violations[0] if violations else str(error).splitlines()[0]}; try the "
-                f"torchscript or onnx format") from error
+                f"torchscript or onnx format"
+            ) from error
     return TracedModel(program, image, _output_names(adapter), min_size=(min_size, min_size))
-

@@ -1,4 +1,5 @@
 """Export a model to a file of one of the formats, and its metadata beside it."""
+
 import importlib.util
 import json
 import warnings
@@ -6,10 +7,17 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-from torch import nn
 from detectron2.config import CfgNode
+from torch import nn
+
 from lambda_det.export.files import (
-    EXPORT_FORMATS, METADATA_NAME, ONNX_OPSET, SIZE_NAMES, PathLike, metadata_path)
+    EXPORT_FORMATS,
+    METADATA_NAME,
+    ONNX_OPSET,
+    SIZE_NAMES,
+    PathLike,
+    metadata_path,
+)
 from lambda_det.export.metadata import export_metadata
 from lambda_det.export.program import export_program
 from lambda_det.export.tracing import TracedModel, trace_model
@@ -19,10 +27,12 @@ from lambda_det.utils.errors import UserError
 
 def _save_onnx(traced: TracedModel, path: Path, opset: int) -> None:
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export",
-                                category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message=r"The feature will be removed",
-                                category=DeprecationWarning)  # raised inside that exporter
+        warnings.filterwarnings(
+            "ignore", message=r".*legacy TorchScript-based ONNX export", category=DeprecationWarning
+        )
+        warnings.filterwarnings(
+            "ignore", message=r"The feature will be removed", category=DeprecationWarning
+        )  # raised inside that exporter
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         # Harmless here: a traced module has no Python signature to read, and every index
         # (position-table offsets, mask classes) is >= 0.
@@ -31,16 +41,29 @@ def _save_onnx(traced: TracedModel, path: Path, opset: int) -> None:
         # Strided slices stay in the graph instead of being folded into constants: slower to
         # load, same results.
         warnings.filterwarnings("ignore", message=r"Constant folding - Only steps=1")
-        dynamic_axes = {"image": {1: SIZE_NAMES[0], 2: SIZE_NAMES[1]}} if traced.dynamic_size \
-            else None
-        torch.onnx.export(traced.module, (traced.sample,), str(path), dynamo=False,
-                          opset_version=opset, input_names=["image"],
-                          output_names=list(traced.output_names), dynamic_axes=dynamic_axes)
+        dynamic_axes = (
+            {"image": {1: SIZE_NAMES[0], 2: SIZE_NAMES[1]}} if traced.dynamic_size else None
+        )
+        torch.onnx.export(
+            traced.module,
+            (traced.sample,),
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=["image"],
+            output_names=list(traced.output_names),
+            dynamic_axes=dynamic_axes,
+        )
 
 
-
-def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format: str,
-                 opset: int = ONNX_OPSET, cfg: Optional[CfgNode] = None) -> TracedModel:
+def export_model(
+    model: nn.Module,
+    image: torch.Tensor,
+    output: PathLike,
+    format: str,
+    opset: int = ONNX_OPSET,
+    cfg: Optional[CfgNode] = None,
+) -> TracedModel:
     """Trace ``model`` on ``image`` and save it to ``output`` as ``format``, and its metadata to
     :func:`metadata_path` (``<output>.json``).
 
@@ -65,18 +88,21 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
             raise UserError(f"ONNX opset must be >= 16 (RoIAlign with aligned=True), got {opset}")
         if importlib.util.find_spec("onnx") is None:
             raise ImportError("ONNX export needs the onnx package (pip install onnx)")
-    traced = export_program(model, image) if format == "torch_export" else \
-        trace_model(model, image)
-    metadata = export_metadata(cfg, traced, format) if cfg is not None else \
-        {"format": format, **traced.metadata()}
+    traced = export_program(model, image) if format == "torch_export" else trace_model(model, image)
+    metadata = (
+        export_metadata(cfg, traced, format)
+        if cfg is not None
+        else {"format": format, **traced.metadata()}
+    )
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(output) as temporary:  # never a half-written model
         if format == "torchscript":
             extra_files = {METADATA_NAME: json.dumps(traced.metadata())}
             with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r".*torch\.jit\.save.* is deprecated",
-                                        category=FutureWarning)
+                warnings.filterwarnings(
+                    "ignore", message=r".*torch\.jit\.save.* is deprecated", category=FutureWarning
+                )
                 # Through a Python file, whose write errors (a full disk) are OSErrors.
                 with open(temporary, "wb") as f:
                     torch.jit.save(traced.module, f, _extra_files=extra_files)
@@ -85,11 +111,11 @@ def export_model(model: nn.Module, image: torch.Tensor, output: PathLike, format
             # pickle (lambda_det.export._archive checks that what loading unpickles is tensors).
             traced.module.example_inputs = None
             with open(temporary, "wb") as f:
-                torch.export.save(traced.module, f,
-                                  extra_files={METADATA_NAME: json.dumps(traced.metadata())})
+                torch.export.save(
+                    traced.module, f, extra_files={METADATA_NAME: json.dumps(traced.metadata())}
+                )
         else:
             _save_onnx(traced, Path(temporary), opset)
     with atomic_path(metadata_path(output)) as temporary:
         Path(temporary).write_text(json.dumps(metadata, indent=2) + "\n")
     return traced
-

@@ -1,5 +1,6 @@
 """From a detectron2 model to a :class:`TracedModel` with ``torch.jit.trace`` (TorchScript, and
 ONNX from it): the sample image, the eager outputs under the exported names, and the trace."""
+
 import os
 import warnings
 from dataclasses import dataclass
@@ -7,22 +8,27 @@ from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
-from torch import nn
-from lambda_det.utils.errors import UserError
-import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 from detectron2.config import CfgNode
 from detectron2.data import detection_utils
 from detectron2.data import transforms as T
 from detectron2.export import TracingAdapter
 from detectron2.modeling import GeneralizedRCNN
 from detectron2.structures import Boxes
+from torch import nn
+
+import lambda_det.modeling  # noqa: F401  (registers the backbones that build_model finds)
 from lambda_det.data.mapper import build_mapper
-from lambda_det.layers import LambdaLayer
 from lambda_det.export.files import PathLike
+from lambda_det.layers import LambdaLayer
+from lambda_det.utils.errors import UserError
 
 
-def sample_image(cfg: CfgNode, path: Optional[PathLike] = None,
-                 size: Optional[Tuple[int, int]] = None, seed: int = 0) -> torch.Tensor:
+def sample_image(
+    cfg: CfgNode,
+    path: Optional[PathLike] = None,
+    size: Optional[Tuple[int, int]] = None,
+    seed: int = 0,
+) -> torch.Tensor:
     """A (3, H, W) uint8 image in ``cfg.INPUT.FORMAT``, resized by the config's test transform.
 
     Args:
@@ -67,11 +73,15 @@ def _output_names(adapter: TracingAdapter) -> Tuple[str, ...]:
         instances_schema = image_schema.schemas[image_schema.keys.index("instances")]
         fields = tuple(instances_schema.keys)
     except (AttributeError, ValueError):
-        raise TypeError(f"only models that return [{{'instances': Instances}}] for one image can "
-                        f"be exported; this one returns {schema}") from None
+        raise TypeError(
+            f"only models that return [{{'instances': Instances}}] for one image can "
+            f"be exported; this one returns {schema}"
+        ) from None
     if len(image_schema.keys) != 1 or set(instances_schema.sizes) != {1}:
-        raise TypeError(f"cannot name the traced outputs {schema}: expected only 'instances', "
-                        f"with one tensor for each field")
+        raise TypeError(
+            f"cannot name the traced outputs {schema}: expected only 'instances', "
+            f"with one tensor for each field"
+        )
     return fields + ("image_size",)
 
 
@@ -79,8 +89,10 @@ def eager_outputs(model: nn.Module, image: torch.Tensor) -> Dict[str, torch.Tens
     """The eager model's outputs for ``image``, under the names the exported model uses."""
     with torch.no_grad():
         instances = _inference(model, [{"image": image}])[0]["instances"]
-    outputs = {name: value.tensor if isinstance(value, Boxes) else value
-               for name, value in instances.get_fields().items()}
+    outputs = {
+        name: value.tensor if isinstance(value, Boxes) else value
+        for name, value in instances.get_fields().items()
+    }
     outputs["image_size"] = torch.tensor(instances.image_size)
     return dict(sorted(outputs.items()))
 
@@ -109,9 +121,13 @@ class TracedModel:
         return (channels, None, None) if self.dynamic_size else (channels, height, width)
 
     def metadata(self) -> dict:
-        metadata = {"input_name": "image", "input_shape": list(self.input_shape),
-                    "input_dtype": str(self.sample.dtype).replace("torch.", ""),
-                    "dynamic_size": self.dynamic_size, "output_names": list(self.output_names)}
+        metadata = {
+            "input_name": "image",
+            "input_shape": list(self.input_shape),
+            "input_dtype": str(self.sample.dtype).replace("torch.", ""),
+            "dynamic_size": self.dynamic_size,
+            "output_names": list(self.output_names),
+        }
         if self.min_size is not None:
             metadata["min_size"] = list(self.min_size)
         return metadata
@@ -119,11 +135,16 @@ class TracedModel:
 
 def fixed_size_reason(model: nn.Module) -> Optional[str]:
     """Why a trace of ``model`` holds for the sample's size only, or None when it runs at any."""
-    tiled = [name for name, module in model.named_modules()
-             if isinstance(module, LambdaLayer) and module.impl == "tiled"]
+    tiled = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, LambdaLayer) and module.impl == "tiled"
+    ]
     if tiled:
-        return (f"its lambda layers use impl 'tiled' ({tiled[0]}, ...), laid out for one input "
-                f"size; MODEL.LAMBDA_RESNET.IMPL auto, conv or einsum export for any size")
+        return (
+            f"its lambda layers use impl 'tiled' ({tiled[0]}, ...), laid out for one input "
+            f"size; MODEL.LAMBDA_RESNET.IMPL auto, conv or einsum export for any size"
+        )
     return None
 
 
@@ -133,8 +154,10 @@ def _check_sample(model: nn.Module, image: torch.Tensor, verb: str) -> None:
         shape = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
         raise ValueError(f"the sample must be a (3, H, W) image tensor, got {shape}")
     if model.training:
-        raise ValueError(f"{verb} the model in eval mode (model.eval()): training mode needs "
-                         f"ground truth and returns losses")
+        raise ValueError(
+            f"{verb} the model in eval mode (model.eval()): training mode needs "
+            f"ground truth and returns losses"
+        )
 
 
 def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
@@ -146,9 +169,11 @@ def trace_model(model: nn.Module, image: torch.Tensor) -> TracedModel:
         # Python-side sizes becoming constants is exactly the specialisation the package documents.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         # torch.jit.trace, and torch.jit.script for torchvision's batched_nms while tracing.
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.(trace|script).* is deprecated",
-                                category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore",
+            message=r".*torch\.jit\.(trace|script).* is deprecated",
+            category=FutureWarning,
+        )
         # Equality is checked on outputs (tools/export_model.py, tests), not on re-traced graphs.
         module = torch.jit.trace(adapter, adapter.flattened_inputs, check_trace=False)
     return TracedModel(module, image, _output_names(adapter), fixed_size_reason(model))
-

@@ -1,4 +1,5 @@
 """Argument and input checks the layers share: errors that name the bad value."""
+
 from typing import Tuple
 
 import torch
@@ -18,8 +19,9 @@ def check_choice(name: str, value, choices: Tuple[int, ...]) -> None:
         raise ValueError(f"{name} must be {' or '.join(map(str, choices))}, got {value!r}")
 
 
-def check_layer_input(layer: str, x: torch.Tensor, spatial_dims: int,
-                      in_channels: int) -> Tuple[int, ...]:
+def check_layer_input(
+    layer: str, x: torch.Tensor, spatial_dims: int, in_channels: int
+) -> Tuple[int, ...]:
     """The spatial sizes of a (B, C, H, W) or (B, C, L) input, as ints.
 
     Also while tracing: a trace is specialised to its example, so a wrong example must fail
@@ -28,11 +30,15 @@ def check_layer_input(layer: str, x: torch.Tensor, spatial_dims: int,
     shape = static_sizes(x)
     if len(shape) != 2 + spatial_dims:
         layout = "(B, C, H, W)" if spatial_dims == 2 else "(B, C, L)"
-        raise ValueError(f"{layer}(spatial_dims={spatial_dims}) expects a {layout} tensor, "
-                         f"got shape {tuple(shape)}")
+        raise ValueError(
+            f"{layer}(spatial_dims={spatial_dims}) expects a {layout} tensor, "
+            f"got shape {tuple(shape)}"
+        )
     if shape[1] != in_channels:
-        raise ValueError(f"{layer} expects {in_channels} input channels, got {shape[1]} "
-                         f"(input shape {tuple(shape)})")
+        raise ValueError(
+            f"{layer} expects {in_channels} input channels, got {shape[1]} "
+            f"(input shape {tuple(shape)})"
+        )
     return tuple(shape[2:])
 
 

@@ -1,5 +1,6 @@
 """What the layers build alike: modules per number of spatial axes, the strided pool, the dtype
 they mix in; and where their defaults are read."""
+
 import inspect
 from typing import Dict
 
@@ -37,6 +38,8 @@ def autocast_device_type(device: torch.device) -> str:
 def constructor_defaults(cls: type) -> Dict[str, object]:
     """The keyword defaults of ``cls(...)``: a layer's signature is the one home of its standard
     sizes (the mixers, the configs and the benchmark read them here)."""
-    return {name: parameter.default
-            for name, parameter in inspect.signature(cls).parameters.items()
-            if parameter.default is not inspect.Parameter.empty}
+    return {
+        name: parameter.default
+        for name, parameter in inspect.signature(cls).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }

@@ -1,4 +1,5 @@
 """What the layers share about tracing: torch.jit.trace and torch.fx."""
+
 import warnings
 from typing import Tuple
 
@@ -29,6 +30,8 @@ def fx_leaf_call(module: torch.nn.Module, *args) -> torch.fx.Proxy:
     """
     tracer = next(arg for arg in args if isinstance(arg, torch.fx.Proxy)).tracer
     if tracer.root is module:
-        raise TypeError(f"torch.fx traces a {type(module).__name__} as one call within a model: "
-                        f"trace a module that holds it, e.g. torch.nn.Sequential(module)")
+        raise TypeError(
+            f"torch.fx traces a {type(module).__name__} as one call within a model: "
+            f"trace a module that holds it, e.g. torch.nn.Sequential(module)"
+        )
     return tracer.create_proxy("call_module", tracer.path_of_module(module), args, {})

@@ -68,6 +68,7 @@ What remains, all far outside the usual range:
 * AFT-conv with a window that covers part of the input and e^w_i << 1 inside it loses relative
   precision in ``conv + sum`` (inherent to the paper's form).
 """
+
 import math
 from typing import Optional, Tuple
 
@@ -76,7 +77,12 @@ from torch import nn
 
 from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
 from lambda_det.layers._common import (
-    CONV, CONV_FUNCTION, autocast_device_type, compute_dtype, strided_pool)
+    CONV,
+    CONV_FUNCTION,
+    autocast_device_type,
+    compute_dtype,
+    strided_pool,
+)
 from lambda_det.layers._tracing import static_sizes
 
 __all__ = ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]
@@ -84,8 +90,14 @@ __all__ = ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_m
 _REPARAM_EPS = 1e-5
 
 
-def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            position_bias: Optional[torch.Tensor] = None, *, causal: bool = False) -> torch.Tensor:
+def aft_mix(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    position_bias: Optional[torch.Tensor] = None,
+    *,
+    causal: bool = False,
+) -> torch.Tensor:
     """The AFT operation with a dense position bias (AFT-full / -local), or none (AFT-simple).
 
     ``Y[b, c, t] = sigmoid(Q[b, c, t]) * sum_t' exp(K[b, c, t'] + w[t, t']) V[b, c, t']
@@ -106,12 +118,16 @@ def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     shape = static_sizes(values)
     for name, tensor in (("queries", queries), ("keys", keys)):
         if static_sizes(tensor) != shape:
-            raise ValueError(f"{name} must have the values' shape (B, C, T) = {shape}, got "
-                             f"{static_sizes(tensor)}")
+            raise ValueError(
+                f"{name} must have the values' shape (B, C, T) = {shape}, got "
+                f"{static_sizes(tensor)}"
+            )
     length = shape[-1]
     if position_bias is not None and static_sizes(position_bias) != (length, length):
-        raise ValueError(f"position_bias must have shape ({length}, {length}) for {length} "
-                         f"positions, got {static_sizes(position_bias)}")
+        raise ValueError(
+            f"position_bias must have shape ({length}, {length}) for {length} "
+            f"positions, got {static_sizes(position_bias)}"
+        )
     with torch.autocast(device_type=autocast_device_type(values.device), enabled=False):
         dtype = compute_dtype(queries.dtype)
         keys = keys.to(dtype)  # b c t'
@@ -128,11 +144,13 @@ def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
         else:
             bias = position_bias.to(dtype)  # t t'
             if causal:
-                future = torch.ones(length, length, dtype=torch.bool,
-                                    device=bias.device).triu(diagonal=1)  # t t'
+                future = torch.ones(length, length, dtype=torch.bool, device=bias.device).triu(
+                    diagonal=1
+                )  # t t'
                 bias = bias.masked_fill(future, float("-inf"))  # t t'
             position_weights = torch.exp(
-                bias - bias.detach().amax(dim=-1, keepdim=True))  # t t', <= 1, 0 in the future
+                bias - bias.detach().amax(dim=-1, keepdim=True)
+            )  # t t', <= 1, 0 in the future
             numerator = weighted_values @ position_weights.T  # b c t
             denominator = key_weights @ position_weights.T  # b c t
         denominator = denominator.clamp_min(torch.finfo(dtype).tiny)
@@ -140,8 +158,9 @@ def aft_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return output.to(queries.dtype)
 
 
-def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 kernel: torch.Tensor) -> torch.Tensor:
+def aft_conv_mix(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kernel: torch.Tensor
+) -> torch.Tensor:
     """The AFT-conv operation: per head, the bias ``w_i[t' - t]`` in a window, 0 outside.
 
     ``Y^i = sigmoid(Q^i) * (conv(e^K^i V^i, e^w_i - 1) + sum e^K^i V^i)
@@ -161,17 +180,26 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     """
     batch, heads, channels, *spatial = static_sizes(values)
     if static_sizes(queries) != static_sizes(values):
-        raise ValueError(f"queries must have the values' shape (B, heads, C, ...) = "
-                         f"{static_sizes(values)}, got {static_sizes(queries)}")
+        raise ValueError(
+            f"queries must have the values' shape (B, heads, C, ...) = "
+            f"{static_sizes(values)}, got {static_sizes(queries)}"
+        )
     if static_sizes(keys) != (batch, heads, *spatial):
-        raise ValueError(f"keys must have shape (B, heads, ...) = {(batch, heads, *spatial)} "
-                         f"(one channel per head), got {static_sizes(keys)}")
+        raise ValueError(
+            f"keys must have shape (B, heads, ...) = {(batch, heads, *spatial)} "
+            f"(one channel per head), got {static_sizes(keys)}"
+        )
     spatial_dims = len(spatial)
     heads_in_kernel, *window = static_sizes(kernel)
-    if (kernel.dim() != 1 + spatial_dims or heads_in_kernel != heads
-            or any(size % 2 == 0 for size in window)):
-        raise ValueError(f"kernel must have shape (heads={heads}, s, ...) with {spatial_dims} odd "
-                         f"window sizes, got {static_sizes(kernel)}")
+    if (
+        kernel.dim() != 1 + spatial_dims
+        or heads_in_kernel != heads
+        or any(size % 2 == 0 for size in window)
+    ):
+        raise ValueError(
+            f"kernel must have shape (heads={heads}, s, ...) with {spatial_dims} odd "
+            f"window sizes, got {static_sizes(kernel)}"
+        )
     # Offsets beyond size - 1 reach no position of this input: crop them (cheaper, same result).
     radii = tuple(min(size // 2, extent - 1) for size, extent in zip(window, spatial))
     crop = tuple(slice(size // 2 - r, size // 2 + r + 1) for size, r in zip(window, radii))
@@ -197,7 +225,8 @@ def aft_conv_mix(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         stacked = torch.cat([key_weights * values.to(dtype), key_weights], dim=2)  # b h (c+1) ...
         as_images = stacked.transpose(1, 2).reshape(batch * (channels + 1), heads, *spatial)
         local = CONV_FUNCTION[spatial_dims](
-            as_images, local_kernel.unsqueeze(1), padding=radii, groups=heads)  # (b c+1) h ...
+            as_images, local_kernel.unsqueeze(1), padding=radii, groups=heads
+        )  # (b c+1) h ...
         local = local.reshape(batch, channels + 1, heads, *spatial).transpose(1, 2)  # b h (c+1) ...
         if window_covers_input:
             mixed = local  # b h (c+1) ...
@@ -221,20 +250,33 @@ class _AFTMixer(nn.Module):
 
     _REPR: Tuple[str, ...] = ("hidden_dim", "causal", "stride", "spatial_dims")
 
-    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *,
-                 hidden_dim: Optional[int] = None, causal: bool = False, stride: int = 1,
-                 spatial_dims: int = 2, bias: bool = True, key_channels: Optional[int] = None):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: Optional[int] = None,
+        *,
+        hidden_dim: Optional[int] = None,
+        causal: bool = False,
+        stride: int = 1,
+        spatial_dims: int = 2,
+        bias: bool = True,
+        key_channels: Optional[int] = None,
+    ):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
         hidden_dim = out_channels if hidden_dim is None else hidden_dim
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
-                            ("hidden_dim", hidden_dim)):
+        for name, value in (
+            ("in_channels", in_channels),
+            ("out_channels", out_channels),
+            ("hidden_dim", hidden_dim),
+        ):
             check_int(name, value, 1)
         check_choice("stride", stride, (1, 2))
         check_choice("spatial_dims", spatial_dims, (1, 2))
         if causal and spatial_dims != 1:
-            raise ValueError(f"causal=True needs sequences (spatial_dims=1), got "
-                             f"spatial_dims={spatial_dims}")
+            raise ValueError(
+                f"causal=True needs sequences (spatial_dims=1), got spatial_dims={spatial_dims}"
+            )
         if causal and stride != 1:
             # The 3x3 average pool would mix position t + 1 into output t.
             raise ValueError(f"causal=True needs stride=1, got stride={stride}")
@@ -256,7 +298,7 @@ class _AFTMixer(nn.Module):
     def reset_parameters(self) -> None:
         """Fan-in normal projections (std fan_in^-1/2, as the lambda layer's K, V), zero biases."""
         for projection in (self.to_queries, self.to_keys, self.to_values, self.to_output):
-            nn.init.normal_(projection.weight, std=projection.in_channels ** -0.5)
+            nn.init.normal_(projection.weight, std=projection.in_channels**-0.5)
             if projection.bias is not None:
                 nn.init.zeros_(projection.bias)
 
@@ -273,17 +315,29 @@ class _AFTMixer(nn.Module):
         return None
 
     def extra_repr(self) -> str:
-        return ", ".join([f"{self.in_channels}, {self.out_channels}",
-                          *(f"{name}={getattr(self, name)}" for name in self._REPR)])
+        return ", ".join(
+            [
+                f"{self.in_channels}, {self.out_channels}",
+                *(f"{name}={getattr(self, name)}" for name in self._REPR),
+            ]
+        )
 
-    def _mix(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-             spatial: Tuple[int, ...]) -> torch.Tensor:
+    def _mix(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        spatial: Tuple[int, ...],
+    ) -> torch.Tensor:
         """Y from the projections (B, d, *spatial), in their dtype; (B, d, T)."""
         batch, num_positions = queries.shape[0], math.prod(spatial)
-        return aft_mix(queries.reshape(batch, self.hidden_dim, num_positions),
-                       keys.reshape(batch, self.hidden_dim, num_positions),
-                       values.reshape(batch, self.hidden_dim, num_positions),
-                       self.position_bias(spatial), causal=self.causal)  # b d t
+        return aft_mix(
+            queries.reshape(batch, self.hidden_dim, num_positions),
+            keys.reshape(batch, self.hidden_dim, num_positions),
+            values.reshape(batch, self.hidden_dim, num_positions),
+            self.position_bias(spatial),
+            causal=self.causal,
+        )  # b d t
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply the mixer.
@@ -312,14 +366,21 @@ class _FactorizedBiasMixer(_AFTMixer):
 
     _REPR = ("hidden_dim", "max_size", "position_dim", "causal", "stride", "spatial_dims")
 
-    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *,
-                 max_size: int = 64, position_dim: int = 128, **common):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: Optional[int] = None,
+        *,
+        max_size: int = 64,
+        position_dim: int = 128,
+        **common,
+    ):
         check_int("max_size", max_size, 1)
         check_int("position_dim", position_dim, 1)
         super().__init__(in_channels, out_channels, **common)
         self.max_size = max_size
         self.position_dim = position_dim
-        num_positions = max_size ** self.spatial_dims
+        num_positions = max_size**self.spatial_dims
         self.position_u = nn.Parameter(torch.empty(num_positions, position_dim))
         self.position_v = nn.Parameter(torch.empty(num_positions, position_dim))
         self.reset_parameters()
@@ -336,12 +397,14 @@ class _FactorizedBiasMixer(_AFTMixer):
             raise ValueError(
                 f"{type(self).__name__}: input size {spatial} exceeds max_size={self.max_size} "
                 f"positions per axis that its position biases cover; build it with a larger "
-                f"max_size")
+                f"max_size"
+            )
 
     def _positions(self, spatial: Tuple[int, ...], device: torch.device) -> torch.Tensor:
         """(T, spatial_dims) grid coordinates in row-major order."""
-        grids = torch.meshgrid(*[torch.arange(size, device=device) for size in spatial],
-                               indexing="ij")
+        grids = torch.meshgrid(
+            *[torch.arange(size, device=device) for size in spatial], indexing="ij"
+        )
         return torch.stack([grid.reshape(-1) for grid in grids], dim=-1)  # t D
 
     def _in_window(self, positions: torch.Tensor) -> Optional[torch.Tensor]:
@@ -407,11 +470,24 @@ class AFTLocal(_FactorizedBiasMixer):
             :class:`AFTFull`.
     """
 
-    _REPR = ("hidden_dim", "window_size", "max_size", "position_dim", "causal", "stride",
-             "spatial_dims")
+    _REPR = (
+        "hidden_dim",
+        "window_size",
+        "max_size",
+        "position_dim",
+        "causal",
+        "stride",
+        "spatial_dims",
+    )
 
-    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *,
-                 window_size: int = 32, **common):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: Optional[int] = None,
+        *,
+        window_size: int = 32,
+        **common,
+    ):
         check_int("window_size", window_size, 0)
         super().__init__(in_channels, out_channels, **common)
         self.window_size = window_size
@@ -467,17 +543,28 @@ class AFTConv(_AFTMixer):
 
     _REPR = ("hidden_dim", "heads", "window_size", "stride", "spatial_dims")
 
-    def __init__(self, in_channels: int, out_channels: Optional[int] = None, *, heads: int = 8,
-                 window_size: int = 7, **common):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: Optional[int] = None,
+        *,
+        heads: int = 8,
+        window_size: int = 7,
+        **common,
+    ):
         check_int("heads", heads, 1)
         check_odd("window_size", window_size)
         if common.get("causal"):
-            raise ValueError("AFTConv has no causal form (its window looks both ways): use "
-                             "AFTLocal, AFTFull or AFTSimple")
+            raise ValueError(
+                "AFTConv has no causal form (its window looks both ways): use "
+                "AFTLocal, AFTFull or AFTSimple"
+            )
         super().__init__(in_channels, out_channels, key_channels=heads, **common)
         if self.hidden_dim % heads:
-            raise ValueError(f"hidden_dim={self.hidden_dim} is not divisible by heads={heads}: "
-                             f"each head has hidden_dim / heads query and value channels")
+            raise ValueError(
+                f"hidden_dim={self.hidden_dim} is not divisible by heads={heads}: "
+                f"each head has hidden_dim / heads query and value channels"
+            )
         self.heads = heads
         self.window_size = window_size
         window = [window_size] * self.spatial_dims
@@ -506,14 +593,18 @@ class AFTConv(_AFTMixer):
             mean = raw.mean(dim=1, keepdim=True)  # h 1
             var = raw.var(dim=1, unbiased=False, keepdim=True)  # h 1
             normalized = (raw - mean) / torch.sqrt(var + _REPARAM_EPS)  # h s^D
-            kernel = (self.position_gain.to(dtype)[:, None] * normalized
-                      + self.position_shift.to(dtype)[:, None])  # h s^D
+            kernel = (
+                self.position_gain.to(dtype)[:, None] * normalized
+                + self.position_shift.to(dtype)[:, None]
+            )  # h s^D
         return kernel.reshape(self.position_weight.shape)  # h s ...
 
     def _mix(self, queries, keys, values, spatial):
         batch, per_head = queries.shape[0], self.hidden_dim // self.heads
-        output = aft_conv_mix(queries.reshape(batch, self.heads, per_head, *spatial),
-                              keys,  # b h ...
-                              values.reshape(batch, self.heads, per_head, *spatial),
-                              self.position_kernel())  # b h c ...
+        output = aft_conv_mix(
+            queries.reshape(batch, self.heads, per_head, *spatial),
+            keys,  # b h ...
+            values.reshape(batch, self.heads, per_head, *spatial),
+            self.position_kernel(),
+        )  # b h c ...
         return output.reshape(batch, self.hidden_dim, *spatial)  # b d ...

@@ -21,6 +21,7 @@ form that eager mode runs instead.
 (:func:`register_flop_handles`), so every ``FlopCountAnalysis`` counts these layers; with
 lambda_det.layers alone, call it, or pass them: ``analysis.set_op_handle(**flop_handles())``.
 """
+
 import contextlib
 import importlib
 import math
@@ -35,12 +36,41 @@ Handle = Callable[[List[Any], List[Any]], float]
 # Ops of the layers and backbones that do no multiply-adds (fvcore ignores its own list of such
 # ops; these are the ones that list lacks): data movement, comparisons, element-wise arithmetic.
 _NO_MULTIPLY_ADDS = (
-    "aten::pad", "aten::repeat", "aten::repeat_interleave", "aten::im2col", "aten::meshgrid",
-    "aten::unflatten", "aten::numpy_T", "aten::where", "aten::triu", "aten::any", "aten::all",
-    "aten::lt", "aten::le", "aten::ne", "aten::abs", "aten::neg", "aten::add", "aten::add_",
-    "aten::sub", "aten::rsub", "aten::mul", "aten::mul_", "aten::div", "aten::div_",
-    "aten::exp", "aten::sqrt", "aten::sigmoid", "aten::softmax", "aten::amax", "aten::sum",
-    "aten::cumsum", "aten::mean", "aten::var", "aten::clamp_min")
+    "aten::pad",
+    "aten::repeat",
+    "aten::repeat_interleave",
+    "aten::im2col",
+    "aten::meshgrid",
+    "aten::unflatten",
+    "aten::numpy_T",
+    "aten::where",
+    "aten::triu",
+    "aten::any",
+    "aten::all",
+    "aten::lt",
+    "aten::le",
+    "aten::ne",
+    "aten::abs",
+    "aten::neg",
+    "aten::add",
+    "aten::add_",
+    "aten::sub",
+    "aten::rsub",
+    "aten::mul",
+    "aten::mul_",
+    "aten::div",
+    "aten::div_",
+    "aten::exp",
+    "aten::sqrt",
+    "aten::sigmoid",
+    "aten::softmax",
+    "aten::amax",
+    "aten::sum",
+    "aten::cumsum",
+    "aten::mean",
+    "aten::var",
+    "aten::clamp_min",
+)
 
 
 def _shape(value) -> List[int]:
@@ -65,8 +95,14 @@ def flop_handles() -> Dict[str, Optional[Handle]]:
     """fvcore op handles (None: the op is ignored) for the ops of lambda_det's layers that
     fvcore lacks; see the module docstring."""
     handles: Dict[str, Optional[Handle]] = {name: None for name in _NO_MULTIPLY_ADDS}
-    handles.update({"aten::baddbmm": _baddbmm_flops, "aten::baddbmm_": _baddbmm_flops,
-                    "aten::avg_pool1d": _avg_pool_flops, "aten::avg_pool2d": _avg_pool_flops})
+    handles.update(
+        {
+            "aten::baddbmm": _baddbmm_flops,
+            "aten::baddbmm_": _baddbmm_flops,
+            "aten::avg_pool1d": _avg_pool_flops,
+            "aten::avg_pool2d": _avg_pool_flops,
+        }
+    )
     return handles
 
 
@@ -91,6 +127,7 @@ def eager_impls(model: torch.nn.Module, *inputs) -> Iterator[None]:
     counts the "tiled" form that "auto" runs eagerly at detection sizes, not the "conv" form of
     a trace."""
     from lambda_det.layers.lambda_layer import LambdaLayer
+
     resolved, hooks = {}, []
 
     def record(layer, args):

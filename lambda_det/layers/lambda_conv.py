@@ -41,6 +41,7 @@ across chunks: on the CPU, fresh multi-MiB tensors per GEMM cost more than the G
 Numerics: plain fp32 (or fp64) GEMMs, no TF32 unless ``torch.backends.cuda.matmul.allow_tf32``
 is set; the caller (:class:`~lambda_det.layers.LambdaLayer`) runs it outside autocast.
 """
+
 import functools
 import itertools
 import math
@@ -53,9 +54,17 @@ import torch.nn.functional as F
 from lambda_det.layers._checks import check_choice, check_int
 from lambda_det.layers._tracing import static_sizes
 
-__all__ = ["tiled_position_output", "TiledTuning", "tiled_halo_entries", "tile_shape",
-           "DEFAULT_TILE", "POOLED_TILE", "CPU_CHUNK_ELEMENTS", "GPU_CHUNK_ELEMENTS",
-           "pooled_size"]
+__all__ = [
+    "tiled_position_output",
+    "TiledTuning",
+    "tiled_halo_entries",
+    "tile_shape",
+    "DEFAULT_TILE",
+    "POOLED_TILE",
+    "CPU_CHUNK_ELEMENTS",
+    "GPU_CHUNK_ELEMENTS",
+    "pooled_size",
+]
 
 # Query tiles per number of spatial axes (docs/benchmarks.md: the fastest at the detection
 # shapes, on the CPU and on a GPU alike).
@@ -94,8 +103,10 @@ class TiledTuning:
         """The defaults for ``device_type`` ("cpu", "cuda", ...) whatever device the tensors are
         on: e.g. ``for_device("cuda")`` runs the GPU's chunks and halo folding on the CPU."""
         on_cpu = device_type == "cpu"
-        return cls(chunk_elements=CPU_CHUNK_ELEMENTS if on_cpu else GPU_CHUNK_ELEMENTS,
-                   fold_in_groups=on_cpu)
+        return cls(
+            chunk_elements=CPU_CHUNK_ELEMENTS if on_cpu else GPU_CHUNK_ELEMENTS,
+            fold_in_groups=on_cpu,
+        )
 
     def output_tile(self, dims: int, stride: int) -> Tuple[int, ...]:
         """The tile to cut the outputs into at this stride (before clipping to the input)."""
@@ -117,16 +128,18 @@ def tile_shape(spatial: Sequence[int], tile: Sequence[int]) -> Tuple[int, ...]:
     return tuple(min(t, size) for t, size in zip(tile, spatial))
 
 
-def tiled_halo_entries(spatial: Sequence[int], radii: Sequence[int], dim_u: int,
-                       tile: Sequence[int] = ()) -> int:
+def tiled_halo_entries(
+    spatial: Sequence[int], radii: Sequence[int], dim_u: int, tile: Sequence[int] = ()
+) -> int:
     """C: the halo entries per tile that the tiled form works with on such an input at stride 1
     (``tile``: the query tile, () for :data:`DEFAULT_TILE`)."""
     tile = tile_shape(spatial, tile or DEFAULT_TILE[len(spatial)])
     return dim_u * math.prod([t + 2 * radius for t, radius in zip(tile, radii)])
 
 
-def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int, stride: int,
-                     device: torch.device) -> torch.Tensor:
+def _embedding_index(
+    tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int, stride: int, device: torch.device
+) -> torch.Tensor:
     """Where each (query slot, halo entry, pooled neighbour) reads its embedding in the flat table.
 
     The table is the window with one zero entry appended per u (see :func:`_embedding_block`);
@@ -142,14 +155,16 @@ def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int,
     halos = [stride * (t - 1) + reach - 1 + w for t, w in zip(tile, widths)]
     slot_grid = torch.meshgrid(*[torch.arange(t, device=device) for t in tile], indexing="ij")
     halo_grid = torch.meshgrid(*[torch.arange(c, device=device) for c in halos], indexing="ij")
-    neighbour_grid = torch.meshgrid(*[torch.arange(reach, device=device) for _ in tile],
-                                    indexing="ij")
+    neighbour_grid = torch.meshgrid(
+        *[torch.arange(reach, device=device) for _ in tile], indexing="ij"
+    )
     # Offset of halo entry c from the query (slot q, neighbour j), shifted to index the window.
     flat_index = torch.zeros(1, 1, 1, dtype=torch.long, device=device)  # T C' J
     in_scope = torch.ones(1, 1, 1, dtype=torch.bool, device=device)  # T C' J
     for axis, width in enumerate(widths):
-        query = (stride * slot_grid[axis].reshape(-1, 1, 1)
-                 + neighbour_grid[axis].reshape(1, 1, -1))  # T 1 J, in halo coordinates - rho
+        query = stride * slot_grid[axis].reshape(-1, 1, 1) + neighbour_grid[axis].reshape(
+            1, 1, -1
+        )  # T 1 J, in halo coordinates - rho
         shift = halo_grid[axis].reshape(1, -1, 1) - query  # T C' J
         in_scope = in_scope & (shift >= 0) & (shift < width)
         flat_index = flat_index * width + shift
@@ -161,8 +176,9 @@ def _embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int,
 
 
 @functools.lru_cache(maxsize=32)
-def _cached_embedding_index(tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int,
-                            stride: int, device: torch.device) -> torch.Tensor:
+def _cached_embedding_index(
+    tile: Tuple[int, ...], widths: Tuple[int, ...], dim_u: int, stride: int, device: torch.device
+) -> torch.Tensor:
     """:func:`_embedding_index`, built once per geometry (a normal tensor even when first
     asked for under inference_mode, so that a later training step can save it)."""
     with torch.inference_mode(False):
@@ -188,8 +204,9 @@ def _embedding_block(window: torch.Tensor, index: torch.Tensor, heads: int) -> t
     return block.transpose(2, 3).flatten(2).transpose(1, 2)  # (h T) (k J) C
 
 
-def _embedding_block_backward(grad_block: torch.Tensor, index: torch.Tensor,
-                              window_shape: Sequence[int]) -> torch.Tensor:
+def _embedding_block_backward(
+    grad_block: torch.Tensor, index: torch.Tensor, window_shape: Sequence[int]
+) -> torch.Tensor:
     """Adjoint of :func:`_embedding_block` (index_add, many times faster than index_put).
 
     Args:
@@ -202,8 +219,9 @@ def _embedding_block_backward(grad_block: torch.Tensor, index: torch.Tensor,
     slots, entries, neighbours = index.shape
     per_slot = grad_block.view(-1, slots, dim_k, neighbours, entries).sum(0)  # T k J C
     grad_table = grad_block.new_zeros(dim_k, dim_u * (math.prod(window_shape[2:]) + 1))
-    grad_table.index_add_(1, index.reshape(-1),
-                          per_slot.permute(1, 0, 3, 2).reshape(dim_k, -1))  # k (T C J)
+    grad_table.index_add_(
+        1, index.reshape(-1), per_slot.permute(1, 0, 3, 2).reshape(dim_k, -1)
+    )  # k (T C J)
     return grad_table.view(dim_k, dim_u, -1)[:, :, :-1].reshape(window_shape)  # k u ..
 
 
@@ -247,10 +265,15 @@ class _Geometry(NamedTuple):
         rows = max(1, self.chunk_elements // row_elements)
         if rows >= self.counts[0]:
             images = rows // self.counts[0]
-            return [_Chunk(slice(first, min(first + images, self.batch)), slice(0, self.counts[0]))
-                    for first in range(0, self.batch, images)]
-        return [_Chunk(slice(image, image + 1), slice(first, min(first + rows, self.counts[0])))
-                for image in range(self.batch) for first in range(0, self.counts[0], rows)]
+            return [
+                _Chunk(slice(first, min(first + images, self.batch)), slice(0, self.counts[0]))
+                for first in range(0, self.batch, images)
+            ]
+        return [
+            _Chunk(slice(image, image + 1), slice(first, min(first + rows, self.counts[0])))
+            for image in range(self.batch)
+            for first in range(0, self.counts[0], rows)
+        ]
 
     def tiles(self, chunk: _Chunk) -> slice:
         """The chunk's tiles within each of its images (row-major tile index)."""
@@ -274,8 +297,12 @@ class _Geometry(NamedTuple):
         return slice(first, first + self.step[0] * (rows.stop - rows.start - 1) + self.halo[0])
 
 
-def _halos(padded_values: torch.Tensor, geometry: _Geometry, chunk: _Chunk,
-           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def _halos(
+    padded_values: torch.Tensor,
+    geometry: _Geometry,
+    chunk: _Chunk,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """The halos of a chunk's tiles, as GEMM operands.
 
     Args:
@@ -291,8 +318,9 @@ def _halos(padded_values: torch.Tensor, geometry: _Geometry, chunk: _Chunk,
         return _halos_by_gather(values, geometry, chunk)  # tiles C v
     for axis, (step, c) in enumerate(zip(geometry.step, geometry.halo)):
         values = values.unfold(2 + axis, c, step)  # a view: i u n_1 .. v c_1 ..
-    order = ((0,) + tuple(range(2, 2 + dims)) + (1,) + tuple(range(3 + dims, 3 + 2 * dims))
-             + (2 + dims,))
+    order = (
+        (0,) + tuple(range(2, 2 + dims)) + (1,) + tuple(range(3 + dims, 3 + 2 * dims)) + (2 + dims,)
+    )
     values = values.permute(order)  # i n_1 .. u c_1 .. v
     if out is None:
         return values.reshape(-1, geometry.halo_entries, values.shape[-1])  # tiles C v
@@ -316,17 +344,22 @@ def _halos_by_gather(values: torch.Tensor, geometry: _Geometry, chunk: _Chunk) -
     # Flat position in the padded rows of halo entry c of tile n, row-major over both.
     position = torch.zeros(1, 1, dtype=torch.long, device=values.device)  # N C'
     for n, s, c, extent in zip(counts, step, halo, extents):
-        along = (torch.arange(n, device=values.device).reshape(-1, 1) * s
-                 + torch.arange(c, device=values.device).reshape(1, -1))  # n c
-        position = (position.unsqueeze(1).unsqueeze(3) * extent
-                    + along.unsqueeze(0).unsqueeze(2)).flatten(2, 3).flatten(0, 1)  # N C'
+        along = torch.arange(n, device=values.device).reshape(-1, 1) * s + torch.arange(
+            c, device=values.device
+        ).reshape(1, -1)  # n c
+        position = (
+            (position.unsqueeze(1).unsqueeze(3) * extent + along.unsqueeze(0).unsqueeze(2))
+            .flatten(2, 3)
+            .flatten(0, 1)
+        )  # N C'
     flat = values.reshape(images, geometry.dim_u, math.prod(extents), dim_v)  # i u P v
     gathered = flat[:, :, position]  # i u N C' v
     return gathered.permute(0, 2, 1, 3, 4).reshape(-1, geometry.halo_entries, dim_v)  # tiles C v
 
 
-def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _Geometry,
-               chunk: _Chunk) -> None:
+def _add_halos(
+    grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _Geometry, chunk: _Chunk
+) -> None:
     """Adjoint of :func:`_halos`: adds each tile's halo gradient onto the padded grid, in place.
 
     In groups of disjoint halos if ``geometry.fold_in_groups``, except under torch.compile: its
@@ -343,8 +376,12 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
     images, extents = region.shape[0], list(region.shape[2:-1])
     counts = geometry.chunk_counts(chunk)
     grad = grad_halos.view(images, *counts, geometry.dim_u, *halo, grad_halos.shape[-1])
-    order = ((0, 1 + dims) + tuple(range(1, 1 + dims)) + (2 + 2 * dims,)
-             + tuple(range(2 + dims, 2 + 2 * dims)))
+    order = (
+        (0, 1 + dims)
+        + tuple(range(1, 1 + dims))
+        + (2 + 2 * dims,)
+        + tuple(range(2 + dims, 2 + 2 * dims))
+    )
     grad = grad.permute(order)  # i u n.. v c..
     if geometry.fold_in_groups and not torch.compiler.is_compiling():
         # Tiles `spacing` apart on every axis have disjoint halos, so a strided window view of
@@ -356,13 +393,19 @@ def _add_halos(grad_halos: torch.Tensor, grad_values: torch.Tensor, geometry: _G
                 target = target.narrow(2 + axis, o * s, extents[axis] - o * s)
                 target = target.unfold(2 + axis, c, g * s)  # disjoint windows: i u m.. v c..
             sources = (slice(None), slice(None)) + tuple(
-                slice(o, None, g) for o, g in zip(offsets, spacing))
+                slice(o, None, g) for o, g in zip(offsets, spacing)
+            )
             target += grad[sources]
         return
     for axis in reversed(range(dims)):
         # The shape before this axis was unfolded: earlier axes unfolded, later ones not yet.
-        sizes = ([images, geometry.dim_u] + counts[:axis] + extents[axis:]
-                 + [grad_halos.shape[-1]] + list(halo[:axis]))
+        sizes = (
+            [images, geometry.dim_u]
+            + counts[:axis]
+            + extents[axis:]
+            + [grad_halos.shape[-1]]
+            + list(halo[:axis])
+        )
         grad = torch.ops.aten.unfold_backward(grad, sizes, 2 + axis, halo[axis], step[axis])
     region += grad  # i u rows .. v
 
@@ -373,8 +416,9 @@ def _chunk_queries(queries: torch.Tensor, geometry: _Geometry, chunk: _Chunk) ->
     return queries[:, :, chunk.images, geometry.tiles(chunk)].reshape(-1, count, queries.shape[-1])
 
 
-def _tiled_forward(queries: torch.Tensor, block: torch.Tensor, padded_values: torch.Tensor,
-                   geometry: _Geometry) -> torch.Tensor:
+def _tiled_forward(
+    queries: torch.Tensor, block: torch.Tensor, padded_values: torch.Tensor, geometry: _Geometry
+) -> torch.Tensor:
     """y_pos chunk by chunk, with plain differentiable ops (autograd keeps every logits block).
 
     Args:
@@ -396,8 +440,9 @@ def _tiled_forward(queries: torch.Tensor, block: torch.Tensor, padded_values: to
     return torch.cat(outputs).reshape(batch, num_tiles, heads, slots, -1)  # b N h T v
 
 
-def _tiled_forward_in_place(queries: torch.Tensor, block: torch.Tensor,
-                            padded_values: torch.Tensor, geometry: _Geometry) -> torch.Tensor:
+def _tiled_forward_in_place(
+    queries: torch.Tensor, block: torch.Tensor, padded_values: torch.Tensor, geometry: _Geometry
+) -> torch.Tensor:
     """:func:`_tiled_forward` writing into buffers that every chunk reuses (not differentiable).
 
     A fresh multi-MiB tensor per GEMM costs more than the GEMM itself on the CPU (large blocks
@@ -410,20 +455,33 @@ def _tiled_forward_in_place(queries: torch.Tensor, block: torch.Tensor,
     logits_buffer = queries.new_empty(heads * slots * most * entries)
     for chunk in geometry.chunks():
         count = geometry.size(chunk)
-        halos = _halos(padded_values, geometry, chunk,
-                       out=halo_buffer[:count * entries * dim_v].view(count, entries, dim_v))
-        logits = logits_buffer[:heads * slots * count * entries].view(
-            heads * slots, count, entries)  # (h T) n C
+        halos = _halos(
+            padded_values,
+            geometry,
+            chunk,
+            out=halo_buffer[: count * entries * dim_v].view(count, entries, dim_v),
+        )
+        logits = logits_buffer[: heads * slots * count * entries].view(
+            heads * slots, count, entries
+        )  # (h T) n C
         torch.bmm(_chunk_queries(queries, geometry, chunk), block, out=logits)
         # All heads share the halo: one GEMM per tile with h T rows (a strided view, no copy).
-        torch.bmm(logits.transpose(0, 1), halos, out=output[chunk.images, geometry.tiles(chunk)]
-                  .view(count, heads * slots, dim_v))  # n (h T) v
+        torch.bmm(
+            logits.transpose(0, 1),
+            halos,
+            out=output[chunk.images, geometry.tiles(chunk)].view(count, heads * slots, dim_v),
+        )  # n (h T) v
     return output
 
 
-def _tiled_backward(grad_output: torch.Tensor, queries: torch.Tensor, block: torch.Tensor,
-                    padded_values: torch.Tensor, geometry: _Geometry,
-                    needs_grad: Sequence[bool]) -> Tuple[Optional[torch.Tensor], ...]:
+def _tiled_backward(
+    grad_output: torch.Tensor,
+    queries: torch.Tensor,
+    block: torch.Tensor,
+    padded_values: torch.Tensor,
+    geometry: _Geometry,
+    needs_grad: Sequence[bool],
+) -> Tuple[Optional[torch.Tensor], ...]:
     """Gradients of :func:`_tiled_forward`, rebuilding each chunk's logits and halos.
 
     Args:
@@ -438,20 +496,29 @@ def _tiled_backward(grad_output: torch.Tensor, queries: torch.Tensor, block: tor
     dim_v, entries, most = padded_values.shape[-1], geometry.halo_entries, geometry.largest_chunk()
     rows = heads * slots
     grad_queries = torch.empty_like(queries) if needs_grad[0] else None  # h T b N k
-    grad_block = torch.zeros(block.shape, dtype=block.dtype, device=block.device) \
-        if needs_grad[1] else None  # (h T) k C
+    grad_block = (
+        torch.zeros(block.shape, dtype=block.dtype, device=block.device) if needs_grad[1] else None
+    )  # (h T) k C
     grad_values = torch.zeros_like(padded_values) if needs_grad[2] else None  # b u P.. v
-    buffers = {name: queries.new_empty(most * size) for name, size in (
-        ("halos", entries * dim_v), ("grad_halos", entries * dim_v), ("logits", rows * entries),
-        ("grad_logits", rows * entries), ("grad_queries", rows * dim_k))}
+    buffers = {
+        name: queries.new_empty(most * size)
+        for name, size in (
+            ("halos", entries * dim_v),
+            ("grad_halos", entries * dim_v),
+            ("logits", rows * entries),
+            ("grad_logits", rows * entries),
+            ("grad_queries", rows * dim_k),
+        )
+    }
 
     def buffer(name: str, *shape: int) -> torch.Tensor:
-        return buffers[name][:math.prod(shape)].view(shape)
+        return buffers[name][: math.prod(shape)].view(shape)
 
     for chunk in geometry.chunks():
         count, tiles = geometry.size(chunk), geometry.tiles(chunk)
-        halos = _halos(padded_values, geometry, chunk,
-                       out=buffer("halos", count, entries, dim_v))  # n C v
+        halos = _halos(
+            padded_values, geometry, chunk, out=buffer("halos", count, entries, dim_v)
+        )  # n C v
         chunk_queries = _chunk_queries(queries, geometry, chunk)  # (h T) n k
         grad_y = grad_output[chunk.images, tiles].view(count, rows, dim_v)  # n (h T) v
         grad_logits = buffer("grad_logits", count, rows, entries)  # n (h T) C
@@ -466,7 +533,8 @@ def _tiled_backward(grad_output: torch.Tensor, queries: torch.Tensor, block: tor
             grad_chunk = buffer("grad_queries", rows, count, dim_k)  # (h T) n k
             torch.bmm(grad_logits.transpose(0, 1), block.transpose(1, 2), out=grad_chunk)
             grad_queries[:, :, chunk.images, tiles] = grad_chunk.view(
-                heads, slots, chunk.images.stop - chunk.images.start, -1, dim_k)
+                heads, slots, chunk.images.stop - chunk.images.start, -1, dim_k
+            )
         if grad_block is not None:
             grad_block.baddbmm_(chunk_queries.transpose(1, 2), grad_logits.transpose(0, 1))
     return grad_queries, grad_block, grad_values
@@ -489,10 +557,18 @@ class _TiledPositionOutput(torch.autograd.Function):
         # The forward ran in float32 outside autocast; so does its backward, whatever the caller.
         with torch.autocast(device_type=grad_output.device.type, enabled=False):
             grad_queries, grad_block, grad_values = _tiled_backward(
-                grad_output.contiguous(), queries, block, padded_values, ctx.geometry,
-                ctx.needs_input_grad[:3])
-            grad_window = None if grad_block is None else \
-                _embedding_block_backward(grad_block, index, ctx.window_shape)
+                grad_output.contiguous(),
+                queries,
+                block,
+                padded_values,
+                ctx.geometry,
+                ctx.needs_input_grad[:3],
+            )
+            grad_window = (
+                None
+                if grad_block is None
+                else _embedding_block_backward(grad_block, index, ctx.window_shape)
+            )
         return grad_queries, grad_window, grad_values, None, None
 
 
@@ -515,9 +591,13 @@ def _pooling_neighbours(queries: torch.Tensor, spatial: Sequence[int]) -> torch.
     dims, (batch, heads, dim_k) = len(spatial), queries.shape[:3]
     flat = (1,) * (2 - dims)  # a sequence is a 1-row image
     images = queries.reshape(batch * heads, dim_k, *flat, *spatial)
-    columns = F.unfold(images, flat + (3,) * dims, padding=(0,) * (2 - dims) + (1,) * dims,
-                       stride=flat + (2,) * dims)  # (b h) (k J) n_pooled
-    return columns.reshape(batch, heads, dim_k * 3 ** dims, *[pooled_size(n) for n in spatial])
+    columns = F.unfold(
+        images,
+        flat + (3,) * dims,
+        padding=(0,) * (2 - dims) + (1,) * dims,
+        stride=flat + (2,) * dims,
+    )  # (b h) (k J) n_pooled
+    return columns.reshape(batch, heads, dim_k * 3**dims, *[pooled_size(n) for n in spatial])
 
 
 def _check_arguments(queries, values, window, spatial, stride, tuning) -> None:
@@ -529,25 +609,42 @@ def _check_arguments(queries, values, window, spatial, stride, tuning) -> None:
     if dims not in (1, 2) or any(not isinstance(size, int) or size < 1 for size in spatial):
         raise ValueError(f"spatial must be (H, W) or (L,) positive sizes, got {tuple(spatial)}")
     if len(queries_shape) != 4 or queries_shape[3] != positions:
-        raise ValueError(f"queries must be (b, h, k, n) with n = {positions} positions for "
-                         f"spatial={tuple(spatial)}, got {queries_shape}")
-    if (len(values_shape) != 4 or values_shape[3] != positions
-            or values_shape[0] != queries_shape[0]):
-        raise ValueError(f"values must be (b, v, u, n) with b = {queries_shape[0]} and n = "
-                         f"{positions}, got {values_shape}")
-    if (len(window_shape) != 2 + dims or window_shape[:2] != (queries_shape[2], values_shape[2])
-            or any(size % 2 == 0 for size in window_shape[2:])):
-        raise ValueError(f"window must be (k={queries_shape[2]}, u={values_shape[2]}) followed by "
-                         f"{dims} odd sizes, got {window_shape}")
+        raise ValueError(
+            f"queries must be (b, h, k, n) with n = {positions} positions for "
+            f"spatial={tuple(spatial)}, got {queries_shape}"
+        )
+    if (
+        len(values_shape) != 4
+        or values_shape[3] != positions
+        or values_shape[0] != queries_shape[0]
+    ):
+        raise ValueError(
+            f"values must be (b, v, u, n) with b = {queries_shape[0]} and n = "
+            f"{positions}, got {values_shape}"
+        )
+    if (
+        len(window_shape) != 2 + dims
+        or window_shape[:2] != (queries_shape[2], values_shape[2])
+        or any(size % 2 == 0 for size in window_shape[2:])
+    ):
+        raise ValueError(
+            f"window must be (k={queries_shape[2]}, u={values_shape[2]}) followed by "
+            f"{dims} odd sizes, got {window_shape}"
+        )
     name, tile = ("tile", tuning.tile) if stride == 1 else ("pooled_tile", tuning.pooled_tile)
     if tile and (len(tile) != dims or any(not isinstance(t, int) or t < 1 for t in tile)):
         raise ValueError(f"{name} must be {dims} integers >= 1, got {tuple(tile)}")
     check_int("chunk_elements", tuning.chunk_elements, 0)
 
 
-def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: torch.Tensor,
-                          spatial: Sequence[int], stride: int = 1,
-                          tuning: TiledTuning = TiledTuning()) -> torch.Tensor:
+def tiled_position_output(
+    queries: torch.Tensor,
+    values: torch.Tensor,
+    window: torch.Tensor,
+    spatial: Sequence[int],
+    stride: int = 1,
+    tuning: TiledTuning = TiledTuning(),
+) -> torch.Tensor:
     """The position term of a lambda layer with the queries contracted first, as tiled GEMMs.
 
     Equal to ``einsum("bhkn,bvkn->bhvn", queries, conv(values, window))`` (the "conv" form, zero
@@ -588,17 +685,26 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
     reach = [radius + stride - 1 for radius in radii]
     step = tuple(stride * t for t in tile)
     halo = tuple(s - stride + 1 + 2 * r for s, r in zip(step, reach))
-    geometry = _Geometry(batch, heads, dim_u, tile, halo, step, counts,
-                         tuning.chunk_elements_on(queries.device),
-                         tuning.fold_in_groups_on(queries.device))
+    geometry = _Geometry(
+        batch,
+        heads,
+        dim_u,
+        tile,
+        halo,
+        step,
+        counts,
+        tuning.chunk_elements_on(queries.device),
+        tuning.fold_in_groups_on(queries.device),
+    )
 
     queries = queries.reshape(batch, heads, dim_k, *spatial)  # b h k ..
     if stride == 2:
         queries = _pooling_neighbours(queries, spatial)  # b h (k J) ..
-        window = window / 3 ** dims  # the pool's mean
+        window = window / 3**dims  # the pool's mean
     dim_k = static_sizes(queries)[2]
-    to_padded = [pad for size, p in zip(reversed(outputs), reversed(padded))
-                 for pad in (0, p - size)]
+    to_padded = [
+        pad for size, p in zip(reversed(outputs), reversed(padded)) for pad in (0, p - size)
+    ]
     if any(to_padded):
         queries = F.pad(queries, to_padded)  # b h k P..
     split = [n for count, t in zip(counts, tile) for n in (count, t)]
@@ -607,14 +713,22 @@ def tiled_position_output(queries: torch.Tensor, values: torch.Tensor, window: t
     queries = queries.permute(order).reshape(heads, geometry.slots, batch, -1, dim_k)  # h T b N k
 
     widths = tuple(2 * radius + 1 for radius in radii)
-    build_index = _embedding_index if torch.jit.is_tracing() or torch.compiler.is_compiling() else \
-        _cached_embedding_index
+    build_index = (
+        _embedding_index
+        if torch.jit.is_tracing() or torch.compiler.is_compiling()
+        else _cached_embedding_index
+    )
     index = build_index(tuple(tile), widths, dim_u, stride, queries.device)  # T C J
     values = values.reshape(batch, dim_v, dim_u, *spatial)  # b v u ..
     values = values.permute([0, 2] + list(range(3, 3 + dims)) + [1])  # b u .. v
     # Zero padding: `reach` before each axis, and after it up to the last halo's end.
-    to_halo = [pad for size, count, s, c, r in zip(*[reversed(a) for a in (
-        spatial, counts, step, halo, reach)]) for pad in (r, (count - 1) * s + c - r - size)]
+    to_halo = [
+        pad
+        for size, count, s, c, r in zip(
+            *[reversed(a) for a in (spatial, counts, step, halo, reach)]
+        )
+        for pad in (r, (count - 1) * s + c - r - size)
+    ]
     values = F.pad(values, [0, 0] + to_halo).contiguous()  # b u (P + 2 rho).. v
 
     if torch.jit.is_tracing():

@@ -60,6 +60,7 @@ Numerics: the projections follow the surrounding autocast policy, but the key so
 and the outputs are computed in float32 (large sums over m and r^2 overflow fp16 and lose bf16
 precision); the result is returned in the input's dtype.
 """
+
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -69,10 +70,19 @@ from torch import nn
 
 from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
 from lambda_det.layers._common import (
-    BATCH_NORM, CONV, autocast_device_type, compute_dtype, strided_pool)
+    BATCH_NORM,
+    CONV,
+    autocast_device_type,
+    compute_dtype,
+    strided_pool,
+)
 from lambda_det.layers._tracing import fx_leaf_call
-from lambda_det.layers.lambda_conv import (TiledTuning, pooled_size, tiled_halo_entries,
-                                           tiled_position_output)
+from lambda_det.layers.lambda_conv import (
+    TiledTuning,
+    pooled_size,
+    tiled_halo_entries,
+    tiled_position_output,
+)
 from lambda_det.layers.position_embedding import RelativePositionEmbedding
 
 __all__ = ["LambdaLayer", "IMPLEMENTATIONS", "EINSUM_MAX_POSITIONS", "CONV_MAX_POSITIONS_CUDA"]
@@ -82,8 +92,7 @@ EINSUM_MAX_POSITIONS = 852
 CONV_MAX_POSITIONS_CUDA = 400
 
 
-def _norm_or_identity(norm_layer: Callable[[int], Optional[nn.Module]],
-                      channels: int) -> nn.Module:
+def _norm_or_identity(norm_layer: Callable[[int], Optional[nn.Module]], channels: int) -> nn.Module:
     norm = norm_layer(channels)
     return nn.Identity() if norm is None else norm
 
@@ -138,14 +147,20 @@ class LambdaLayer(nn.Module):
     ):
         super().__init__()
         out_channels = in_channels if out_channels is None else out_channels
-        for name, value in (("in_channels", in_channels), ("out_channels", out_channels),
-                            ("heads", heads), ("dim_k", dim_k), ("dim_u", dim_u),
-                            ("max_size", max_size)):
+        for name, value in (
+            ("in_channels", in_channels),
+            ("out_channels", out_channels),
+            ("heads", heads),
+            ("dim_k", dim_k),
+            ("dim_u", dim_u),
+            ("max_size", max_size),
+        ):
             check_int(name, value, 1)
         if out_channels % heads:
             raise ValueError(
                 f"out_channels={out_channels} is not divisible by heads={heads}: each head "
-                f"outputs out_channels / heads value channels")
+                f"outputs out_channels / heads value channels"
+            )
         if scope is not None:
             check_odd("scope", scope, " (or None for global context)")
         check_choice("stride", stride, (1, 2))
@@ -185,8 +200,10 @@ class LambdaLayer(nn.Module):
 
     def _check_shared_embedding(self, embedding: RelativePositionEmbedding) -> None:
         if not isinstance(embedding, RelativePositionEmbedding):
-            raise TypeError(f"position_embedding must be a RelativePositionEmbedding, "
-                            f"got {type(embedding).__name__}")
+            raise TypeError(
+                f"position_embedding must be a RelativePositionEmbedding, "
+                f"got {type(embedding).__name__}"
+            )
         expected = {"dim_k": self.dim_k, "dim_u": self.dim_u, "spatial_dims": self.spatial_dims}
         if self.scope is not None:
             expected["radius"] = self.scope // 2
@@ -195,23 +212,27 @@ class LambdaLayer(nn.Module):
                 raise ValueError(
                     f"shared position_embedding has {name}={getattr(embedding, name)}, but this "
                     f"layer needs {name}={value} (dim_k={self.dim_k}, dim_u={self.dim_u}, "
-                    f"scope={self.scope})")
+                    f"scope={self.scope})"
+                )
         if self.scope is None and embedding.radius < self.max_size - 1:
             raise ValueError(
                 f"shared position_embedding has radius={embedding.radius}, but this global layer "
                 f"with max_size={self.max_size} needs offsets up to {self.max_size - 1}: pass "
-                f"max_size <= {embedding.radius + 1}, or share a larger table")
+                f"max_size <= {embedding.radius + 1}, or share a larger table"
+            )
 
     def reset_parameters(self) -> None:
         """The paper's init (F.2); BN starts as identity (gamma 1, beta 0)."""
         nn.init.normal_(self.to_queries.weight, std=(self.dim_k * self.in_channels) ** -0.5)
-        nn.init.normal_(self.to_keys.weight, std=self.in_channels ** -0.5)
-        nn.init.normal_(self.to_values.weight, std=self.in_channels ** -0.5)
+        nn.init.normal_(self.to_keys.weight, std=self.in_channels**-0.5)
+        nn.init.normal_(self.to_values.weight, std=self.in_channels**-0.5)
         self.position_embedding.reset_parameters()
 
     def extra_repr(self) -> str:
-        return (f"{self.in_channels}, {self.out_channels}, heads={self.heads}, dim_k={self.dim_k}, "
-                f"dim_u={self.dim_u}, scope={self.scope}, stride={self.stride}, impl={self.impl!r}")
+        return (
+            f"{self.in_channels}, {self.out_channels}, heads={self.heads}, dim_k={self.dim_k}, "
+            f"dim_u={self.dim_u}, scope={self.scope}, stride={self.stride}, impl={self.impl!r}"
+        )
 
     def resolve_impl(self, spatial: Sequence[int], device_type: str = "cpu") -> str:
         """The implementation that ``impl`` stands for on inputs of this spatial size.
@@ -227,11 +248,13 @@ class LambdaLayer(nn.Module):
             # at any input size.
             return "conv"
         spatial = tuple(spatial)
-        if device_type == "cuda" and (self.spatial_dims == 1 or
-                                      math.prod(spatial) <= CONV_MAX_POSITIONS_CUDA):
+        if device_type == "cuda" and (
+            self.spatial_dims == 1 or math.prod(spatial) <= CONV_MAX_POSITIONS_CUDA
+        ):
             return "conv"
-        halo = tiled_halo_entries(spatial, self._context_radii(spatial), self.dim_u,
-                                  self.tuning.tile)
+        halo = tiled_halo_entries(
+            spatial, self._context_radii(spatial), self.dim_u, self.tuning.tile
+        )
         return "einsum" if math.prod(spatial) <= min(EINSUM_MAX_POSITIONS, halo / 3) else "tiled"
 
     def forward(self, x: torch.Tensor, context_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -261,7 +284,7 @@ class LambdaLayer(nn.Module):
             # Sizes as graph values (0-d tensors) rather than constants: with the full-radius
             # windows of _context_radii, an "einsum" or "conv" trace holds for any input size.
             spatial = tuple(x.shape[2:])
-        batch, num_positions = x.shape[0], math.prod(spatial)
+        batch = x.shape[0]
         project = self._project_traced if torch.jit.is_tracing() else self._project
         queries, keys, values = project(x)
         with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
@@ -278,11 +301,14 @@ class LambdaLayer(nn.Module):
                 pooled = [pooled_size(size) for size in spatial]
                 return output.reshape(batch, self.out_channels, *pooled).to(x.dtype)
             else:
-                position_output = {"einsum": self._position_output_einsum,
-                                   "conv": self._position_output_conv,
-                                   "tiled": self._position_output_tiled}[impl]
-                output = self._add_content_output(position_output(queries, values, spatial),
-                                                  queries, keys, values)
+                position_output = {
+                    "einsum": self._position_output_einsum,
+                    "conv": self._position_output_conv,
+                    "tiled": self._position_output_tiled,
+                }[impl]
+                output = self._add_content_output(
+                    position_output(queries, values, spatial), queries, keys, values
+                )
         output = output.reshape(batch, self.out_channels, *spatial).to(x.dtype)  # b (h v) ...
         if torch.compiler.is_exporting():
             # The einsums leave a layout that depends on the sizes (channels last at batch 1);
@@ -290,8 +316,9 @@ class LambdaLayer(nn.Module):
             output = output.clone(memory_format=torch.contiguous_format)
         return self.pool(output)
 
-    def _forward_scripted(self, x: torch.Tensor,
-                          context_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def _forward_scripted(
+        self, x: torch.Tensor, context_mask: Optional[torch.Tensor]
+    ) -> torch.Tensor:
         """:meth:`forward` as TorchScript compiles it: every ``impl`` runs the "conv" form, and
         there is no ``context_mask``.
 
@@ -300,16 +327,21 @@ class LambdaLayer(nn.Module):
         memory of the other two.
         """
         if context_mask is not None:
-            raise ValueError("LambdaLayer takes a context_mask in eager mode only, not in "
-                             "TorchScript")
+            raise ValueError(
+                "LambdaLayer takes a context_mask in eager mode only, not in TorchScript"
+            )
         if x.dim() != 2 + self.spatial_dims or x.shape[1] != self.in_channels:
-            raise ValueError(f"LambdaLayer expects (B, {self.in_channels}, ...) with "
-                             f"{self.spatial_dims} spatial axes, got shape {x.shape}")
+            raise ValueError(
+                f"LambdaLayer expects (B, {self.in_channels}, ...) with "
+                f"{self.spatial_dims} spatial axes, got shape {x.shape}"
+            )
         spatial = x.shape[2:]
         if self.scope is None and max(spatial) - 1 > self.position_embedding.radius:
-            raise ValueError(f"global LambdaLayer: input size {spatial} exceeds the "
-                             f"{self.position_embedding.radius + 1} positions per axis its "
-                             f"relative embeddings cover")
+            raise ValueError(
+                f"global LambdaLayer: input size {spatial} exceeds the "
+                f"{self.position_embedding.radius + 1} positions per axis its "
+                f"relative embeddings cover"
+            )
         batch, num_positions = x.shape[0], 1
         for size in spatial:
             num_positions *= size
@@ -318,8 +350,9 @@ class LambdaLayer(nn.Module):
         queries = queries.to(dtype).reshape(batch, self.heads, self.dim_k, num_positions)
         keys = keys.to(dtype).reshape(batch, self.dim_k, self.dim_u, num_positions)
         values = values.to(dtype).reshape(batch, self.dim_v, self.dim_u, num_positions)
-        output = self._add_content_output(self._position_output_conv(queries, values, spatial),
-                                          queries, keys, values)
+        output = self._add_content_output(
+            self._position_output_conv(queries, values, spatial), queries, keys, values
+        )
         return self.pool(output.reshape([batch, self.out_channels] + spatial).to(x.dtype))
 
     def _project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -330,19 +363,24 @@ class LambdaLayer(nn.Module):
         """
         weight = torch.cat([self.to_queries.weight, self.to_keys.weight, self.to_values.weight])
         projected = self._conv(x, weight, [0] * self.spatial_dims)
-        sizes = [self.to_queries.out_channels, self.to_keys.out_channels,
-                 self.to_values.out_channels]
+        sizes = [
+            self.to_queries.out_channels,
+            self.to_keys.out_channels,
+            self.to_values.out_channels,
+        ]
         queries, keys, values = projected.split(sizes, dim=1)
         return self.query_norm(queries), keys, self.value_norm(values)
 
-    def _project_traced(self, x: torch.Tensor
-                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project_traced(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_project` under torch.jit.trace: each projection runs as its own module, so
         that what reads a trace (fvcore's FLOP count, which credits ops to the modules that run
         them) sees each one run. The same numbers: a 1x1 conv's output channels do not depend
         on the others."""
-        return (self.query_norm(self.to_queries(x)), self.to_keys(x),
-                self.value_norm(self.to_values(x)))
+        return (
+            self.query_norm(self.to_queries(x)),
+            self.to_keys(x),
+            self.value_norm(self.to_values(x)),
+        )
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
         spatial = check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels)
@@ -350,7 +388,8 @@ class LambdaLayer(nn.Module):
             raise ValueError(
                 f"global LambdaLayer: input size {spatial} exceeds the "
                 f"{self.position_embedding.radius + 1} positions per axis its relative "
-                f"embeddings cover; build it with a larger max_size, or use a local scope")
+                f"embeddings cover; build it with a larger max_size, or use a local scope"
+            )
         return spatial
 
     def _conv(self, x: torch.Tensor, weight: torch.Tensor, padding: List[int]) -> torch.Tensor:
@@ -363,8 +402,9 @@ class LambdaLayer(nn.Module):
         """Per axis, the largest offset that has an embedding and can occur in this input."""
         limit = self.position_embedding.radius if self.scope is None else self.scope // 2
         if not torch.jit.is_scripting():  # TorchScript compiles none of this block
-            if torch.compiler.is_exporting() or any(isinstance(size, torch.Tensor)
-                                                    for size in spatial):
+            if torch.compiler.is_exporting() or any(
+                isinstance(size, torch.Tensor) for size in spatial
+            ):
                 # Sizes traced as graph values (forward, under torch.jit.trace) or symbolic
                 # (under torch.export): the same outputs (offsets beyond an axis's size only
                 # meet zero padding or no position at all), without freezing the example's
@@ -374,8 +414,9 @@ class LambdaLayer(nn.Module):
 
     def relative_embeddings(self, spatial: Tuple[int, ...], device: torch.device) -> torch.Tensor:
         """E as a dense (k, u, n, m) tensor: R[pos(m) - pos(n)], zero beyond the context radii."""
-        grids = torch.meshgrid(*[torch.arange(size, device=device) for size in spatial],
-                               indexing="ij")
+        grids = torch.meshgrid(
+            *[torch.arange(size, device=device) for size in spatial], indexing="ij"
+        )
         positions = torch.stack([grid.reshape(-1) for grid in grids], dim=-1)  # n D
         offsets = positions[None, :, :] - positions[:, None, :]  # n m D, context minus query
         in_context = torch.ones(offsets.shape[:2], dtype=torch.bool, device=device)  # n m
@@ -388,8 +429,12 @@ class LambdaLayer(nn.Module):
         return embeddings * in_context.to(embeddings.dtype)
 
     @staticmethod
-    def _add_content_output(position_output: torch.Tensor, queries: torch.Tensor,
-                            keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    def _add_content_output(
+        position_output: torch.Tensor,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> torch.Tensor:
         """position_output + lambda_c^T q for every query (keys softmax-normalised over all m).
 
         Added in place into the position output, a fresh tensor, by one batched GEMM: at the
@@ -404,7 +449,8 @@ class LambdaLayer(nn.Module):
         content_lambda = torch.einsum("bkum,bvum->bvk", keys.softmax(dim=-1), values)
         per_head = content_lambda[:, None].expand(batch, heads, dim_v, dim_k)  # b h v k
         output = position_output.reshape(-1, dim_v, num_positions).baddbmm_(
-            per_head.reshape(-1, dim_v, dim_k), queries.reshape(-1, dim_k, num_positions))
+            per_head.reshape(-1, dim_v, dim_k), queries.reshape(-1, dim_k, num_positions)
+        )
         return output.view(position_output.shape)  # b h v n
 
     def _position_output_einsum(self, queries, values, spatial):
@@ -412,8 +458,9 @@ class LambdaLayer(nn.Module):
         position_lambdas = torch.einsum("kunm,bvum->bnkv", embeddings, values)
         return torch.einsum("bhkn,bnkv->bhvn", queries, position_lambdas)
 
-    def _position_output_conv(self, queries: torch.Tensor, values: torch.Tensor,
-                              spatial: List[int]) -> torch.Tensor:
+    def _position_output_conv(
+        self, queries: torch.Tensor, values: torch.Tensor, spatial: List[int]
+    ) -> torch.Tensor:
         batch, num_positions = values.shape[0], values.shape[-1]
         radii = self._context_radii(spatial)
         kernel = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
@@ -426,8 +473,9 @@ class LambdaLayer(nn.Module):
     def _position_output_tiled(self, queries, values, spatial, stride=1):
         radii = self._context_radii(spatial)
         window = self.position_embedding.window(radii).to(values.dtype)  # k u (2r+1)...
-        return tiled_position_output(queries, values, window, spatial, stride,
-                                     self.tuning)  # b h v n (n pooled at stride 2)
+        return tiled_position_output(
+            queries, values, window, spatial, stride, self.tuning
+        )  # b h v n (n pooled at stride 2)
 
     def _pooled_output_tiled(self, queries, keys, values, spatial):
         """The whole output of a strided layer, average pool included, for impl "tiled".
@@ -439,22 +487,28 @@ class LambdaLayer(nn.Module):
         pooled_queries = self.pool(queries.reshape(batch, self.heads * self.dim_k, *spatial))
         return self._add_content_output(
             self._position_output_tiled(queries, values, spatial, stride=2),
-            pooled_queries.reshape(batch, self.heads, self.dim_k, pooled), keys, values)
+            pooled_queries.reshape(batch, self.heads, self.dim_k, pooled),
+            keys,
+            values,
+        )
 
     def _masked_output(self, queries, keys, values, spatial, context_mask):
         num_positions = values.shape[-1]
         if tuple(context_mask.shape) != (num_positions, num_positions):
-            raise ValueError(f"context_mask must have shape ({num_positions}, {num_positions}) "
-                             f"for {spatial} positions, got {tuple(context_mask.shape)}")
+            raise ValueError(
+                f"context_mask must have shape ({num_positions}, {num_positions}) "
+                f"for {spatial} positions, got {tuple(context_mask.shape)}"
+            )
         mask = context_mask.to(device=values.device, dtype=torch.bool)
         if not bool(mask.any(dim=1).all()):
             empty = int((~mask.any(dim=1)).nonzero()[0])
-            raise ValueError(f"context_mask row {empty} is empty: every query needs at least one "
-                             f"context position")
+            raise ValueError(
+                f"context_mask row {empty} is empty: every query needs at least one "
+                f"context position"
+            )
         # Softmax over each query's own context: b n k u m.
         logits = keys[:, None].masked_fill(~mask[None, :, None, None, :], float("-inf"))
         content_lambdas = torch.einsum("bnkum,bvum->bnkv", logits.softmax(dim=-1), values)
         embeddings = self.relative_embeddings(spatial, values.device).to(values.dtype) * mask
         position_lambdas = torch.einsum("kunm,bvum->bnkv", embeddings, values)
         return torch.einsum("bhkn,bnkv->bhvn", queries, content_lambdas + position_lambdas)
-

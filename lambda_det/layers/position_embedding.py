@@ -1,4 +1,5 @@
 """Relative position embeddings for lambda layers (LambdaNetworks, Bello 2021, Sec. 3.2 and 4)."""
+
 from typing import List
 
 import torch
@@ -30,7 +31,11 @@ class RelativePositionEmbedding(nn.Module):
 
     def __init__(self, dim_k: int, dim_u: int = 1, radius: int = 11, spatial_dims: int = 2):
         super().__init__()
-        for name, value, minimum in (("dim_k", dim_k, 1), ("dim_u", dim_u, 1), ("radius", radius, 0)):
+        for name, value, minimum in (
+            ("dim_k", dim_k, 1),
+            ("dim_u", dim_u, 1),
+            ("radius", radius, 0),
+        ):
             check_int(name, value, minimum)
         check_choice("spatial_dims", spatial_dims, (1, 2))
         self.dim_k = dim_k
@@ -57,5 +62,7 @@ class RelativePositionEmbedding(nn.Module):
         return window
 
     def extra_repr(self) -> str:
-        return (f"dim_k={self.dim_k}, dim_u={self.dim_u}, radius={self.radius}, "
-                f"spatial_dims={self.spatial_dims}")
+        return (
+            f"dim_k={self.dim_k}, dim_u={self.dim_u}, radius={self.radius}, "
+            f"spatial_dims={self.spatial_dims}"
+        )

@@ -8,6 +8,7 @@ name in a checkout or an installed package, like detectron2's ``model_zoo``::
 
 No pretrained weights exist: the paper's detection recipe trains from scratch.
 """
+
 from typing import Sequence
 
 from lambda_det.config.shipped import config_root, get_config_file, list_configs

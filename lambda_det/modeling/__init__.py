@@ -8,16 +8,25 @@ importing this package imports them, which registers the builders in detectron2'
 ``BACKBONE_REGISTRY``; without it, their names here raise an ImportError that says how to get
 detectron2.
 """
+
 import importlib
 
 from lambda_det.compat import (
-    detectron2_installed, import_detectron2, without_jit_script_deprecation)
+    detectron2_installed,
+    import_detectron2,
+    without_jit_script_deprecation,
+)
 from lambda_det.layers import eager_impls, flop_handles, register_flop_handles
 from lambda_det.modeling.lambda_resnet import (
-    BLOCKS_PER_STAGE, DEPTHS, PAPER_LAMBDA_BLOCKS_C4, PAPER_PARAMETERS, LambdaResNet,
-    lambda_resnet, resolve_placement)
-from lambda_det.modeling.mixers import (
-    MIXERS, build_mixer_factory, register_mixer, unregister_mixer)
+    BLOCKS_PER_STAGE,
+    DEPTHS,
+    PAPER_LAMBDA_BLOCKS_C4,
+    PAPER_PARAMETERS,
+    LambdaResNet,
+    lambda_resnet,
+    resolve_placement,
+)
+from lambda_det.modeling.mixers import MIXERS, build_mixer_factory, register_mixer, unregister_mixer
 
 # The names that need detectron2, and their modules.
 _DETECTRON2_NAMES = {
@@ -29,9 +38,21 @@ _DETECTRON2_NAMES = {
     "use_mixer": "lambda_det.modeling.config",
 }
 
-__all__ = ["LambdaResNet", "lambda_resnet", "resolve_placement", "DEPTHS", "BLOCKS_PER_STAGE",
-           "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "MIXERS", "register_mixer",
-           "unregister_mixer", "build_mixer_factory", "flop_handles", "eager_impls"]
+__all__ = [
+    "LambdaResNet",
+    "lambda_resnet",
+    "resolve_placement",
+    "DEPTHS",
+    "BLOCKS_PER_STAGE",
+    "PAPER_LAMBDA_BLOCKS_C4",
+    "PAPER_PARAMETERS",
+    "MIXERS",
+    "register_mixer",
+    "unregister_mixer",
+    "build_mixer_factory",
+    "flop_handles",
+    "eager_impls",
+]
 
 # fvcore's FlopCountAnalysis (so detectron2's analyze_model) counts the layers' ops: see
 # lambda_det.layers.flops. (Importing fvcore calls torch.jit.script.)
@@ -52,8 +73,11 @@ def __getattr__(name: str):
 if detectron2_installed():
     __all__ += list(_DETECTRON2_NAMES)
     import_detectron2()  # quietly
-    from lambda_det.modeling.backbone import LambdaResNetBackbone
-    from lambda_det.modeling.build import (
-        build_lambda_resnet_backbone, build_lambda_resnet_fpn_backbone,
-        build_retinanet_lambda_resnet_fpn_backbone)
-    from lambda_det.modeling.config import add_lambda_resnet_config, use_mixer
+    # Re-exported (listed in __all__ above); importing build registers the builders.
+    from lambda_det.modeling.backbone import LambdaResNetBackbone  # noqa: F401
+    from lambda_det.modeling.build import (  # noqa: F401
+        build_lambda_resnet_backbone,
+        build_lambda_resnet_fpn_backbone,
+        build_retinanet_lambda_resnet_fpn_backbone,
+    )
+    from lambda_det.modeling.config import add_lambda_resnet_config, use_mixer  # noqa: F401

@@ -1,11 +1,13 @@
 """The LambdaResNet as a detectron2 ``Backbone``: what the builders (build.py) and the LazyConfig
 recipes build. A thin adapter: the model is :class:`~lambda_det.modeling.LambdaResNet` (torch
 alone), with the same parameters and state dict keys."""
+
 import functools
 from typing import Dict
 
 from detectron2.layers import FrozenBatchNorm2d, ShapeSpec, get_norm
 from detectron2.modeling import Backbone
+
 from lambda_det.modeling.blocks import Norm, NormFactory, group_norm
 from lambda_det.modeling.lambda_resnet import LambdaResNet
 from lambda_det.utils.errors import UserError
@@ -30,9 +32,10 @@ def detectron2_norm_factory(norm: Norm) -> NormFactory:
     try:
         get_norm(norm, 32)
     except KeyError:
-        raise UserError(f"norm must be a detectron2 norm (\"BN\", \"SyncBN\", \"naiveSyncBN\", "
-                         f"\"FrozenBN\", \"GN\", ...; \"\" for none) or a callable, got {norm!r}"
-                         ) from None
+        raise UserError(
+            f'norm must be a detectron2 norm ("BN", "SyncBN", "naiveSyncBN", '
+            f'"FrozenBN", "GN", ...; "" for none) or a callable, got {norm!r}'
+        ) from None
     return functools.partial(_detectron2_norm, norm)
 
 
@@ -45,6 +48,10 @@ class LambdaResNetBackbone(LambdaResNet, Backbone):
     freeze_norms = staticmethod(FrozenBatchNorm2d.convert_frozen_batchnorm)
 
     def output_shape(self) -> Dict[str, ShapeSpec]:
-        return {name: ShapeSpec(channels=self._out_feature_channels[name],
-                                stride=self._out_feature_strides[name])
-                for name in self._out_features if name != "linear"}
+        return {
+            name: ShapeSpec(
+                channels=self._out_feature_channels[name], stride=self._out_feature_strides[name]
+            )
+            for name in self._out_features
+            if name != "linear"
+        }

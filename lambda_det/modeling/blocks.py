@@ -8,19 +8,33 @@ in the "+SE" baselines.
 They need torch alone: a norm is a name of :data:`NORMS` or a callable (the detectron2 adapter,
 :class:`~lambda_det.modeling.backbone.LambdaResNetBackbone`, passes detectron2's).
 """
+
 import math
 from typing import Callable, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from torchvision.ops import FrozenBatchNorm2d, StochasticDepth
+
 from lambda_det.utils.errors import UserError
 
-__all__ = ["ResNetRSStem", "Bottleneck", "ShortcutPool", "SqueezeExcite", "ConvNorm", "make_norm",
-           "group_norm", "norm_factory", "freeze_batch_norms", "NORMS", "Norm",
-           "NormFactory", "MixerFactory", "DEFAULT_NORM"]
+__all__ = [
+    "ResNetRSStem",
+    "Bottleneck",
+    "ShortcutPool",
+    "SqueezeExcite",
+    "ConvNorm",
+    "make_norm",
+    "group_norm",
+    "norm_factory",
+    "freeze_batch_norms",
+    "NORMS",
+    "Norm",
+    "NormFactory",
+    "MixerFactory",
+    "DEFAULT_NORM",
+]
 
 # (in_channels, out_channels, stride) -> the spatial mixer of one block; see mixers.py.
 MixerFactory = Callable[[int, int, int], nn.Module]
@@ -42,8 +56,12 @@ def group_norm(channels: int) -> nn.GroupNorm:
 
 
 # The norms a name gives with torch alone (detectron2's names for them).
-NORMS: Dict[str, NormFactory] = {"BN": nn.BatchNorm2d, "SyncBN": nn.SyncBatchNorm,
-                                 "FrozenBN": FrozenBatchNorm2d, "GN": group_norm}
+NORMS: Dict[str, NormFactory] = {
+    "BN": nn.BatchNorm2d,
+    "SyncBN": nn.SyncBatchNorm,
+    "FrozenBN": FrozenBatchNorm2d,
+    "GN": group_norm,
+}
 
 
 def _no_norm(channels: int) -> None:
@@ -58,9 +76,11 @@ def norm_factory(norm: Norm) -> NormFactory:
     if norm is None or norm == "":
         return _no_norm
     if norm not in NORMS:
-        raise UserError(f"norm must be one of {list(NORMS)}, \"\" for none, or a callable "
-                         f"(channels -> module); got {norm!r} (LambdaResNetBackbone, the "
-                         f"detectron2 backbone, takes detectron2's norm names too)")
+        raise UserError(
+            f'norm must be one of {list(NORMS)}, "" for none, or a callable '
+            f"(channels -> module); got {norm!r} (LambdaResNetBackbone, the "
+            f"detectron2 backbone, takes detectron2's norm names too)"
+        )
     return NORMS[norm]
 
 
@@ -153,11 +173,16 @@ class ResNetRSStem(nn.Module):
     def __init__(self, in_channels: int = 3, out_channels: int = 64, norm: Norm = DEFAULT_NORM):
         half = out_channels // 2
         super().__init__()
-        widths = [(in_channels, half, 2), (half, half, 1), (half, out_channels, 1),
-                  (out_channels, out_channels, 2)]
+        widths = [
+            (in_channels, half, 2),
+            (half, half, 1),
+            (half, out_channels, 1),
+            (out_channels, out_channels, 2),
+        ]
         self.convs = nn.ModuleList(
             ConvNorm(cin, cout, 3, stride=stride, padding=1, bias=False, norm=make_norm(norm, cout))
-            for cin, cout, stride in widths)
+            for cin, cout, stride in widths
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for conv in self.convs:
@@ -183,20 +208,36 @@ class Bottleneck(nn.Module):
             when kept; the identity in evaluation.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, *, width: int, mixer: MixerFactory,
-                 stride: int = 1, norm: Norm = DEFAULT_NORM, se: bool = False, drop_path: float = 0.0):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        *,
+        width: int,
+        mixer: MixerFactory,
+        stride: int = 1,
+        norm: Norm = DEFAULT_NORM,
+        se: bool = False,
+        drop_path: float = 0.0,
+    ):
         super().__init__()
         if in_channels != out_channels or stride != 1:
             # ResNet-D: average-pool first, so the 1x1 projection sees every input position.
             pool = ShortcutPool() if stride != 1 else nn.Identity()
-            self.shortcut = nn.Sequential(pool, ConvNorm(in_channels, out_channels, 1, bias=False,
-                                                       norm=make_norm(norm, out_channels)))
+            self.shortcut = nn.Sequential(
+                pool,
+                ConvNorm(
+                    in_channels, out_channels, 1, bias=False, norm=make_norm(norm, out_channels)
+                ),
+            )
         else:
             self.shortcut = None
         self.conv1 = ConvNorm(in_channels, width, 1, bias=False, norm=make_norm(norm, width))
         self.mixer = mixer(width, width, stride)
         self.mixer_norm = make_norm(norm, width) or nn.Identity()
-        self.conv3 = ConvNorm(width, out_channels, 1, bias=False, norm=make_norm(norm, out_channels))
+        self.conv3 = ConvNorm(
+            width, out_channels, 1, bias=False, norm=make_norm(norm, out_channels)
+        )
         self.se = SqueezeExcite(out_channels) if se else None
         if not 0.0 <= drop_path < 1.0:
             raise ValueError(f"drop_path must be in [0, 1), got {drop_path!r}")

@@ -12,43 +12,67 @@ With C4 heads (``build_lambda_resnet_backbone``, ``OUT_FEATURES ["res4"]`` and d
 LambdaResNet's res4 channels, so ``RES2_OUT_CHANNELS`` must be 256 x ``WIDTH_MULTIPLIER``; the
 build names the value to set otherwise.
 """
+
 import logging
 
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import (
-    BACKBONE_REGISTRY, FPN, META_ARCH_REGISTRY, ROI_HEADS_REGISTRY, GeneralizedRCNN)
+    BACKBONE_REGISTRY,
+    FPN,
+    META_ARCH_REGISTRY,
+    ROI_HEADS_REGISTRY,
+    GeneralizedRCNN,
+)
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.roi_heads import Res5ROIHeads
+
 from lambda_det.modeling.backbone import LambdaResNetBackbone
 from lambda_det.modeling.mixers import MIXERS, mixer_options_from_config
 from lambda_det.utils.errors import UserError, UserKeyError
 
-__all__ = ["build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
-           "build_retinanet_lambda_resnet_fpn_backbone", "lambda_resnet_from_config",
-           "backbone_setting", "check_c4_head_channels", "STOCK_IMAGENET_WEIGHTS",
-           "has_c4_heads", "LAMBDA_DET_BACKBONES"]
+__all__ = [
+    "build_lambda_resnet_backbone",
+    "build_lambda_resnet_fpn_backbone",
+    "build_retinanet_lambda_resnet_fpn_backbone",
+    "lambda_resnet_from_config",
+    "backbone_setting",
+    "check_c4_head_channels",
+    "STOCK_IMAGENET_WEIGHTS",
+    "has_c4_heads",
+    "LAMBDA_DET_BACKBONES",
+]
 
 # Said by the backbone builders when a config lacks MODEL.LAMBDA_RESNET.
 MISSING_CONFIG_HINT = (
     "this config uses lambda_det's MODEL.LAMBDA_RESNET node, which detectron2's defaults do not "
     "have: call lambda_det.modeling.add_lambda_resnet_config(cfg) before merging it, or start "
-    "from lambda_det.run_config.get_cfg()")
+    "from lambda_det.run_config.get_cfg()"
+)
 
 logger = logging.getLogger(__name__)
 
-LAMBDA_DET_BACKBONES = ("build_lambda_resnet_backbone", "build_lambda_resnet_fpn_backbone",
-                        "build_retinanet_lambda_resnet_fpn_backbone")
+LAMBDA_DET_BACKBONES = (
+    "build_lambda_resnet_backbone",
+    "build_lambda_resnet_fpn_backbone",
+    "build_retinanet_lambda_resnet_fpn_backbone",
+)
 # MODEL.LAMBDA_RESNET keys that, left None, take their MODEL.RESNETS counterpart.
 FOLLOWS_RESNETS = ("DEPTH", "NORM", "OUT_FEATURES")
 # MODEL.RESNETS keys of detectron2's ResNet that a LambdaResNet (ResNet-RS blocks) does not have,
 # with detectron2's defaults.
-UNUSED_RESNETS_KEYS = {"NUM_GROUPS": 1, "WIDTH_PER_GROUP": 64, "RES5_DILATION": 1,
-                       "STEM_OUT_CHANNELS": 64, "RES2_OUT_CHANNELS": 256,
-                       "DEFORM_ON_PER_STAGE": [False, False, False, False]}
+UNUSED_RESNETS_KEYS = {
+    "NUM_GROUPS": 1,
+    "WIDTH_PER_GROUP": 64,
+    "RES5_DILATION": 1,
+    "STEM_OUT_CHANNELS": 64,
+    "RES2_OUT_CHANNELS": 256,
+    "DEFORM_ON_PER_STAGE": [False, False, False, False],
+}
 # The MODEL.RESNETS keys of that list that C4 heads (Res5ROIHeads) read to build their res5.
 RES5_HEAD_KEYS = ("NUM_GROUPS", "WIDTH_PER_GROUP", "RES2_OUT_CHANNELS")
 # Detectron2's ImageNet-pretrained ResNets (what stock configs load): they fit no LambdaResNet.
 STOCK_IMAGENET_WEIGHTS = "ImageNetPretrained/"
+
 
 def backbone_setting(cfg, key: str):
     """``MODEL.LAMBDA_RESNET.<key>``, or for DEPTH, NORM and OUT_FEATURES left None, the
@@ -60,17 +84,26 @@ def backbone_setting(cfg, key: str):
 
 
 def _log_settings(cfg) -> None:
-    followed = [f"{key} {cfg.MODEL.RESNETS[key]!r}" for key in FOLLOWS_RESNETS
-                if cfg.MODEL.LAMBDA_RESNET[key] is None]
+    followed = [
+        f"{key} {cfg.MODEL.RESNETS[key]!r}"
+        for key in FOLLOWS_RESNETS
+        if cfg.MODEL.LAMBDA_RESNET[key] is None
+    ]
     if followed:
         logger.info("MODEL.LAMBDA_RESNET follows MODEL.RESNETS for %s", ", ".join(followed))
     read_by_heads = RES5_HEAD_KEYS if has_c4_heads(cfg) else ()
-    unused = [f"{key}={cfg.MODEL.RESNETS[key]!r}" for key, default in UNUSED_RESNETS_KEYS.items()
-              if key in cfg.MODEL.RESNETS and key not in read_by_heads
-              and list_or_value(cfg.MODEL.RESNETS[key]) != default]
+    unused = [
+        f"{key}={cfg.MODEL.RESNETS[key]!r}"
+        for key, default in UNUSED_RESNETS_KEYS.items()
+        if key in cfg.MODEL.RESNETS
+        and key not in read_by_heads
+        and list_or_value(cfg.MODEL.RESNETS[key]) != default
+    ]
     if unused:
-        logger.warning("a LambdaResNet has no use for MODEL.RESNETS %s (ResNet-RS blocks); "
-                       "they are ignored", ", ".join(unused))
+        logger.warning(
+            "a LambdaResNet has no use for MODEL.RESNETS %s (ResNet-RS blocks); they are ignored",
+            ", ".join(unused),
+        )
 
 
 def has_c4_heads(cfg) -> bool:
@@ -81,8 +114,12 @@ def has_c4_heads(cfg) -> bool:
         heads = ROI_HEADS_REGISTRY.get(cfg.MODEL.ROI_HEADS.NAME)
     except KeyError:  # an unknown name: detectron2 names it when it builds the model
         return False
-    return (isinstance(architecture, type) and issubclass(architecture, GeneralizedRCNN)
-            and isinstance(heads, type) and issubclass(heads, Res5ROIHeads))
+    return (
+        isinstance(architecture, type)
+        and issubclass(architecture, GeneralizedRCNN)
+        and isinstance(heads, type)
+        and issubclass(heads, Res5ROIHeads)
+    )
 
 
 def check_c4_head_channels(cfg, backbone: LambdaResNetBackbone) -> None:
@@ -105,7 +142,8 @@ def check_c4_head_channels(cfg, backbone: LambdaResNetBackbone) -> None:
             f"(Res5ROIHeads) {4 * res2_out_channels} input channels, but the LambdaResNet's "
             f"{feature} has {channels} (MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER "
             f"{cfg.MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER}): set MODEL.RESNETS.RES2_OUT_CHANNELS "
-            f"{channels // 4}")
+            f"{channels // 4}"
+        )
 
 
 def list_or_value(value):
@@ -120,8 +158,10 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNetBackbo
     node = cfg.MODEL.LAMBDA_RESNET
     _log_settings(cfg)
     if node.MIXER not in MIXERS:
-        raise UserError(f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
-                         f"they are {', '.join(repr(name) for name in sorted(MIXERS))}")
+        raise UserError(
+            f"MODEL.LAMBDA_RESNET.MIXER {node.MIXER!r} is not a registered mixer; "
+            f"they are {', '.join(repr(name) for name in sorted(MIXERS))}"
+        )
     return LambdaResNetBackbone(
         backbone_setting(cfg, "DEPTH"),
         placement=node.PLACEMENT,
@@ -143,10 +183,15 @@ def _fpn_in_features(cfg, bottom_up: LambdaResNetBackbone):
     outputs = list(backbone_setting(cfg, "OUT_FEATURES"))
     missing = [name for name in in_features if name not in bottom_up.output_shape()]
     if missing:
-        key = ("MODEL.RESNETS.OUT_FEATURES" if cfg.MODEL.LAMBDA_RESNET.OUT_FEATURES is None
-               else "MODEL.LAMBDA_RESNET.OUT_FEATURES")
-        raise UserError(f"MODEL.FPN.IN_FEATURES {in_features} needs {missing}, which "
-                         f"{key} {outputs} does not output")
+        key = (
+            "MODEL.RESNETS.OUT_FEATURES"
+            if cfg.MODEL.LAMBDA_RESNET.OUT_FEATURES is None
+            else "MODEL.LAMBDA_RESNET.OUT_FEATURES"
+        )
+        raise UserError(
+            f"MODEL.FPN.IN_FEATURES {in_features} needs {missing}, which "
+            f"{key} {outputs} does not output"
+        )
     return in_features
 
 
@@ -161,9 +206,14 @@ def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNetBac
 
 def _fpn(cfg, bottom_up: LambdaResNetBackbone, top_block) -> FPN:
     """detectron2's FPN over ``bottom_up`` with ``cfg.MODEL.FPN``'s settings."""
-    return FPN(bottom_up=bottom_up, in_features=_fpn_in_features(cfg, bottom_up),
-               out_channels=cfg.MODEL.FPN.OUT_CHANNELS, norm=cfg.MODEL.FPN.NORM,
-               top_block=top_block, fuse_type=cfg.MODEL.FPN.FUSE_TYPE)
+    return FPN(
+        bottom_up=bottom_up,
+        in_features=_fpn_in_features(cfg, bottom_up),
+        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
+        norm=cfg.MODEL.FPN.NORM,
+        top_block=top_block,
+        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
+    )
 
 
 @BACKBONE_REGISTRY.register()
@@ -176,6 +226,5 @@ def build_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
 def build_retinanet_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6/P7 from res5: RetinaNet's backbone."""
     bottom_up = lambda_resnet_from_config(cfg, input_shape)
-    top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels,
-                              cfg.MODEL.FPN.OUT_CHANNELS)
+    top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels, cfg.MODEL.FPN.OUT_CHANNELS)
     return _fpn(cfg, bottom_up, top_block)

@@ -9,13 +9,20 @@ own (PointRend's ``add_pointrend_config``)::
 come from its builder (:mod:`lambda_det.modeling.mixers`); in a LazyConfig recipe,
 :func:`use_mixer` swaps a mixer's arguments.
 """
+
 import inspect
 from typing import MutableMapping
 
 from detectron2.config import CfgNode as CN
+
 from lambda_det.modeling.lambda_resnet import LambdaResNet
 from lambda_det.modeling.mixers import (
-    MIXERS, check_mixer_options, mixer_config_defaults, mixer_config_node, mixer_option_defaults)
+    MIXERS,
+    check_mixer_options,
+    mixer_config_defaults,
+    mixer_config_node,
+    mixer_option_defaults,
+)
 from lambda_det.utils.errors import UserError
 
 __all__ = ["add_lambda_resnet_config", "register_renamed_keys", "use_mixer", "RENAMED_KEYS"]
@@ -92,15 +99,19 @@ def _add_mixer_options(node: CN) -> None:
         where = mixer_config_node(name)
         if where:
             if where in node:
-                raise UserError(f"mixer {name!r} puts its options under MODEL.LAMBDA_RESNET."
-                                 f"{where}, which is taken: register it under another name")
+                raise UserError(
+                    f"mixer {name!r} puts its options under MODEL.LAMBDA_RESNET."
+                    f"{where}, which is taken: register it under another name"
+                )
             node[where] = CN()
         section = node[where] if where else node
         for key, default in defaults.items():
             if key in section:
-                raise UserError(f"mixer {name!r} option {key.lower()!r} would be MODEL."
-                                 f"LAMBDA_RESNET.{key}, which is taken: put its options in a "
-                                 f"node of their own (CONFIG_NODE)")
+                raise UserError(
+                    f"mixer {name!r} option {key.lower()!r} would be MODEL."
+                    f"LAMBDA_RESNET.{key}, which is taken: put its options in a "
+                    f"node of their own (CONFIG_NODE)"
+                )
             section[key] = default
 
 

@@ -4,18 +4,32 @@
 makes it a detectron2 ``Backbone`` (detectron2's norms and frozen norms, ``output_shape``) with
 the same parameters and state dict keys.
 """
+
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from lambda_det.modeling.blocks import (
-    DEFAULT_NORM, Bottleneck, Norm, ResNetRSStem, freeze_batch_norms, norm_factory)
+    DEFAULT_NORM,
+    Bottleneck,
+    Norm,
+    ResNetRSStem,
+    freeze_batch_norms,
+    norm_factory,
+)
 from lambda_det.modeling.mixers import build_mixer_factory, check_mixer_options, mixer_options
 from lambda_det.utils.errors import UserError
 
-__all__ = ["LambdaResNet", "lambda_resnet", "DEPTHS", "BLOCKS_PER_STAGE",
-           "PAPER_LAMBDA_BLOCKS_C4", "PAPER_PARAMETERS", "resolve_placement"]
+__all__ = [
+    "LambdaResNet",
+    "lambda_resnet",
+    "DEPTHS",
+    "BLOCKS_PER_STAGE",
+    "PAPER_LAMBDA_BLOCKS_C4",
+    "PAPER_PARAMETERS",
+    "resolve_placement",
+]
 
 STAGES = ("res2", "res3", "res4", "res5")
 
@@ -50,12 +64,27 @@ PAPER_LAMBDA_BLOCKS_C4: Dict[int, Sequence[int]] = {
 # Parameters (millions) of the paper's classifiers (1000 classes; k=16, h=4, u=1, scope 23), by
 # (depth, placement, se): Table 12 (ResNet-50, lambda layers in the stages marked L) and Table 13.
 PAPER_PARAMETERS: Dict[Tuple[int, str, bool], float] = {
-    **{(50, placement, False): count for placement, count in (
-        ("CCCC", 25.6), ("LCCC", 25.5), ("LLCC", 25.0), ("LLLC", 21.7), ("LLLL", 15.0),
-        ("CLLL", 15.1), ("CCLL", 15.4), ("CCCL", 18.8))},
-    (101, "none", False): 44.6, (101, "none", True): 63.6, (101, "paper", False): 36.9,
-    (101, "c4", False): 26.0, (152, "none", False): 60.2, (152, "none", True): 86.6,
-    (152, "paper", False): 51.4, (152, "c4", False): 35.1,
+    **{
+        (50, placement, False): count
+        for placement, count in (
+            ("CCCC", 25.6),
+            ("LCCC", 25.5),
+            ("LLCC", 25.0),
+            ("LLLC", 21.7),
+            ("LLLL", 15.0),
+            ("CLLL", 15.1),
+            ("CCLL", 15.4),
+            ("CCCL", 18.8),
+        )
+    },
+    (101, "none", False): 44.6,
+    (101, "none", True): 63.6,
+    (101, "paper", False): 36.9,
+    (101, "c4", False): 26.0,
+    (152, "none", False): 60.2,
+    (152, "none", True): 86.6,
+    (152, "paper", False): 51.4,
+    (152, "c4", False): 35.1,
 }
 
 Placement = Union[str, Mapping[str, Union[str, Sequence[int]]]]
@@ -84,11 +113,14 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
         elif letters == "NONE":
             chosen = {}
         elif len(letters) == 4 and set(letters) <= {"C", "L"}:
-            chosen = {stage: every[stage] for stage, letter in zip(STAGES, letters) if letter == "L"}
+            chosen = {
+                stage: every[stage] for stage, letter in zip(STAGES, letters) if letter == "L"
+            }
         else:
             raise UserError(
                 f"placement must be 'paper', 'c4', 'none', four letters over C/L for c2..c5 "
-                f"(e.g. 'CCLL'), or a mapping of stage to block indices; got {placement!r}")
+                f"(e.g. 'CCLL'), or a mapping of stage to block indices; got {placement!r}"
+            )
     elif isinstance(placement, Mapping):
         chosen = {}
         for stage, indices in placement.items():
@@ -104,7 +136,8 @@ def resolve_placement(depth: int, placement: Placement) -> Dict[str, FrozenSet[i
             if not isinstance(index, int) or not 1 <= index <= blocks[stage]:
                 raise UserError(
                     f"placement block {index!r} is past the end of {stage}, which has "
-                    f"{blocks[stage]} blocks at depth {depth} (indices are 1-based)")
+                    f"{blocks[stage]} blocks at depth {depth} (indices are 1-based)"
+                )
         resolved[stage] = frozenset(indices)
     return resolved
 
@@ -152,11 +185,22 @@ class LambdaResNet(nn.Module):
     norm_factory = staticmethod(norm_factory)
     freeze_norms = staticmethod(freeze_batch_norms)
 
-    def __init__(self, depth: int = 50, *, placement: Placement = "paper", se: bool = False,
-                 num_classes: Optional[int] = None, out_features: Optional[List[str]] = None,
-                 norm: Norm = DEFAULT_NORM, freeze_at: int = 0, width_multiplier: float = 1.0,
-                 in_channels: int = 3, drop_path_rate: float = 0.0, mixer: str = "lambda",
-                 **options):
+    def __init__(
+        self,
+        depth: int = 50,
+        *,
+        placement: Placement = "paper",
+        se: bool = False,
+        num_classes: Optional[int] = None,
+        out_features: Optional[List[str]] = None,
+        norm: Norm = DEFAULT_NORM,
+        freeze_at: int = 0,
+        width_multiplier: float = 1.0,
+        in_channels: int = 3,
+        drop_path_rate: float = 0.0,
+        mixer: str = "lambda",
+        **options,
+    ):
         super().__init__()
         check_mixer_options(mixer, options)
         if not width_multiplier > 0:
@@ -179,41 +223,57 @@ class LambdaResNet(nn.Module):
         # The stages up to the last output, as detectron2's ResNet builds them: a C4 backbone
         # (res4) has no res5, whose parameters would get no gradient (DDP stops on them). The
         # classifier reads res5.
-        last_stage = len(STAGES) if num_classes is not None else max(
-            (STAGES.index(name) + 1 for name in self._out_features if name in STAGES), default=0)
+        last_stage = (
+            len(STAGES)
+            if num_classes is not None
+            else max(
+                (STAGES.index(name) + 1 for name in self._out_features if name in STAGES), default=0
+            )
+        )
         self.stage_names = STAGES[:last_stage]
 
         # Built here, after the stem, and only when a block uses it: a factory may create modules
         # its mixers share (the lambda layers' position embedding), and random init follows
         # construction order.
-        placed_mixer = (build_mixer_factory(mixer, **options)
-                        if any(mixer_blocks[name] for name in self.stage_names) else None)
+        placed_mixer = (
+            build_mixer_factory(mixer, **options)
+            if any(mixer_blocks[name] for name in self.stage_names)
+            else None
+        )
         conv_mixer = build_mixer_factory("conv")
 
         channels = stem_width
         total_blocks = sum(BLOCKS_PER_STAGE[depth])
         block_number = 0  # over all stages, for the stochastic depth rule
-        for stage_index, (name, count) in enumerate(zip(self.stage_names,
-                                                        BLOCKS_PER_STAGE[depth])):
-            width = int(64 * width_multiplier * 2 ** stage_index)
+        for stage_index, (name, count) in enumerate(zip(self.stage_names, BLOCKS_PER_STAGE[depth])):
+            width = int(64 * width_multiplier * 2**stage_index)
             blocks = []
             for block_index in range(1, count + 1):
                 stride = 2 if block_index == 1 and stage_index > 0 else 1
                 is_placed = block_index in mixer_blocks[name]
                 block_number += 1
                 try:
-                    blocks.append(Bottleneck(
-                        channels, 4 * width, width=width, stride=stride,
-                        mixer=placed_mixer if is_placed else conv_mixer, norm=norm,
-                        se=se and not is_placed,
-                        drop_path=drop_path_rate * block_number / total_blocks))
+                    blocks.append(
+                        Bottleneck(
+                            channels,
+                            4 * width,
+                            width=width,
+                            stride=stride,
+                            mixer=placed_mixer if is_placed else conv_mixer,
+                            norm=norm,
+                            se=se and not is_placed,
+                            drop_path=drop_path_rate * block_number / total_blocks,
+                        )
+                    )
                 except ValueError as error:  # e.g. a width the mixer's heads do not divide
-                    raise UserError(f"{name} block {block_index} ({mixer!r} mixer, width {width}, "
-                                     f"width_multiplier={width_multiplier}): {error}") from error
+                    raise UserError(
+                        f"{name} block {block_index} ({mixer!r} mixer, width {width}, "
+                        f"width_multiplier={width_multiplier}): {error}"
+                    ) from error
                 channels = 4 * width
             self.add_module(name, nn.Sequential(*blocks))
             self._out_feature_channels[name] = channels
-            self._out_feature_strides[name] = 4 * 2 ** stage_index
+            self._out_feature_strides[name] = 4 * 2**stage_index
 
         if num_classes is not None:
             self.avgpool = nn.AdaptiveAvgPool2d(1)

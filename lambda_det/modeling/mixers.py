@@ -34,6 +34,7 @@ see ``blocks.norm_factory``); it has no config key.
 The backbone He-initialises every ``nn.Conv2d`` after building; a mixer module that is not itself a
 conv and has ``reset_parameters`` gets it called after that (see ``Bottleneck.init_weights``).
 """
+
 import dataclasses
 import functools
 import inspect
@@ -42,15 +43,28 @@ from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple
 
 from torch import nn
 
-from lambda_det.layers import (
-    AFTConv, LambdaLayer, RelativePositionEmbedding, constructor_defaults)
+from lambda_det.layers import AFTConv, LambdaLayer, RelativePositionEmbedding, constructor_defaults
 from lambda_det.modeling.blocks import DEFAULT_NORM, MixerFactory, Norm, make_norm
 from lambda_det.utils.errors import UserError
 
-__all__ = ["MixerFactory", "MIXERS", "register_mixer", "unregister_mixer", "mixer_options",
-           "check_mixer_options", "build_mixer_factory", "mixer_option_defaults",
-           "mixer_config_node", "mixer_config_defaults", "mixer_options_from_config",
-           "BACKBONE_OPTIONS", "NONE_IN_CONFIG", "ConvMixer", "LambdaMixer", "AFTConvMixer"]
+__all__ = [
+    "MixerFactory",
+    "MIXERS",
+    "register_mixer",
+    "unregister_mixer",
+    "mixer_options",
+    "check_mixer_options",
+    "build_mixer_factory",
+    "mixer_option_defaults",
+    "mixer_config_node",
+    "mixer_config_defaults",
+    "mixer_options_from_config",
+    "BACKBONE_OPTIONS",
+    "NONE_IN_CONFIG",
+    "ConvMixer",
+    "LambdaMixer",
+    "AFTConvMixer",
+]
 
 MixerBuilder = Callable[..., MixerFactory]  # (**options) -> factory
 
@@ -71,12 +85,14 @@ def register_mixer(name: str) -> Callable[[MixerBuilder], MixerBuilder]:
     Raises:
         ValueError: the name is taken, or an option has no default a config can hold.
     """
+
     def register(builder: MixerBuilder) -> MixerBuilder:
         if name in MIXERS:
             raise ValueError(f"a mixer named {name!r} is already registered: {MIXERS[name]!r}")
         _check_option_defaults(name, builder)
         MIXERS[name] = builder
         return builder
+
     return register
 
 
@@ -84,12 +100,16 @@ def _check_option_defaults(name: str, builder: MixerBuilder) -> None:
     """Each option's default is its config key's default: it needs one that a config holds."""
     for option, default in _option_defaults(builder).items():
         if default is inspect.Parameter.empty:
-            raise ValueError(f"option {option!r} of mixer {name!r} has no default: give it one "
-                             f"(it is the default of its config key)")
+            raise ValueError(
+                f"option {option!r} of mixer {name!r} has no default: give it one "
+                f"(it is the default of its config key)"
+            )
         if not isinstance(_to_config(builder, option, default), _CONFIG_VALUE_TYPES):
-            raise ValueError(f"option {option!r} of mixer {name!r} defaults to {default!r}, "
-                             f"which a config cannot hold: use a number, string, bool, list or "
-                             f"None")
+            raise ValueError(
+                f"option {option!r} of mixer {name!r} defaults to {default!r}, "
+                f"which a config cannot hold: use a number, string, bool, list or "
+                f"None"
+            )
 
 
 def unregister_mixer(name: str) -> None:
@@ -100,8 +120,10 @@ def unregister_mixer(name: str) -> None:
 
 def _builder(name: str) -> MixerBuilder:
     if name not in MIXERS:
-        raise UserError(f"unknown mixer {name!r}; the registered mixers are "
-                         f"{', '.join(repr(known) for known in sorted(MIXERS))}")
+        raise UserError(
+            f"unknown mixer {name!r}; the registered mixers are "
+            f"{', '.join(repr(known) for known in sorted(MIXERS))}"
+        )
     return MIXERS[name]
 
 
@@ -126,9 +148,11 @@ def build_mixer_factory(name: str, **options) -> MixerFactory:
 
 def _option_defaults(builder: MixerBuilder) -> Dict[str, Any]:
     """The defaults of the options a caller sets (``inspect.Parameter.empty``: none)."""
-    return {option: parameter.default
-            for option, parameter in inspect.signature(builder).parameters.items()
-            if option not in BACKBONE_OPTIONS}
+    return {
+        option: parameter.default
+        for option, parameter in inspect.signature(builder).parameters.items()
+        if option not in BACKBONE_OPTIONS
+    }
 
 
 def mixer_option_defaults(name: str) -> Dict[str, Any]:
@@ -162,8 +186,10 @@ def mixer_config_defaults(name: str) -> Dict[str, Any]:
     """The mixer's config keys (its options in capitals) with their defaults, as a config holds
     them (``NONE_IN_CONFIG`` for None); {} for a mixer without options."""
     builder = _builder(name)
-    return {option.upper(): _to_config(builder, option, default)
-            for option, default in _option_defaults(builder).items()}
+    return {
+        option.upper(): _to_config(builder, option, default)
+        for option, default in _option_defaults(builder).items()
+    }
 
 
 def mixer_options_from_config(name: str, node: Mapping[str, Any]) -> Dict[str, Any]:
@@ -181,8 +207,10 @@ def mixer_options_from_config(name: str, node: Mapping[str, Any]) -> Dict[str, A
         key = option.upper()
         if section is None or key not in section:
             full_key = ".".join(part for part in ("MODEL.LAMBDA_RESNET", where, key) if part)
-            raise UserError(f"the config has no {full_key} for mixer {name!r}: register the "
-                             f"mixer before making the config (lambda_det.run_config.get_cfg)")
+            raise UserError(
+                f"the config has no {full_key} for mixer {name!r}: register the "
+                f"mixer before making the config (lambda_det.run_config.get_cfg)"
+            )
         options[option] = _from_config(builder, option, section[key])
     return options
 
@@ -218,14 +246,16 @@ class LambdaMixer:
     heads: int = _LAMBDA_DEFAULTS["heads"]
     dim_k: int = _LAMBDA_DEFAULTS["dim_k"]
     dim_u: int = _LAMBDA_DEFAULTS["dim_u"]
-    scope: Optional[int] = dataclasses.field(default=_LAMBDA_DEFAULTS["scope"],
-                                             metadata={NONE_IN_CONFIG: 0})
+    scope: Optional[int] = dataclasses.field(
+        default=_LAMBDA_DEFAULTS["scope"], metadata={NONE_IN_CONFIG: 0}
+    )
     impl: str = _LAMBDA_DEFAULTS["impl"]
     max_size: int = _LAMBDA_DEFAULTS["max_size"]
     norm: Norm = DEFAULT_NORM
     share_position_embeddings: bool = False
     shared_position_embedding: Optional[RelativePositionEmbedding] = dataclasses.field(
-        init=False, default=None, repr=False, compare=False)
+        init=False, default=None, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.share_position_embeddings:
@@ -235,11 +265,19 @@ class LambdaMixer:
             object.__setattr__(self, "shared_position_embedding", embedding)  # frozen fields
 
     def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
-        return LambdaLayer(in_channels, out_channels, heads=self.heads, dim_k=self.dim_k,
-                           dim_u=self.dim_u, scope=self.scope, stride=stride, impl=self.impl,
-                           position_embedding=self.shared_position_embedding,
-                           max_size=self.max_size,
-                           norm_layer=functools.partial(make_norm, self.norm))
+        return LambdaLayer(
+            in_channels,
+            out_channels,
+            heads=self.heads,
+            dim_k=self.dim_k,
+            dim_u=self.dim_u,
+            scope=self.scope,
+            stride=stride,
+            impl=self.impl,
+            position_embedding=self.shared_position_embedding,
+            max_size=self.max_size,
+            norm_layer=functools.partial(make_norm, self.norm),
+        )
 
 
 _AFT_CONV_DEFAULTS = constructor_defaults(AFTConv)
@@ -259,5 +297,6 @@ class AFTConvMixer:
     window_size: int = _AFT_CONV_DEFAULTS["window_size"]
 
     def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
-        return AFTConv(in_channels, out_channels, heads=self.heads, window_size=self.window_size,
-                       stride=stride)
+        return AFTConv(
+            in_channels, out_channels, heads=self.heads, window_size=self.window_size, stride=stride
+        )

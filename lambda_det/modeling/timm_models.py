@@ -16,6 +16,7 @@ backbone's own keys plus ``linear.*`` (the classifier), so :func:`convert_classi
 only drops the classifier and adds the detector's prefix. Needs torch and timm, not detectron2
 (docs/timm.md).
 """
+
 import inspect
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -42,13 +43,29 @@ TIMM_VARIANTS = {
 # The preprocessing the models are meant to be trained and evaluated with (there are no
 # weights): ImageNet statistics, the paper's 224 x 224 (Table 18 trains deeper models at larger
 # sizes: pass --img-size to timm's train.py). Registered with timm for every variant.
-PRETRAINED_CFG = {"url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7),
-                  "crop_pct": 0.875, "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
-                  "std": (0.229, 0.224, 0.225), "first_conv": "stem.convs.0",
-                  "classifier": "linear"}
+PRETRAINED_CFG = {
+    "url": "",
+    "num_classes": 1000,
+    "input_size": (3, 224, 224),
+    "pool_size": (7, 7),
+    "crop_pct": 0.875,
+    "interpolation": "bicubic",
+    "mean": (0.485, 0.456, 0.406),
+    "std": (0.229, 0.224, 0.225),
+    "first_conv": "stem.convs.0",
+    "classifier": "linear",
+}
 # timm.create_model options that timm's builder takes before the model is built.
-CREATE_MODEL_OPTIONS = ("features_only", "out_indices", "feature_cls", "feature_cfg",
-                        "pretrained_cfg", "pretrained_cfg_overlay", "scriptable", "exportable")
+CREATE_MODEL_OPTIONS = (
+    "features_only",
+    "out_indices",
+    "feature_cls",
+    "feature_cfg",
+    "pretrained_cfg",
+    "pretrained_cfg_overlay",
+    "scriptable",
+    "exportable",
+)
 TIMM_ARGUMENTS = ("num_classes", "in_chans", "drop_rate", "drop_path_rate", "global_pool")
 # LambdaResNet arguments that the timm model sets itself (from TIMM_ARGUMENTS).
 _SET_FROM_TIMM = ("num_classes", "in_channels", "drop_path_rate", "out_features")
@@ -57,8 +74,11 @@ _SET_FROM_TIMM = ("num_classes", "in_channels", "drop_path_rate", "out_features"
 def check_model_arguments(kwargs: Dict) -> None:
     """A TypeError naming each keyword that neither LambdaResNet nor its mixer takes, and where
     it would be valid."""
-    backbone = [name for name in inspect.signature(LambdaResNet).parameters
-                if name not in ("depth", "options") + _SET_FROM_TIMM]
+    backbone = [
+        name
+        for name in inspect.signature(LambdaResNet).parameters
+        if name not in ("depth", "options") + _SET_FROM_TIMM
+    ]
     mixer = kwargs.get("mixer", "lambda")
     options = [name for name in mixer_options(mixer) if name not in backbone]
     unknown = sorted(set(kwargs) - set(backbone) - set(options))
@@ -67,8 +87,9 @@ def check_model_arguments(kwargs: Dict) -> None:
     places = []
     for name in unknown:
         if name in _SET_FROM_TIMM:
-            places.append(f"{name!r} is set from timm's arguments (in_chans, num_classes, "
-                          f"drop_path_rate)")
+            places.append(
+                f"{name!r} is set from timm's arguments (in_chans, num_classes, drop_path_rate)"
+            )
         elif name in CREATE_MODEL_OPTIONS:
             places.append(f"{name!r} is an option of timm.create_model, not of the model class")
         else:
@@ -76,7 +97,8 @@ def check_model_arguments(kwargs: Dict) -> None:
     raise TypeError(
         f"unknown keyword argument(s) {unknown} for a lambda_det timm model: "
         f"{'; '.join(places)}. They take timm's {TIMM_ARGUMENTS}, LambdaResNet's {tuple(backbone)}"
-        f" and the {mixer!r} mixer's options {tuple(options)}")
+        f" and the {mixer!r} mixer's options {tuple(options)}"
+    )
 
 
 class TimmLambdaResNet(LambdaResNet):
@@ -95,21 +117,39 @@ class TimmLambdaResNet(LambdaResNet):
         **kwargs: :class:`LambdaResNet` arguments and its mixer's options.
     """
 
-    def __init__(self, depth: int, *, num_classes: int = 1000, in_chans: int = 3,
-                 drop_rate: float = 0.0, global_pool: str = "avg",
-                 drop_path_rate: Optional[float] = None, **kwargs):
+    def __init__(
+        self,
+        depth: int,
+        *,
+        num_classes: int = 1000,
+        in_chans: int = 3,
+        drop_rate: float = 0.0,
+        global_pool: str = "avg",
+        drop_path_rate: Optional[float] = None,
+        **kwargs,
+    ):
         check_model_arguments(kwargs)
         _check_head(num_classes, global_pool)
         # num_classes=0: no classifier (LambdaResNet makes one for any count that is not None).
-        super().__init__(depth, num_classes=num_classes or None, in_channels=in_chans,
-                         drop_path_rate=drop_path_rate or 0.0, **kwargs)
+        super().__init__(
+            depth,
+            num_classes=num_classes or None,
+            in_channels=in_chans,
+            drop_path_rate=drop_path_rate or 0.0,
+            **kwargs,
+        )
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.drop_rate = drop_rate
         self.num_features = self.head_hidden_size = self._out_feature_channels["res5"]
-        self.feature_info = [dict(num_chs=self._out_feature_channels[name],
-                                  reduction=self._out_feature_strides[name], module=name)
-                             for name in ("stem",) + STAGES]
+        self.feature_info = [
+            dict(
+                num_chs=self._out_feature_channels[name],
+                reduction=self._out_feature_strides[name],
+                module=name,
+            )
+            for name in ("stem",) + STAGES
+        ]
         self.grad_checkpointing = False
         self.global_pool = global_pool
         self.avgpool = _pool(global_pool)
@@ -136,9 +176,13 @@ class TimmLambdaResNet(LambdaResNet):
         return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
-            self, x: torch.Tensor, indices: Optional[Union[int, List[int]]] = None,
-            norm: bool = False, stop_early: bool = False, output_fmt: str = "NCHW",
-            intermediates_only: bool = False,
+        self,
+        x: torch.Tensor,
+        indices: Optional[Union[int, List[int]]] = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
     ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
         """The outputs of the stem and of each stage (feature_info order), as timm's ResNet.
 
@@ -168,8 +212,9 @@ class TimmLambdaResNet(LambdaResNet):
                 intermediates.append(x)
         return intermediates if intermediates_only else (x, intermediates)
 
-    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1,
-                                  prune_norm: bool = False, prune_head: bool = True) -> List[int]:
+    def prune_intermediate_layers(
+        self, indices: Union[int, List[int]] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> List[int]:
         """Drop the stages after the last of ``indices`` (and the head): for features only."""
         take, last = feature_take_indices(len(self.feature_info), indices)
         for name in STAGES[last:]:
@@ -214,29 +259,36 @@ def _check_head(num_classes: int, global_pool: str) -> None:
     try:
         _pool(global_pool)
     except (AssertionError, AttributeError):  # timm asserts; a non-string has no .lower()
-        raise ValueError(f"global_pool must be a pool timm's SelectAdaptivePool2d takes ("
-                         f"'avg', 'max', 'avgmax', 'catavgmax', their 'fast' forms, or '' for "
-                         f"none), got {global_pool!r}") from None
+        raise ValueError(
+            f"global_pool must be a pool timm's SelectAdaptivePool2d takes ("
+            f"'avg', 'max', 'avgmax', 'catavgmax', their 'fast' forms, or '' for "
+            f"none), got {global_pool!r}"
+        ) from None
     if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 0:
         raise ValueError(f"num_classes must be an integer >= 0, got {num_classes!r}")
     if num_classes and not global_pool:
-        raise ValueError(f"global_pool='' (no pooling) needs num_classes=0: a classifier takes "
-                         f"pooled features, got num_classes={num_classes}")
+        raise ValueError(
+            f"global_pool='' (no pooling) needs num_classes=0: a classifier takes "
+            f"pooled features, got num_classes={num_classes}"
+        )
 
 
-def _create(name: str, pretrained: bool, depth: int, kwargs: Dict[str, Any],
-            **variant) -> TimmLambdaResNet:
+def _create(
+    name: str, pretrained: bool, depth: int, kwargs: Dict[str, Any], **variant
+) -> TimmLambdaResNet:
     """The model registered as ``name``: LambdaResNet-``depth`` with the variant's arguments,
     which ``kwargs`` (timm.create_model's) override."""
     if pretrained:
         raise UserError(f"no pretrained weights exist for {name}: train it (pretrained=False)")
-    return build_model_with_cfg(TimmLambdaResNet, name, pretrained, depth=depth,
-                                **{**variant, **kwargs})
+    return build_model_with_cfg(
+        TimmLambdaResNet, name, pretrained, depth=depth, **{**variant, **kwargs}
+    )
 
 
 # timm's register_model picks up the pretrained cfg of each name from here.
-default_cfgs = generate_default_cfgs({pattern.format(depth): dict(PRETRAINED_CFG)
-                                      for pattern in TIMM_VARIANTS for depth in DEPTHS})
+default_cfgs = generate_default_cfgs(
+    {pattern.format(depth): dict(PRETRAINED_CFG) for pattern in TIMM_VARIANTS for depth in DEPTHS}
+)
 
 # The models, one entrypoint per name as timm's own model files have them: TIMM_VARIANTS at every
 # depth of DEPTHS (tests/modeling/test_timm.py checks that they match).
@@ -406,8 +458,9 @@ def resnetrs420_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
     return _create("resnetrs420_se_det", pretrained, 420, kwargs, placement="none", se=True)
 
 
-def convert_classifier_checkpoint(checkpoint: Dict, model: nn.Module, use_ema: bool = False
-                                  ) -> Dict[str, torch.Tensor]:
+def convert_classifier_checkpoint(
+    checkpoint: Dict, model: nn.Module, use_ema: bool = False
+) -> Dict[str, torch.Tensor]:
     """The backbone weights of a timm classifier checkpoint, named as in ``model`` (a detector
     built from the config to fine-tune, e.g. on the meta device: only names and shapes are used).
 
@@ -429,25 +482,35 @@ def convert_classifier_checkpoint(checkpoint: Dict, model: nn.Module, use_ema: b
         raise UserError("the checkpoint has no state_dict_ema (timm writes it with --model-ema)")
     else:
         state = checkpoint.get("model", checkpoint)
-    state = {name[len("module."):] if name.startswith("module.") else name: value
-             for name, value in state.items() if not name.startswith(("linear.", "module.linear."))}
+    state = {
+        name[len("module.") :] if name.startswith("module.") else name: value
+        for name, value in state.items()
+        if not name.startswith(("linear.", "module.linear."))
+    }
     prefixes = [name for name, module in model.named_modules() if isinstance(module, LambdaResNet)]
     if len(prefixes) != 1:
-        raise UserError(f"the config's model has {len(prefixes)} LambdaResNet backbones, not 1 "
-                         f"(is MODEL.BACKBONE.NAME a lambda_det backbone?)")
+        raise UserError(
+            f"the config's model has {len(prefixes)} LambdaResNet backbones, not 1 "
+            f"(is MODEL.BACKBONE.NAME a lambda_det backbone?)"
+        )
     prefix = prefixes[0] + "." if prefixes[0] else ""
-    wanted = {name[len(prefix):]: tensor.shape for name, tensor in model.state_dict().items()
-              if name.startswith(prefix)}
+    wanted = {
+        name[len(prefix) :]: tensor.shape
+        for name, tensor in model.state_dict().items()
+        if name.startswith(prefix)
+    }
     missing = sorted(set(wanted) - set(state))
     unexpected = sorted(set(state) - set(wanted))
-    mismatched = [f"{name} {tuple(state[name].shape)} vs {tuple(wanted[name])}"
-                  for name in sorted(set(wanted) & set(state))
-                  if tuple(state[name].shape) != tuple(wanted[name])]
+    mismatched = [
+        f"{name} {tuple(state[name].shape)} vs {tuple(wanted[name])}"
+        for name in sorted(set(wanted) & set(state))
+        if tuple(state[name].shape) != tuple(wanted[name])
+    ]
     if missing or unexpected or mismatched:
         raise UserError(
             f"the classifier is not the config's backbone (MODEL.LAMBDA_RESNET: another depth, "
             f"placement, width or mixer?): {len(missing)} backbone weights missing "
             f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}, {len(mismatched)} of "
-            f"another shape (checkpoint vs backbone) {mismatched[:3]}")
+            f"another shape (checkpoint vs backbone) {mismatched[:3]}"
+        )
     return {prefix + name: value for name, value in state.items()}
-

@@ -2,6 +2,7 @@
 models), the one rule every tool follows before writing a file (:func:`check_output_file`), and
 write failures (a read-only, full or missing disk) reported as one error that names the path and
 the fix."""
+
 import contextlib
 import errno
 import os
@@ -9,9 +10,18 @@ import tempfile
 import uuid
 from typing import Container, Iterator, Mapping, Optional, Tuple, Union
 
-__all__ = ["atomic_path", "atomic_write", "check_output_file", "file_identity", "refuse_symlink",
-           "OutputWriteError", "write_error", "reporting_write_errors", "check_writable_folder",
-           "DISK_ERRNOS"]
+__all__ = [
+    "atomic_path",
+    "atomic_write",
+    "check_output_file",
+    "file_identity",
+    "refuse_symlink",
+    "OutputWriteError",
+    "write_error",
+    "reporting_write_errors",
+    "check_writable_folder",
+    "DISK_ERRNOS",
+]
 
 PathLike = Union[str, os.PathLike]
 
@@ -24,8 +34,9 @@ class OutputWriteError(RuntimeError):
     such as /sys, or a file in the way); the message names the path and the fix."""
 
 
-def write_error(path: Union[str, os.PathLike], error: OSError,
-                option: str = "the output folder") -> OutputWriteError:
+def write_error(
+    path: Union[str, os.PathLike], error: OSError, option: str = "the output folder"
+) -> OutputWriteError:
     """An :class:`OutputWriteError` for ``error``, raised while writing ``path`` (``option``
     names where the user chose it, e.g. "--output" or "OUTPUT_DIR")."""
     reason = error.strerror or str(error) or type(error).__name__
@@ -39,8 +50,11 @@ def write_error(path: Union[str, os.PathLike], error: OSError,
 
 
 @contextlib.contextmanager
-def reporting_write_errors(path: Union[str, os.PathLike], option: str = "the output folder",
-                           errnos: Optional[Container[int]] = None) -> Iterator[None]:
+def reporting_write_errors(
+    path: Union[str, os.PathLike],
+    option: str = "the output folder",
+    errnos: Optional[Container[int]] = None,
+) -> Iterator[None]:
     """Raise an ``OSError`` of the block (of ``errnos`` only, if given) as an
     :class:`OutputWriteError` naming ``path`` and ``option``; also one that a writer wrapped
     in a RuntimeError (:func:`_wrapped_os_error`). Other RuntimeErrors pass unchanged."""
@@ -63,8 +77,9 @@ def _wrapped_os_error(error: RuntimeError) -> Optional[OSError]:
     return context if isinstance(context, OSError) and not error.__suppress_context__ else None
 
 
-def check_writable_folder(folder: Union[str, os.PathLike],
-                          option: str = "the output folder") -> None:
+def check_writable_folder(
+    folder: Union[str, os.PathLike], option: str = "the output folder"
+) -> None:
     """``folder`` can be created (if missing) and written: a probe file is written, synced and
     removed, and folders created for it are removed again, so a run that stops at a later check
     leaves nothing behind. Cheap; call it before the work whose results go there.
@@ -104,9 +119,13 @@ def file_identity(path: PathLike) -> Optional[Tuple[int, int]]:
     return status.st_dev, status.st_ino
 
 
-def check_output_file(path: PathLike, overwrite: bool,
-                      reads: Optional[Mapping[str, Optional[PathLike]]] = None,
-                      option: str = "--output", what: Optional[str] = None) -> None:
+def check_output_file(
+    path: PathLike,
+    overwrite: bool,
+    reads: Optional[Mapping[str, Optional[PathLike]]] = None,
+    option: str = "--output",
+    what: Optional[str] = None,
+) -> None:
     """The output rule of every tool, checked before the work: a file the command reads is
     never written over (``reads``: what the user calls it, e.g. "MODEL.WEIGHTS" -> its path;
     compared as files, through links and spellings), another existing file (or a link) only
@@ -129,11 +148,11 @@ def check_output_file(path: PathLike, overwrite: bool,
     identity = file_identity(path)
     for role, read in (reads or {}).items():
         if identity is not None and read is not None and file_identity(read) == identity:
-            raise FileExistsError(f"{what} is {role}, which this command reads: pass another "
-                                  f"{option}")
+            raise FileExistsError(
+                f"{what} is {role}, which this command reads: pass another {option}"
+            )
     if not overwrite:
-        raise FileExistsError(f"{what} exists: pass another {option}, or --overwrite to "
-                              f"replace it")
+        raise FileExistsError(f"{what} exists: pass another {option}, or --overwrite to replace it")
 
 
 def refuse_symlink(path: PathLike, fix: str) -> None:
@@ -144,13 +163,16 @@ def refuse_symlink(path: PathLike, fix: str) -> None:
         OutputWriteError: naming ``path`` and ``fix``.
     """
     if os.path.islink(path):
-        raise OutputWriteError(f"{os.fspath(path)!r} is a symbolic link (to "
-                               f"{os.readlink(path)!r}), and is written in place: {fix}")
+        raise OutputWriteError(
+            f"{os.fspath(path)!r} is a symbolic link (to "
+            f"{os.readlink(path)!r}), and is written in place: {fix}"
+        )
 
 
 @contextlib.contextmanager
-def atomic_path(path: PathLike, suffix: str = "",
-                option: str = "the output folder") -> Iterator[str]:
+def atomic_path(
+    path: PathLike, suffix: str = "", option: str = "the output folder"
+) -> Iterator[str]:
     """A new temporary path beside ``path`` for the block to write; renamed over ``path`` if the
     block succeeds, removed if it raises. ``suffix`` ends the temporary name, for writers that
     choose the format by it (OpenCV); ``option`` names where the user chose ``path``, for a
@@ -186,8 +208,9 @@ def atomic_path(path: PathLike, suffix: str = "",
             os.close(folder_handle)
 
 
-def atomic_write(path: PathLike, data: Union[str, bytes],
-                 option: str = "the output folder") -> None:
+def atomic_write(
+    path: PathLike, data: Union[str, bytes], option: str = "the output folder"
+) -> None:
     """Write ``data`` (text as utf-8) to ``path`` through :func:`atomic_path`."""
     with atomic_path(path, option=option) as temporary, open(temporary, "wb") as f:
         f.write(data.encode() if isinstance(data, str) else data)

@@ -4,6 +4,7 @@ tools/train_net.py reads yaml configs (keys such as ``SOLVER.BASE_LR``) and
 tools/lazyconfig_train_net.py LazyConfig recipes (keys such as ``optimizer.lr``); the checks of
 both take :class:`Setting` values and say the fix in the syntax of the key's command line
 (:func:`override`)."""
+
 from typing import Any, NamedTuple
 
 __all__ = ["Setting", "override", "is_integer"]
@@ -11,6 +12,7 @@ __all__ = ["Setting", "override", "is_integer"]
 
 class Setting(NamedTuple):
     """A config value and the key that the user sets it with (named in the errors)."""
+
     key: str
     value: Any
 

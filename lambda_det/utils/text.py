@@ -1,5 +1,6 @@
 """Text files a user passes or a run left (configs, last_checkpoint, eval_results.json): one that
 is not utf-8 text is an error naming the file, not Python's codec message."""
+
 import os
 from pathlib import Path
 from typing import Union
@@ -15,8 +16,10 @@ class NotTextError(UserError):
 
 def not_text(where: str, error: UnicodeDecodeError, fix: str) -> NotTextError:
     """The error for ``where`` (e.g. "config file x.yaml"), which failed to decode."""
-    return NotTextError(f"{where} is not utf-8 text (byte {error.start} is 0x"
-                        f"{error.object[error.start]:02x}; a binary file?): {fix}")
+    return NotTextError(
+        f"{where} is not utf-8 text (byte {error.start} is 0x"
+        f"{error.object[error.start]:02x}; a binary file?): {fix}"
+    )
 
 
 def read_text(path: Union[str, os.PathLike], fix: str, where: str = "") -> str:

@@ -1,15 +1,27 @@
 """tools/benchmark_detector.py on the CPU at small sizes: a lambda detector against its twin."""
+
 import json
 import subprocess
 import sys
 
 import pytest
 from conftest import REPO_ROOT, subprocess_env
-from lambda_det.benchmark.detector import (
-    DetectorSettings, benchmark_detector, format_detector, parse_config_spec)
 
-SMALL = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",
-         "MODEL.LAMBDA_RESNET.PLACEMENT", "c4"]
+from lambda_det.benchmark.detector import (
+    DetectorSettings,
+    benchmark_detector,
+    format_detector,
+    parse_config_spec,
+)
+
+SMALL = [
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "MODEL.LAMBDA_RESNET.PLACEMENT",
+    "c4",
+]
 TWIN = "lambda_r26_shapes:MODEL.LAMBDA_RESNET.PLACEMENT=none"
 
 
@@ -22,9 +34,17 @@ def test_config_specs():
 
 @pytest.mark.slow
 def test_a_lambda_detector_against_its_twin_on_the_cpu():
-    settings = DetectorSettings(configs=["lambda_r26_shapes", TWIN], opts=SMALL,
-                                ims_per_device=2, precisions=["fp32"], modes=["eager"],
-                                size=96, device="cpu", warmup=0, rounds=2)
+    settings = DetectorSettings(
+        configs=["lambda_r26_shapes", TWIN],
+        opts=SMALL,
+        ims_per_device=2,
+        precisions=["fp32"],
+        modes=["eager"],
+        size=96,
+        device="cpu",
+        warmup=0,
+        rounds=2,
+    )
     results = benchmark_detector(settings)
     lambda_row, twin_row = results["rows"]
     for row in results["rows"]:
@@ -41,16 +61,43 @@ def test_a_lambda_detector_against_its_twin_on_the_cpu():
 @pytest.mark.e2e
 def test_the_command_line_writes_its_files_and_names_bad_input(tmp_path):
     def tool(*args):
-        return subprocess.run([sys.executable, str(REPO_ROOT / "tools/benchmark_detector.py"),
-                               *map(str, args)], capture_output=True, text=True,
-                              env=subprocess_env(), cwd=REPO_ROOT, timeout=600)
+        return subprocess.run(
+            [sys.executable, str(REPO_ROOT / "tools/benchmark_detector.py"), *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            cwd=REPO_ROOT,
+            timeout=600,
+        )
 
-    result = tool("--device", "cpu", "--size", "64", "--ims-per-device", "1", "--rounds", "1",
-                  "--warmup", "0", "--configs", "lambda_r26_shapes", "--output", tmp_path, *SMALL)
+    result = tool(
+        "--device",
+        "cpu",
+        "--size",
+        "64",
+        "--ims-per-device",
+        "1",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--configs",
+        "lambda_r26_shapes",
+        "--output",
+        tmp_path,
+        *SMALL,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["rows"][0]["config"] == "lambda_r26_shapes" and results["machine"]
     assert (tmp_path / "table.md").read_text().startswith("Training step, 1 images per device")
-    result = tool("--device", "cpu", "--configs", "lambda_r26_shapes", "lambda_r26_shapes",
-                  "--output", tmp_path / "again")
+    result = tool(
+        "--device",
+        "cpu",
+        "--configs",
+        "lambda_r26_shapes",
+        "lambda_r26_shapes",
+        "--output",
+        tmp_path / "again",
+    )
     assert result.returncode == 2 and "error: --configs names a config twice" in result.stderr

@@ -2,6 +2,7 @@
 builds and maps the feature map to its own shape, and a run writes its table, JSON and plot. (Its
 timings are not tested: docs/benchmarks.md.)
 """
+
 import json
 
 import pytest
@@ -29,8 +30,16 @@ def test_every_candidate_builds_and_keeps_the_shape():
     names = [candidate.name for candidate in candidates]
     for impl in layers.IMPLEMENTATIONS:
         assert f"lambda_det {impl}" in names
-    for expected in (zoo.TIMM, zoo.LUCIDRAINS, "conv 3x3", "self-attention sdpa", "AFT-simple",
-                     "AFT-full", f"AFT-local s={zoo.SCOPE}", f"AFT-conv h=8 s={zoo.AFT_WINDOW}"):
+    for expected in (
+        zoo.TIMM,
+        zoo.LUCIDRAINS,
+        "conv 3x3",
+        "self-attention sdpa",
+        "AFT-simple",
+        "AFT-full",
+        f"AFT-local s={zoo.SCOPE}",
+        f"AFT-conv h=8 s={zoo.AFT_WINDOW}",
+    ):
         assert expected in names
     with pytest.raises(ValueError, match=r"--only \['nosuch'\] matches none of the candidates"):
         zoo.layer_candidates(6, 10, 32, 2, cap_bytes=2**30, only=["nosuch"])
@@ -44,8 +53,7 @@ def test_every_candidate_builds_and_keeps_the_shape():
 
 
 def test_memory_cap_skips_with_the_reason():
-    candidates = zoo.layer_candidates(64, 64, 256, 2, cap_bytes=2**20,
-                                      only=["einsum", "explicit"])
+    candidates = zoo.layer_candidates(64, 64, 256, 2, cap_bytes=2**20, only=["einsum", "explicit"])
     assert [c.name for c in candidates] == ["lambda_det einsum", "self-attention explicit"]
     assert all(c.skip and c.skip.startswith("too large") for c in candidates)
 
@@ -54,8 +62,25 @@ def test_memory_cap_skips_with_the_reason():
 @pytest.mark.e2e
 def test_a_small_run_writes_table_json_and_plot(tmp_path):
     tool = load_benchmark_tool()
-    assert tool.main(["--shapes", "c5_224", "--only", "tiled", "conv 3x3", "AFT-simple",
-                      "--repetitions", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    assert (
+        tool.main(
+            [
+                "--shapes",
+                "c5_224",
+                "--only",
+                "tiled",
+                "conv 3x3",
+                "AFT-simple",
+                "--repetitions",
+                "1",
+                "--warmup",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     results = json.loads((tmp_path / "results.json").read_text())
     timed = results["shapes"]["c5_224"]
     assert "lambda_det tiled" in (tmp_path / "results.md").read_text()
@@ -66,11 +91,29 @@ def test_a_small_run_writes_table_json_and_plot(tmp_path):
 
 @pytest.mark.e2e
 def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
-    candidate, = zoo.layer_candidates(8, 8, 16, 1, cap_bytes=2**30, only=["tiled"], tile=(2, 3))
+    (candidate,) = zoo.layer_candidates(8, 8, 16, 1, cap_bytes=2**30, only=["tiled"], tile=(2, 3))
     assert candidate.build().tuning.tile == (2, 3)
     tool = load_benchmark_tool()
-    assert tool.main(["--shapes", "c5_224", "--only", "tiled", "--tile", "2", "3",
-                      "--repetitions", "1", "--warmup", "0", "--out", str(tmp_path)]) == 0
+    assert (
+        tool.main(
+            [
+                "--shapes",
+                "c5_224",
+                "--only",
+                "tiled",
+                "--tile",
+                "2",
+                "3",
+                "--repetitions",
+                "1",
+                "--warmup",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "results.json").read_text())["tiled_tile"] == [2, 3]
     assert layers.LambdaLayer(16).tuning.tile == ()  # no default was rewritten
 
@@ -80,8 +123,24 @@ def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
 def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
     # An explicit --repetitions equal to the layer default once got replaced by the backbone's.
     tool = load_benchmark_tool()
-    assert tool.main(["--backbone", "--depth", "26", "--image", "64", "--repetitions", "7",
-                      "--warmup", "0", "--out", str(tmp_path)]) == 0
+    assert (
+        tool.main(
+            [
+                "--backbone",
+                "--depth",
+                "26",
+                "--image",
+                "64",
+                "--repetitions",
+                "7",
+                "--warmup",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     results = json.loads((tmp_path / "results.json").read_text())
     lambda_row, baseline_row = results["rows"]
     assert len(lambda_row["times_s"]) == len(baseline_row["times_s"]) == 7
@@ -95,12 +154,30 @@ def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
 @pytest.mark.e2e
 def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
     tool = load_benchmark_tool()
-    assert tool.main(["--blocks", "--depth", "26", "--image", "64", "--repetitions", "2",
-                      "--warmup", "0", "--out", str(tmp_path)]) == 0
+    assert (
+        tool.main(
+            [
+                "--blocks",
+                "--depth",
+                "26",
+                "--image",
+                "64",
+                "--repetitions",
+                "2",
+                "--warmup",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     rows = json.loads((tmp_path / "results.json").read_text())["rows"]
     assert [(row["name"], row["count"], row["input"]) for row in rows] == [
-        ("c4 block", 1, [1, 1024, 4, 4]), ("c5 first block (stride 2)", 1, [1, 1024, 4, 4]),
-        ("c5 block", 1, [1, 2048, 2, 2])]
+        ("c4 block", 1, [1, 1024, 4, 4]),
+        ("c5 first block (stride 2)", 1, [1, 1024, 4, 4]),
+        ("c5 block", 1, [1, 2048, 2, 2]),
+    ]
     assert all(len(row["lambda_times_s"]) == len(row["conv_times_s"]) == 2 for row in rows)
     assert "c5 first block (stride 2)" in (tmp_path / "results.md").read_text()
 

@@ -1,6 +1,7 @@
 """Checkpoint files over a long job: a truncated or pickled checkpoint is named, a job killed
 mid-write keeps the last checkpoint valid, evaluation loads every weight or refuses.
 (From tests/test_reliability.py.)"""
+
 import pickle
 
 import numpy as np
@@ -8,10 +9,16 @@ import pytest
 import torch
 from conftest import tiny_cfg
 from detectron2.modeling import build_model
+
 from lambda_det.checkpoint import (
-    AtomicCheckpointer, CorruptCheckpointError, UnsafeCheckpointError, WeightsMismatchError)
+    AtomicCheckpointer,
+    CorruptCheckpointError,
+    UnsafeCheckpointError,
+    WeightsMismatchError,
+    load_checkpoint_file,
+    load_weights,
+)
 from lambda_det.checkpoint import checkpointer as checkpoint_module
-from lambda_det.checkpoint import load_checkpoint_file, load_weights
 from lambda_det.checkpoint import evaluation_weights as _evaluation_weights
 from lambda_det.engine.run_settings import yaml_run_settings
 from lambda_det.modeling import lambda_resnet
@@ -36,9 +43,12 @@ def test_checkpoint_with_pickled_objects_is_refused_not_called_corrupt(tmp_path,
     model = lambda_resnet(26, width_multiplier=0.25, scope=3)
     path = tmp_path / "pickled.pth"
     torch.save({"model": model.state_dict(), "extra": NotATensor()}, path)
-    with pytest.raises(UnsafeCheckpointError, match=f"checkpoint {path} refers to "
-                                                    r"test_checkpoint_files.NotATensor, which "
-                                                    r"torch.load\(weights_only=True\) refuses"):
+    with pytest.raises(
+        UnsafeCheckpointError,
+        match=f"checkpoint {path} refers to "
+        r"test_checkpoint_files.NotATensor, which "
+        r"torch.load\(weights_only=True\) refuses",
+    ):
         AtomicCheckpointer(model).load(str(path))
 
 
@@ -72,8 +82,9 @@ def test_evaluation_loads_every_weight_or_refuses(tmp_path):
     trained = build_model(cfg)
     with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty"):
         evaluation_weights(cfg, resume=False)
-    with pytest.raises(ValueError, match="MODEL.WEIGHTS is empty and OUTPUT_DIR .* has no "
-                                         "last_checkpoint"):
+    with pytest.raises(
+        ValueError, match="MODEL.WEIGHTS is empty and OUTPUT_DIR .* has no last_checkpoint"
+    ):
         evaluation_weights(cfg, resume=True)
     AtomicCheckpointer(trained, save_dir=str(tmp_path)).save("model_0000004")
     evaluated = build_model(cfg)
@@ -83,29 +94,40 @@ def test_evaluation_loads_every_weight_or_refuses(tmp_path):
     for loaded, saved in zip(evaluated.state_dict().values(), trained.state_dict().values()):
         assert torch.equal(loaded, saved)
     # A checkpoint without the backbone would give detectron2 a half-random model to evaluate.
-    state = {key: value for key, value in trained.state_dict().items()
-             if not key.startswith("backbone.")}
+    state = {
+        key: value for key, value in trained.state_dict().items() if not key.startswith("backbone.")
+    }
     torch.save({"model": state}, tmp_path / "heads_only.pth")
     cfg.MODEL.WEIGHTS = str(tmp_path / "heads_only.pth")
     with pytest.raises(WeightsMismatchError, match="does not fit the model .* missing weights"):
         load_weights(build_model(cfg), evaluation_weights(cfg, resume=False))
 
 
-@pytest.mark.parametrize("content, message", [
-    ({"model": {"conv.weight": np.zeros(2)}},  # no "__author__": detectron2 reads it as Caffe2's
-     r"'model' is of type dict, not a numpy array \(without '__author__' .* add '__author__'"),
-    ({"conv.weight": np.zeros(2), "epoch": 3}, r"'epoch' is of type int, not a numpy array; a"),
-    ({"model": [np.zeros(2)], "__author__": "me"}, r"its 'model' is a list, not a dict of"),
-])
-def test_a_pkl_detectron2_cannot_load_is_named_with_the_layouts_it_can(tmp_path, content,
-                                                                       message):
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            {
+                "model": {"conv.weight": np.zeros(2)}
+            },  # no "__author__": detectron2 reads it as Caffe2's
+            r"'model' is of type dict, not a numpy array \(without '__author__' .* "
+            r"add '__author__'",
+        ),
+        ({"conv.weight": np.zeros(2), "epoch": 3}, r"'epoch' is of type int, not a numpy array; a"),
+        ({"model": [np.zeros(2)], "__author__": "me"}, r"its 'model' is a list, not a dict of"),
+    ],
+)
+def test_a_pkl_detectron2_cannot_load_is_named_with_the_layouts_it_can(tmp_path, content, message):
     path = tmp_path / "weights.pkl"
     path.write_bytes(pickle.dumps(content, protocol=2))
     with pytest.raises(CorruptCheckpointError, match=f"checkpoint {path}: {message}"):
         load_checkpoint_file(str(path))
-    with pytest.raises(CorruptCheckpointError, match=r"detectron2's \{'model': \{name: numpy "
-                                                     r"array\}, '__author__': source\} or "
-                                                     r"Caffe2's \{name: numpy array\}"):
+    with pytest.raises(
+        CorruptCheckpointError,
+        match=r"detectron2's \{'model': \{name: numpy "
+        r"array\}, '__author__': source\} or "
+        r"Caffe2's \{name: numpy array\}",
+    ):
         load_checkpoint_file(str(path))
 
 
@@ -114,6 +136,7 @@ def test_weights_at_a_url_that_cannot_be_downloaded_are_one_error(monkeypatch, c
     fix (the .invalid domain never resolves; the socket is refused too, in case of a resolver
     that answers everything)."""
     import socket
+
     from lambda_det.checkpoint import check_weights
 
     def no_network(*args, **kwargs):

@@ -1,4 +1,5 @@
 """The environment works: detectron2 on today's stack, with and without lambda_det imported."""
+
 import inspect
 import json
 import subprocess
@@ -28,8 +29,14 @@ build_detectron2 = load_tool("build_detectron2")  # a stdlib-only script
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=subprocess_env(), cwd=REPO_ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
 
 
 @pytest.mark.slow
@@ -54,7 +61,8 @@ def test_import_lambda_det_registers_the_backbones_and_prints_nothing():
         "import lambda_det\n"
         "from detectron2.modeling import BACKBONE_REGISTRY\n"
         "assert 'build_lambda_resnet_fpn_backbone' in BACKBONE_REGISTRY, 'not registered'\n"
-        "lambda_det.get_cfg()\n")
+        "lambda_det.get_cfg()\n"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "" and result.stderr == ""
 
@@ -94,7 +102,11 @@ def test_build_script_leaves_an_existing_detectron2_alone(tmp_path):
     env["PYTHONPATH"] = str(tmp_path / "site")
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "tools" / "build_detectron2.py")],
-        capture_output=True, text=True, env=env, timeout=120)
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert f"already importable from {fake}" in result.stdout
     assert "pip" not in result.stdout
@@ -108,7 +120,8 @@ def _fake_detectron2_source(root: Path) -> None:
         with path.open("a") as f:
             f.write(old + "\n")
     (root / "detectron2/data/build.py").write_text(
-        "h = np.zeros((3,), dtype=np.int)\nx = np.int64(1)\ny = np.float32\nb = np.bool_\n")
+        "h = np.zeros((3,), dtype=np.int)\nx = np.int64(1)\ny = np.float32\nb = np.bool_\n"
+    )
 
 
 def test_patch_source_rewrites_exactly_what_it_should(tmp_path):
@@ -132,10 +145,13 @@ def test_patch_source_refuses_an_unexpected_tree(tmp_path):
 
 def test_anchor_grid_does_not_warn():
     """The meshgrid patch: without it torch warns on every training run."""
-    if build_detectron2.installed_build_id(build_detectron2.detectron2_location()) != \
-            build_detectron2.build_id():
+    if (
+        build_detectron2.installed_build_id(build_detectron2.detectron2_location())
+        != build_detectron2.build_id()
+    ):
         pytest.skip("not lambda_det's current build of detectron2")
     from detectron2.modeling.anchor_generator import _create_grid_offsets
+
     # torch warns once per process, so an earlier test may have used up the warning: check the
     # source as well as the call.
     assert 'indexing="ij"' in inspect.getsource(_create_grid_offsets)
@@ -203,11 +219,22 @@ def write_tiny_coco(folder: Path) -> Path:
     images, annotations = [], []
     for image_id, (size, label) in enumerate(((16, 1), (48, 2), (120, 1)), start=1):
         images.append({"id": image_id, "file_name": f"{image_id}.jpg", "height": 160, "width": 160})
-        annotations.append({"id": image_id, "image_id": image_id, "category_id": label,
-                            "bbox": [10, 10, size, size], "area": size * size, "iscrowd": 0,
-                            "segmentation": _square_polygon(10, 10, size)})
-    coco = {"images": images, "annotations": annotations,
-            "categories": [{"id": 1, "name": "square"}, {"id": 2, "name": "other"}]}
+        annotations.append(
+            {
+                "id": image_id,
+                "image_id": image_id,
+                "category_id": label,
+                "bbox": [10, 10, size, size],
+                "area": size * size,
+                "iscrowd": 0,
+                "segmentation": _square_polygon(10, 10, size),
+            }
+        )
+    coco = {
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": 1, "name": "square"}, {"id": 2, "name": "other"}],
+    }
     path = folder / "instances.json"
     path.write_text(json.dumps(coco))
     return path
@@ -222,7 +249,7 @@ def prediction_for(record: dict) -> Instances:
     instances.scores = torch.tensor([0.9])
     instances.pred_classes = torch.tensor([annotation["category_id"]])
     masks = torch.zeros(1, record["height"], record["width"], dtype=torch.bool)
-    masks[0, int(y):int(y + h), int(x):int(x + w)] = True
+    masks[0, int(y) : int(y + h), int(x) : int(x + w)] = True
     instances.pred_masks = masks
     return instances
 
@@ -256,9 +283,12 @@ def test_coco_evaluator_reports_ap_by_size(tmp_path, drop_small):
 def test_no_cuda_home_warning_where_detectron2_reports_the_environment(tmp_path, quiet):
     """torch warns once, at its first import of cpp_extension, on a machine with a CUDA toolkit
     (here: CUDA_HOME) but no GPU; the run's setup hides it. quiet=False: the negative control."""
-    code = ("from lambda_det.compat import without_cuda_home_warning\n"
-            "from detectron2.utils.collect_env import collect_env_info\n"
-            + ("with without_cuda_home_warning():\n    " if quiet else "") + "collect_env_info()\n")
+    code = (
+        "from lambda_det.compat import without_cuda_home_warning\n"
+        "from detectron2.utils.collect_env import collect_env_info\n"
+        + ("with without_cuda_home_warning():\n    " if quiet else "")
+        + "collect_env_info()\n"
+    )
     env = subprocess_env()
     env["CUDA_HOME"] = str(tmp_path)
     env["CUDA_VISIBLE_DEVICES"] = ""

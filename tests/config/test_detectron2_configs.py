@@ -1,6 +1,7 @@
 """detectron2's own yaml configs (the model zoo the installed detectron2 ships) load through
 lambda_det's safe loader to exactly the values detectron2's loader gives, their arithmetic tag
 included, while any other code in a tag stays refused."""
+
 import glob
 import json
 import os
@@ -8,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import CONFIGS
 from detectron2 import model_zoo
 from detectron2.config import CfgNode as Detectron2CfgNode
+
 from lambda_det.config import ConfigFileError
 from lambda_det.config.config import load_yaml_with_base
 from lambda_det.config.expressions import ExpressionError, evaluate_expression
@@ -46,8 +47,10 @@ def test_every_model_zoo_yaml_loads_to_detectron2s_values():
     assert tagged >= 1  # Base-RetinaNet.yaml: the tag is exercised, not only plain files
 
 
-@pytest.mark.parametrize("name", ["COCO-Detection/retinanet_R_50_FPN_1x.yaml",
-                                  "COCO-Detection/retinanet_R_101_FPN_3x.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    ["COCO-Detection/retinanet_R_50_FPN_1x.yaml", "COCO-Detection/retinanet_R_101_FPN_3x.yaml"],
+)
 def test_a_stock_retinanet_config_loads_with_detectron2s_anchors(name):
     cfg = load_config(model_zoo.get_config_file(name), ["MODEL.DEVICE", "cpu"])
     assert cfg.MODEL.ANCHOR_GENERATOR.SIZES == eval(RETINANET_ANCHORS)  # the negative control's
@@ -106,6 +109,7 @@ def test_anything_else_is_refused_naming_the_part(text):
 
 # ---- through a config file ----
 
+
 def payload_config(folder: Path, marker: Path) -> Path:
     path = folder / "payload.yaml"
     code = f"__import__('os').system('touch {marker}')"
@@ -134,12 +138,15 @@ def test_an_eval_tag_with_code_is_refused_in_one_line_naming_the_file(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("body", [
-    f'{EVAL_TAG} ["1", "2"]',  # eval(source, globals): a second argument is refused
-    f"{EVAL_TAG} {{args: ['1']}}",  # the mapping form of apply
-    "!!python/object/apply:builtins.eval ['1']",
-    "!!python/object/apply:os.system ['true']",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        f'{EVAL_TAG} ["1", "2"]',  # eval(source, globals): a second argument is refused
+        f"{EVAL_TAG} {{args: ['1']}}",  # the mapping form of apply
+        "!!python/object/apply:builtins.eval ['1']",
+        "!!python/object/apply:os.system ['true']",
+    ],
+)
 def test_other_forms_of_the_tag_are_refused(tmp_path, body):
     path = tmp_path / "config.yaml"
     path.write_text(f"SEED: {body}\n")

@@ -1,5 +1,6 @@
 """The LazyConfig recipes (configs/LazyConfigs/) against their yaml twins, and
 tools/lazyconfig_train_net.py."""
+
 import copy
 import json
 import os
@@ -12,29 +13,35 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import CONFIGS, REPO_ROOT, subprocess_env
-from torch import nn
-import lambda_det.data
 from detectron2.config import instantiate
 from detectron2.engine import DefaultTrainer
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
 from detectron2.solver import build_lr_scheduler, build_optimizer
+from torch import nn
+
+import lambda_det.data
 from lambda_det import model_zoo
 from lambda_det.cli.lazyconfig_train_net import main as lazyconfig_main
-from lambda_det.engine import lazy_training
 from lambda_det.config.lazy import load_lazy_config, scale_to_world_size
 from lambda_det.data import build_mapper
 from lambda_det.data.shapes import register_shapes_datasets
+from lambda_det.engine import lazy_training
 from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 LAZY_ROOT = CONFIGS / "LazyConfigs"
-RECIPES = sorted(str(path.relative_to(LAZY_ROOT)) for path in LAZY_ROOT.rglob("*.py")
-                 if path.parent.name != "common")
-TABLE_14 = [f"COCO-InstanceSegmentation/{name}_mask_rcnn.py" for name in
-            ("lambda_r101", "lambda_r152", "r101", "r101_se", "r152", "r152_se")]
+RECIPES = sorted(
+    str(path.relative_to(LAZY_ROOT))
+    for path in LAZY_ROOT.rglob("*.py")
+    if path.parent.name != "common"
+)
+TABLE_14 = [
+    f"COCO-InstanceSegmentation/{name}_mask_rcnn.py"
+    for name in ("lambda_r101", "lambda_r152", "r101", "r101_se", "r152", "r152_se")
+]
 TORCH_INTERNALS = set(vars(nn.Module()))
 
 
@@ -88,8 +95,11 @@ def describe(model: nn.Module) -> dict:
 
 
 def differences(first: dict, second: dict) -> list:
-    return [f"{key}: {first.get(key, '<absent>')!r} vs {second.get(key, '<absent>')!r}"
-            for key in sorted(set(first) | set(second)) if first.get(key) != second.get(key)]
+    return [
+        f"{key}: {first.get(key, '<absent>')!r} vs {second.get(key, '<absent>')!r}"
+        for key in sorted(set(first) | set(second))
+        if first.get(key) != second.get(key)
+    ]
 
 
 def test_every_table_14_recipe_and_the_demo_have_a_yaml_twin():
@@ -125,10 +135,12 @@ def test_the_model_comparison_sees_a_changed_value():
     recipe = "Demo/lambda_r26_shapes.py"
     yaml_model, lazy_model = build_pair(*load_pair(recipe))
     assert not differences(describe(yaml_model), describe(lazy_model))
-    for override in ("model.roi_heads.box_predictor.test_nms_thresh=0.6",
-                     "model.backbone.bottom_up.scope=5",
-                     "model.proposal_generator.anchor_matcher.thresholds=[0.4,0.7]",
-                     "model.roi_heads.mask_head.conv_norm=GN"):
+    for override in (
+        "model.roi_heads.box_predictor.test_nms_thresh=0.6",
+        "model.backbone.bottom_up.scope=5",
+        "model.proposal_generator.anchor_matcher.thresholds=[0.4,0.7]",
+        "model.roi_heads.mask_head.conv_norm=GN",
+    ):
         _, changed = build_pair(*load_pair(recipe, lazy_overrides=[override]))
         assert differences(describe(yaml_model), describe(changed)), override
 
@@ -144,24 +156,39 @@ def test_cpu_turns_sync_bn_into_naive_sync_bn_as_the_yaml_loader_does():
 def recipe_values_of_yaml(cfg) -> dict:
     solver, lsj = cfg.SOLVER, cfg.INPUT.LSJ
     return {
-        "lr": solver.BASE_LR, "momentum": solver.MOMENTUM, "nesterov": solver.NESTEROV,
-        "weight_decay": solver.WEIGHT_DECAY, "weight_decay_norm": solver.WEIGHT_DECAY_NORM,
-        "max_iter": solver.MAX_ITER, "steps": tuple(solver.STEPS), "gamma": solver.GAMMA,
+        "lr": solver.BASE_LR,
+        "momentum": solver.MOMENTUM,
+        "nesterov": solver.NESTEROV,
+        "weight_decay": solver.WEIGHT_DECAY,
+        "weight_decay_norm": solver.WEIGHT_DECAY_NORM,
+        "max_iter": solver.MAX_ITER,
+        "steps": tuple(solver.STEPS),
+        "gamma": solver.GAMMA,
         "warmup": (solver.WARMUP_ITERS, solver.WARMUP_FACTOR, solver.WARMUP_METHOD),
-        "batch": solver.IMS_PER_BATCH, "reference_world_size": solver.REFERENCE_WORLD_SIZE,
-        "checkpoint_period": solver.CHECKPOINT_PERIOD, "eval_period": cfg.TEST.EVAL_PERIOD,
-        "log_period": solver.LOG_PERIOD, "amp": (solver.AMP.ENABLED, solver.AMP.DTYPE),
-        "compile": cfg.MODEL.LAMBDA_RESNET.COMPILE, "seed": cfg.SEED,
+        "batch": solver.IMS_PER_BATCH,
+        "reference_world_size": solver.REFERENCE_WORLD_SIZE,
+        "checkpoint_period": solver.CHECKPOINT_PERIOD,
+        "eval_period": cfg.TEST.EVAL_PERIOD,
+        "log_period": solver.LOG_PERIOD,
+        "amp": (solver.AMP.ENABLED, solver.AMP.DTYPE),
+        "compile": cfg.MODEL.LAMBDA_RESNET.COMPILE,
+        "seed": cfg.SEED,
         "check_images": cfg.DATALOADER.CHECK_IMAGES,
-        "weights": cfg.MODEL.WEIGHTS, "output_dir": cfg.OUTPUT_DIR,
-        "train_datasets": tuple(cfg.DATASETS.TRAIN), "test_datasets": tuple(cfg.DATASETS.TEST),
+        "weights": cfg.MODEL.WEIGHTS,
+        "output_dir": cfg.OUTPUT_DIR,
+        "train_datasets": tuple(cfg.DATASETS.TRAIN),
+        "test_datasets": tuple(cfg.DATASETS.TEST),
         "filter_empty": cfg.DATALOADER.FILTER_EMPTY_ANNOTATIONS,
         "num_workers": cfg.DATALOADER.NUM_WORKERS,
         "lsj": (lsj.ENABLED, lsj.IMAGE_SIZE, lsj.MIN_SCALE, lsj.MAX_SCALE),
         "test_size": (cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST),
         "mask_format": cfg.INPUT.MASK_FORMAT,
-        "norms": (cfg.MODEL.LAMBDA_RESNET.NORM, cfg.MODEL.FPN.NORM, cfg.MODEL.ROI_BOX_HEAD.NORM,
-                  cfg.MODEL.ROI_MASK_HEAD.NORM),
+        "norms": (
+            cfg.MODEL.LAMBDA_RESNET.NORM,
+            cfg.MODEL.FPN.NORM,
+            cfg.MODEL.ROI_BOX_HEAD.NORM,
+            cfg.MODEL.ROI_MASK_HEAD.NORM,
+        ),
         "freeze_at": cfg.MODEL.BACKBONE.FREEZE_AT,
     }
 
@@ -171,26 +198,44 @@ def recipe_values_of_lazy(cfg) -> dict:
     lsj, resize = loader.mapper.augmentations, cfg.dataloader.test.mapper.augmentations[0]
     backbone, heads = cfg.model.backbone, cfg.model.roi_heads
     return {
-        "lr": cfg.optimizer.lr, "momentum": cfg.optimizer.momentum,
-        "nesterov": cfg.optimizer.nesterov, "weight_decay": cfg.optimizer.weight_decay,
+        "lr": cfg.optimizer.lr,
+        "momentum": cfg.optimizer.momentum,
+        "nesterov": cfg.optimizer.nesterov,
+        "weight_decay": cfg.optimizer.weight_decay,
         "weight_decay_norm": cfg.optimizer.params.weight_decay_norm,
-        "max_iter": train.max_iter, "steps": tuple(schedule.steps), "gamma": schedule.gamma,
+        "max_iter": train.max_iter,
+        "steps": tuple(schedule.steps),
+        "gamma": schedule.gamma,
         "warmup": (schedule.warmup_iters, schedule.warmup_factor, schedule.warmup_method),
-        "batch": loader.total_batch_size, "reference_world_size": train.reference_world_size,
-        "checkpoint_period": train.checkpointer.period, "eval_period": train.eval_period,
-        "log_period": train.log_period, "amp": (train.amp.enabled, train.amp.dtype),
-        "compile": train.compile_backbone, "seed": train.seed,
+        "batch": loader.total_batch_size,
+        "reference_world_size": train.reference_world_size,
+        "checkpoint_period": train.checkpointer.period,
+        "eval_period": train.eval_period,
+        "log_period": train.log_period,
+        "amp": (train.amp.enabled, train.amp.dtype),
+        "compile": train.compile_backbone,
+        "seed": train.seed,
         "check_images": cfg.dataloader.check_images,
-        "weights": train.init_checkpoint, "output_dir": train.output_dir,
+        "weights": train.init_checkpoint,
+        "output_dir": train.output_dir,
         "train_datasets": tuple(loader.dataset.names),
         "test_datasets": (cfg.dataloader.test.dataset.names,),
-        "filter_empty": loader.dataset.filter_empty, "num_workers": loader.num_workers,
-        "lsj": (lsj._target_.__name__ == "build_lsj_augmentations", lsj.image_size,
-                lsj.min_scale, lsj.max_scale),
+        "filter_empty": loader.dataset.filter_empty,
+        "num_workers": loader.num_workers,
+        "lsj": (
+            lsj._target_.__name__ == "build_lsj_augmentations",
+            lsj.image_size,
+            lsj.min_scale,
+            lsj.max_scale,
+        ),
         "test_size": (resize.short_edge_length, resize.max_size),
         "mask_format": loader.mapper.instance_mask_format,
-        "norms": (backbone.bottom_up.norm, backbone.norm, heads.box_head.conv_norm,
-                  heads.mask_head.conv_norm),
+        "norms": (
+            backbone.bottom_up.norm,
+            backbone.norm,
+            heads.box_head.conv_norm,
+            heads.mask_head.conv_norm,
+        ),
         "freeze_at": backbone.bottom_up.freeze_at,
     }
 
@@ -203,18 +248,23 @@ IMPLEMENTATION_FLAGS = ("params", "foreach", "fused", "differentiable")
 def optimizer_settings(optimizer, model) -> dict:
     """Each parameter's optimizer type and hyperparameters (learning rate, momentum, decay...)."""
     names = {id(parameter): name for name, parameter in model.named_parameters()}
-    return {names[id(parameter)]: {"type": type(optimizer).__name__,
-                                   **{key: value for key, value in group.items()
-                                      if key not in IMPLEMENTATION_FLAGS}}
-            for group in optimizer.param_groups for parameter in group["params"]}
+    return {
+        names[id(parameter)]: {
+            "type": type(optimizer).__name__,
+            **{key: value for key, value in group.items() if key not in IMPLEMENTATION_FLAGS},
+        }
+        for group in optimizer.param_groups
+        for parameter in group["params"]
+    }
 
 
 def lr_multipliers(multiplier, cfg_steps, warmup_iters, max_iter) -> list:
     """The multiplier around every point where it changes, as the LRScheduler hook samples it."""
     points = {0, 1, warmup_iters - 1, warmup_iters, warmup_iters + 1, max_iter - 1}
     points |= {step + delta for step in cfg_steps for delta in (-1, 0, 1)}
-    return [(point, multiplier(point / max_iter)) for point in sorted(points)
-            if 0 <= point < max_iter]
+    return [
+        (point, multiplier(point / max_iter)) for point in sorted(points) if 0 <= point < max_iter
+    ]
 
 
 @pytest.mark.parametrize("world_size", [None, 8])
@@ -237,16 +287,19 @@ def test_same_solver_schedule_and_input(recipe, world_size):
     yaml_schedule = build_lr_scheduler(yaml_cfg, yaml_optimizer)._multiplier
     lazy_schedule = instantiate(lazy_cfg.lr_multiplier)
     sampled = lr_multipliers(lazy_schedule, solver.STEPS, solver.WARMUP_ITERS, solver.MAX_ITER)
-    assert sampled == lr_multipliers(yaml_schedule, solver.STEPS, solver.WARMUP_ITERS,
-                                     solver.MAX_ITER)
+    assert sampled == lr_multipliers(
+        yaml_schedule, solver.STEPS, solver.WARMUP_ITERS, solver.MAX_ITER
+    )
     assert sampled[0][1] == solver.WARMUP_FACTOR and sampled[-1][1] == pytest.approx(
-        solver.GAMMA ** len(solver.STEPS))
+        solver.GAMMA ** len(solver.STEPS)
+    )
 
     yaml_mapper = build_mapper(yaml_cfg, is_train=True)
     lazy_mapper = instantiate(lazy_cfg.dataloader.train.mapper)
     assert type(lazy_mapper) is type(yaml_mapper)
-    assert {key: repr(value) for key, value in vars(lazy_mapper).items()} == \
-        {key: repr(value) for key, value in vars(yaml_mapper).items()}
+    assert {key: repr(value) for key, value in vars(lazy_mapper).items()} == {
+        key: repr(value) for key, value in vars(yaml_mapper).items()
+    }
     yaml_test = build_mapper(yaml_cfg, is_train=False)
     lazy_test = instantiate(lazy_cfg.dataloader.test.mapper)
     assert type(lazy_test) is type(yaml_test)
@@ -254,19 +307,27 @@ def test_same_solver_schedule_and_input(recipe, world_size):
         assert repr(getattr(lazy_test, key)) == repr(getattr(yaml_test, key)), key
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["train.max_itr=2"], "config key train.max_itr does not exist: did you mean "
-                          "train.max_iter? check its spelling, or write +train.max_itr=... "
-                          "to add it"),
-    (["train.max_iter=2O"], "override train.max_iter='2O': train.max_iter takes an integer "
-                            "(it is 600)"),
-    (["optimizer.lr=fast"], "optimizer.lr takes a number (it is 0.04)"),
-    (["train.amp.enabled=1"], "train.amp.enabled takes true or false"),
-    (["train.max_iter"], "malformed override: "),
-    (["~train.sed"], "config key train.sed does not exist: did you mean train.seed?"),
-    (["train.device=cdua"], "train.device 'cdua' is not a torch device"),
-    (["+train.max_iter.x=1"], "override train.max_iter.x: train.max_iter is not a config node"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["train.max_itr=2"],
+            "config key train.max_itr does not exist: did you mean "
+            "train.max_iter? check its spelling, or write +train.max_itr=... "
+            "to add it",
+        ),
+        (
+            ["train.max_iter=2O"],
+            "override train.max_iter='2O': train.max_iter takes an integer (it is 600)",
+        ),
+        (["optimizer.lr=fast"], "optimizer.lr takes a number (it is 0.04)"),
+        (["train.amp.enabled=1"], "train.amp.enabled takes true or false"),
+        (["train.max_iter"], "malformed override: "),
+        (["~train.sed"], "config key train.sed does not exist: did you mean train.seed?"),
+        (["train.device=cdua"], "train.device 'cdua' is not a torch device"),
+        (["+train.max_iter.x=1"], "override train.max_iter.x: train.max_iter is not a config node"),
+    ],
+)
 def test_bad_overrides_are_named(overrides, message):
     with pytest.raises(ValueError) as error:
         load_lazy_config("lambda_r26_shapes", overrides)
@@ -274,11 +335,22 @@ def test_bad_overrides_are_named(overrides, message):
 
 
 def test_overrides_set_and_add_values():
-    cfg = load_lazy_config("lambda_r26_shapes.py", [
-        "train.max_iter=2", "optimizer.lr=1", "model.backbone.bottom_up.scope=null",
-        "+model.roi_heads.mask_head.loss_weight=2.0", "model.backbone.out_channels=48",
-        "~model.backbone.bottom_up.share_position_embeddings"])
-    assert (cfg.train.max_iter, cfg.optimizer.lr, cfg.model.backbone.bottom_up.scope) == (2, 1, None)
+    cfg = load_lazy_config(
+        "lambda_r26_shapes.py",
+        [
+            "train.max_iter=2",
+            "optimizer.lr=1",
+            "model.backbone.bottom_up.scope=null",
+            "+model.roi_heads.mask_head.loss_weight=2.0",
+            "model.backbone.out_channels=48",
+            "~model.backbone.bottom_up.share_position_embeddings",
+        ],
+    )
+    assert (cfg.train.max_iter, cfg.optimizer.lr, cfg.model.backbone.bottom_up.scope) == (
+        2,
+        1,
+        None,
+    )
     assert cfg.model.roi_heads.mask_head.loss_weight == 2.0
     assert "share_position_embeddings" not in cfg.model.backbone.bottom_up
     # The FPN width reaches the heads.
@@ -289,31 +361,53 @@ def test_overrides_set_and_add_values():
 def test_yaml_and_lazy_configs_are_told_apart():
     with pytest.raises(ValueError, match="is a yaml config: train it with tools/train_net.py"):
         load_lazy_config("lambda_r26_shapes.yaml")
-    with pytest.raises(ValueError, match="is a LazyConfig recipe: train it with "
-                                         "tools/lazyconfig_train_net.py"):
+    with pytest.raises(
+        ValueError, match="is a LazyConfig recipe: train it with tools/lazyconfig_train_net.py"
+    ):
         load_config("lambda_r26_shapes.py")
     with pytest.raises(FileNotFoundError, match="'lambda_r999.py' is neither a file nor"):
         load_lazy_config("lambda_r999")
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["model.backbone.bottom_up.depth=27"], "error: depth must be one of [26, 50,"),
-    (["dataloader.train.dataset.names=[shapes_train]"],
-     "error: dataset 'shapes_train' is not registered; did you mean "),
-    (["train.init_checkpoint=/no/such.pth"], "error: train.init_checkpoint file '/no/such.pth' "
-                                             "does not exist"),
-    (["--eval-only"], "error: --eval-only needs trained weights: train.init_checkpoint is empty"),
-    (["train.deterministic=True", "train.seed=-1"],
-     "error: train.deterministic needs a fixed train.seed >= 0, got train.seed=-1"),
-    (["dataloader.train.total_batch_size=3", "--num-gpus", "2"],
-     "error: dataloader.train.total_batch_size 3 does not split over 2 processes"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["model.backbone.bottom_up.depth=27"], "error: depth must be one of [26, 50,"),
+        (
+            ["dataloader.train.dataset.names=[shapes_train]"],
+            "error: dataset 'shapes_train' is not registered; did you mean ",
+        ),
+        (
+            ["train.init_checkpoint=/no/such.pth"],
+            "error: train.init_checkpoint file '/no/such.pth' does not exist",
+        ),
+        (
+            ["--eval-only"],
+            "error: --eval-only needs trained weights: train.init_checkpoint is empty",
+        ),
+        (
+            ["train.deterministic=True", "train.seed=-1"],
+            "error: train.deterministic needs a fixed train.seed >= 0, got train.seed=-1",
+        ),
+        (
+            ["dataloader.train.total_batch_size=3", "--num-gpus", "2"],
+            "error: dataloader.train.total_batch_size 3 does not split over 2 processes",
+        ),
+    ],
+)
 def test_bad_inputs_stop_the_tool_before_it_starts(arguments, message, tmp_path, capsys, shapes):
     options = [item for item in arguments if item.startswith("--") or item.isdigit()]
     overrides = [item for item in arguments if item not in options]
     with pytest.raises(SystemExit) as exit_info:
-        lazyconfig_main(["--config", "lambda_r26_shapes", *options, *overrides,
-                         f"train.output_dir={tmp_path / 'run'}"])
+        lazyconfig_main(
+            [
+                "--config",
+                "lambda_r26_shapes",
+                *options,
+                *overrides,
+                f"train.output_dir={tmp_path / 'run'}",
+            ]
+        )
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(message), errors
@@ -334,21 +428,34 @@ def shapes_in(datasets_root):
     register_shapes_datasets()
 
 
-@pytest.mark.parametrize("override, message", [
-    ("model.roi_heads.num_classes=80", "error: model.roi_heads.num_classes is 80, but dataset "
-                                       r"'lambda_det_shapes_train' \(annotation file .*\) has 3 "
-                                       "categories: add 'model.roi_heads.num_classes=3' to the "
-                                       "command line"),
-    ("model.backbone.bottom_up.freeze_at=2", "error: model.backbone.bottom_up.freeze_at 2 "
-                                             "freezes randomly initialised stages"),
-    ("model.backbone.bottom_up.norm=FrozenBN", "error: model.backbone.bottom_up.norm 'FrozenBN' "
-                                               "freezes randomly initialised statistics"),
-])
-def test_the_training_recipe_and_datasets_are_checked(override, message, shapes_in, tmp_path,
-                                                      capsys):
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "model.roi_heads.num_classes=80",
+            "error: model.roi_heads.num_classes is 80, but dataset "
+            r"'lambda_det_shapes_train' \(annotation file .*\) has 3 "
+            "categories: add 'model.roi_heads.num_classes=3' to the "
+            "command line",
+        ),
+        (
+            "model.backbone.bottom_up.freeze_at=2",
+            "error: model.backbone.bottom_up.freeze_at 2 freezes randomly initialised stages",
+        ),
+        (
+            "model.backbone.bottom_up.norm=FrozenBN",
+            "error: model.backbone.bottom_up.norm 'FrozenBN' "
+            "freezes randomly initialised statistics",
+        ),
+    ],
+)
+def test_the_training_recipe_and_datasets_are_checked(
+    override, message, shapes_in, tmp_path, capsys
+):
     with pytest.raises(SystemExit) as exit_info:
-        lazyconfig_main(["--config", "lambda_r26_shapes", override,
-                         f"train.output_dir={tmp_path / 'run'}"])
+        lazyconfig_main(
+            ["--config", "lambda_r26_shapes", override, f"train.output_dir={tmp_path / 'run'}"]
+        )
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.match(message, errors[0]), errors
@@ -357,52 +464,85 @@ def test_the_training_recipe_and_datasets_are_checked(override, message, shapes_
 def test_coco_dataset_registers_the_users_dataset(datasets_root, tmp_path, capsys):
     shapes = datasets_root / "lambda_det_shapes_v1"
     with pytest.raises(SystemExit) as exit_info:  # stopped by the class count: it was read
-        lazyconfig_main(["--config", "lambda_r26_shapes", "--coco-dataset", "lazy_own_shapes",
-                         str(shapes / "train.json"), str(shapes / "train"),
-                         "dataloader.train.dataset.names=[lazy_own_shapes]",
-                         "model.roi_heads.num_classes=80", f"train.output_dir={tmp_path / 'run'}"])
+        lazyconfig_main(
+            [
+                "--config",
+                "lambda_r26_shapes",
+                "--coco-dataset",
+                "lazy_own_shapes",
+                str(shapes / "train.json"),
+                str(shapes / "train"),
+                "dataloader.train.dataset.names=[lazy_own_shapes]",
+                "model.roi_heads.num_classes=80",
+                f"train.output_dir={tmp_path / 'run'}",
+            ]
+        )
     assert exit_info.value.code == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and re.match(
         r"error: model.roi_heads.num_classes is 80, but dataset 'lazy_own_shapes' \(annotation "
         r"file .*train.json\) has 3 categories: add 'model.roi_heads.num_classes=3' to the "
-        r"command line", errors[0]), errors
+        r"command line",
+        errors[0],
+    ), errors
 
 
 def run_tool(*args: str, datasets_root: Path, timeout: int = 900):
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
     env["PYTHONPATH"] = str(REPO_ROOT)  # this checkout's lambda_det, also in a worktree
-    return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "lazyconfig_train_net.py"),
-                           *args], capture_output=True, text=True, env=env, cwd=REPO_ROOT,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "lazyconfig_train_net.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_the_tool_reports_a_bad_override_in_one_line(tmp_path):
-    result = run_tool("--config", "lambda_r26_shapes", "train.max_itr=2",
-                      f"train.output_dir={tmp_path}", datasets_root=tmp_path)
+    result = run_tool(
+        "--config",
+        "lambda_r26_shapes",
+        "train.max_itr=2",
+        f"train.output_dir={tmp_path}",
+        datasets_root=tmp_path,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         "error: config key train.max_itr does not exist: did you mean train.max_iter? check its "
-        "spelling, or write +train.max_itr=... to add it")
+        "spelling, or write +train.max_itr=... to add it"
+    )
 
 
-TINY_TRAINING = ["train.max_iter=2", "model.backbone.bottom_up.width_multiplier=0.25",
-                 "model.backbone.bottom_up.scope=3", "dataloader.train.total_batch_size=2",
-                 "dataloader.train.num_workers=0", "dataloader.test.num_workers=0",
-                 "model.proposal_generator.post_nms_topk=[250,50]",
-                 "model.roi_heads.box_predictor.test_topk_per_image=20", "train.device=cpu"]
+TINY_TRAINING = [
+    "train.max_iter=2",
+    "model.backbone.bottom_up.width_multiplier=0.25",
+    "model.backbone.bottom_up.scope=3",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "dataloader.test.num_workers=0",
+    "model.proposal_generator.post_nms_topk=[250,50]",
+    "model.roi_heads.box_predictor.test_topk_per_image=20",
+    "train.device=cpu",
+]
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(tmp_path, datasets_root):
     output = tmp_path / "run"
-    result = run_tool("--config", "lambda_r26_shapes", *TINY_TRAINING,
-                      f"train.output_dir={output}", datasets_root=datasets_root)
+    result = run_tool(
+        "--config",
+        "lambda_r26_shapes",
+        *TINY_TRAINING,
+        f"train.output_dir={output}",
+        datasets_root=datasets_root,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (output / "last_checkpoint").read_text() == "model_final.pth"
     checkpoint = torch.load(output / "model_final.pth", weights_only=True)
@@ -417,13 +557,24 @@ def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(tmp_path, datasets
     assert {"AP", "APs", "APm", "APl"} <= set(results["bbox"]) & set(results["segm"])
 
     # The trained weights evaluate to the same numbers; the finished run is not trained over.
-    again = run_tool("--config", "lambda_r26_shapes", "--eval-only", *TINY_TRAINING,
-                     f"train.init_checkpoint={output / 'model_final.pth'}",
-                     f"train.output_dir={tmp_path / 'eval'}", datasets_root=datasets_root)
+    again = run_tool(
+        "--config",
+        "lambda_r26_shapes",
+        "--eval-only",
+        *TINY_TRAINING,
+        f"train.init_checkpoint={output / 'model_final.pth'}",
+        f"train.output_dir={tmp_path / 'eval'}",
+        datasets_root=datasets_root,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "eval" / "eval_results.json").read_text())["results"] == results
-    retrain = run_tool("--config", "lambda_r26_shapes", *TINY_TRAINING,
-                       f"train.output_dir={output}", datasets_root=datasets_root)
+    retrain = run_tool(
+        "--config",
+        "lambda_r26_shapes",
+        *TINY_TRAINING,
+        f"train.output_dir={output}",
+        datasets_root=datasets_root,
+    )
     assert retrain.returncode == 2 and "already holds a run" in retrain.stderr
 
 
@@ -439,9 +590,17 @@ def test_deterministic_training_resumes_exactly(tmp_path, shapes_in, monkeypatch
 
     def recipe(folder):
         tiny = [item for item in TINY_TRAINING if not item.startswith("train.max_iter=")]
-        return load_lazy_config("lambda_r26_shapes", [
-            *tiny, "train.max_iter=4", "train.checkpointer.period=2", "train.deterministic=True",
-            "train.seed=7", f"train.output_dir={folder}"])
+        return load_lazy_config(
+            "lambda_r26_shapes",
+            [
+                *tiny,
+                "train.max_iter=4",
+                "train.checkpointer.period=2",
+                "train.deterministic=True",
+                "train.seed=7",
+                f"train.output_dir={folder}",
+            ],
+        )
 
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     lazy_training.train(recipe(straight), resume=False)

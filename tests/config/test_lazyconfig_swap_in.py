@@ -1,13 +1,14 @@
 """docs/lazyconfig.md's recipe for a LambdaResNet in a stock Detectron2 LazyConfig runs as written,
-on a stand-in for detectron2's mask_rcnn_R_50_FPN_1x.py (the installed detectron2 ships no configs/)."""
+on a stand-in for detectron2's mask_rcnn_R_50_FPN_1x.py."""
+
 import re
 
 import torch
+from conftest import REPO_ROOT
 from detectron2.config import LazyCall as L
 from detectron2.config import LazyConfig
 from detectron2.modeling.backbone import BasicStem, ResNet
 
-from conftest import REPO_ROOT
 from lambda_det import model_zoo
 from lambda_det.modeling import LambdaResNet
 

@@ -1,14 +1,15 @@
-"""The shipped configs: Table 14 and the demo, the paper's recipe and schedule, their backbones' numbers,
-names, the CPU norm swap and how a saved config is compared."""
+"""The shipped configs: Table 14 and the demo, the paper's recipe and schedule, their backbones'
+numbers, names, the CPU norm swap and how a saved config is compared."""
+
 from pathlib import Path
 
 import pytest
 import torch
-
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from conftest import CONFIGS
 from detectron2.engine import DefaultTrainer
 from detectron2.modeling import build_model
+
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.cli import demo
 from lambda_det.config import adapt_norms_to_device, resolve_config_file
 from lambda_det.config.lazy import load_lazy_config
@@ -25,8 +26,14 @@ def load_config(relative: str):
 
 def test_every_table_14_config_is_shipped():
     names = {Path(p).stem for p in PAPER_CONFIGS}
-    assert {"lambda_r101_mask_rcnn", "lambda_r152_mask_rcnn", "r101_mask_rcnn", "r101_se_mask_rcnn",
-            "r152_mask_rcnn", "r152_se_mask_rcnn"} <= names
+    assert {
+        "lambda_r101_mask_rcnn",
+        "lambda_r152_mask_rcnn",
+        "r101_mask_rcnn",
+        "r101_se_mask_rcnn",
+        "r152_mask_rcnn",
+        "r152_se_mask_rcnn",
+    } <= names
 
 
 FPN_P2_P6 = {"p2": (256, 4), "p3": (256, 8), "p4": (256, 16), "p5": (256, 32), "p6": (256, 64)}
@@ -79,8 +86,15 @@ def test_every_shipped_config_builds_and_runs(relative):
     assert output_shapes(model.backbone) == outputs
     assert output_shapes(model.backbone.bottom_up) == bottom_up_outputs
     with torch.no_grad():
-        outputs = model([{"image": torch.randint(0, 255, (3, 64, 96), dtype=torch.uint8),
-                          "height": 64, "width": 96}])
+        outputs = model(
+            [
+                {
+                    "image": torch.randint(0, 255, (3, 64, 96), dtype=torch.uint8),
+                    "height": 64,
+                    "width": 96,
+                }
+            ]
+        )
     assert len(outputs) == 1
 
 
@@ -107,14 +121,24 @@ def test_paper_recipe_is_resolved_exactly(relative):
     assert DefaultTrainer.auto_scale_workers(cfg, 64).SOLVER.IMS_PER_BATCH == 256
 
 
-@pytest.mark.parametrize("relative", [name for name in SHIPPED_CONFIGS
-                                      if name.startswith("COCO-Detection")])
+@pytest.mark.parametrize(
+    "relative", [name for name in SHIPPED_CONFIGS if name.startswith("COCO-Detection")]
+)
 def test_detection_configs_follow_the_paper_schedule(relative):
     cfg = load_config(relative)
     paper = load_config("COCO-InstanceSegmentation/lambda_r101_mask_rcnn.yaml")
-    for node in ("SOLVER", "INPUT.LSJ", "INPUT.MIN_SIZE_TEST", "INPUT.MAX_SIZE_TEST",
-                 "MODEL.WEIGHTS", "MODEL.BACKBONE.FREEZE_AT", "MODEL.LAMBDA_RESNET.NORM",
-                 "MODEL.LAMBDA_RESNET.DEPTH", "MODEL.LAMBDA_RESNET.PLACEMENT", "MODEL.FPN.NORM"):
+    for node in (
+        "SOLVER",
+        "INPUT.LSJ",
+        "INPUT.MIN_SIZE_TEST",
+        "INPUT.MAX_SIZE_TEST",
+        "MODEL.WEIGHTS",
+        "MODEL.BACKBONE.FREEZE_AT",
+        "MODEL.LAMBDA_RESNET.NORM",
+        "MODEL.LAMBDA_RESNET.DEPTH",
+        "MODEL.LAMBDA_RESNET.PLACEMENT",
+        "MODEL.FPN.NORM",
+    ):
         ours, theirs = cfg, paper
         for part in node.split("."):
             ours, theirs = ours[part], theirs[part]
@@ -136,7 +160,9 @@ def test_config_names_resolve():
     found = resolve_config_file("lambda_r152_mask_rcnn.yaml")
     assert found == str(CONFIGS / "COCO-InstanceSegmentation/lambda_r152_mask_rcnn.yaml")
     assert resolve_config_file("lambda_r26_shapes") == str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
-    with pytest.raises(FileNotFoundError, match="'lambda_r999_mask_rcnn' is neither a file nor a shipped config"):
+    with pytest.raises(
+        FileNotFoundError, match="'lambda_r999_mask_rcnn' is neither a file nor a shipped config"
+    ):
         resolve_config_file("lambda_r999_mask_rcnn")
 
 
@@ -149,10 +175,11 @@ def test_cpu_runs_replace_syncbn():
     # The same function on a LazyConfig recipe, whose keys are its own.
     recipe = load_lazy_config("lambda_r101_mask_rcnn")
     recipe.train.device = "cpu"
-    assert sorted(adapt_norms_to_device(recipe)) == ["model.backbone.bottom_up.norm",
-                                                     "model.backbone.norm"]
+    assert sorted(adapt_norms_to_device(recipe)) == [
+        "model.backbone.bottom_up.norm",
+        "model.backbone.norm",
+    ]
     assert recipe.model.backbone.bottom_up.norm == "naiveSyncBN"
-
 
 
 def test_demo_names_the_config_differences_of_a_finished_run():
@@ -175,4 +202,5 @@ def test_a_key_missing_from_a_saved_config_counts_as_its_default():
     assert config_differences(saved.dump(), wanted.dump()) == []
     wanted.MODEL.LAMBDA_RESNET.COMPILE = True  # not the default: a difference
     assert config_differences(saved.dump(), wanted.dump()) == [
-        "MODEL.LAMBDA_RESNET.COMPILE: False -> True"]
+        "MODEL.LAMBDA_RESNET.COMPILE: False -> True"
+    ]

@@ -1,16 +1,17 @@
 """Users' config files: a yaml config (or a base it names, or a saved run's config) runs no code
 in any tool, and a malformed one (a _BASE_ loop, an empty file, a list) is one error line that
 names the file."""
+
 import importlib
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-
-import lambda_det.data
 from conftest import CONFIGS
 from detectron2.config import get_cfg as get_detectron2_cfg
+
+import lambda_det.data
 from lambda_det.cli import train_net
 from lambda_det.config import ConfigFileError
 from lambda_det.model_zoo import get_config
@@ -59,19 +60,28 @@ def tool_commands(config: Path, tmp_path: Path) -> dict:
     image = tmp_path / "image.jpg"
     return {
         "train": ("train_net", ["--config-file", config, "OUTPUT_DIR", tmp_path / "run"]),
-        "eval-only": ("train_net", ["--config-file", config, "--eval-only",
-                                    "OUTPUT_DIR", tmp_path / "eval"]),
-        "predict": ("predict", ["--config-file", config, "--input", image,
-                                "--output", tmp_path / "predictions"]),
-        "export": ("export_model", ["--config-file", config, "--format", "torchscript",
-                                    "--output", tmp_path / "model.ts"]),
+        "eval-only": (
+            "train_net",
+            ["--config-file", config, "--eval-only", "OUTPUT_DIR", tmp_path / "eval"],
+        ),
+        "predict": (
+            "predict",
+            ["--config-file", config, "--input", image, "--output", tmp_path / "predictions"],
+        ),
+        "export": (
+            "export_model",
+            ["--config-file", config, "--format", "torchscript", "--output", tmp_path / "model.ts"],
+        ),
         "demo": ("demo", ["--config", config]),
-        "timm converter": ("convert_timm_checkpoint", ["--config-file", config,
-                                                       tmp_path / "classifier.pth",
-                                                       tmp_path / "detector.pth"]),
+        "timm converter": (
+            "convert_timm_checkpoint",
+            ["--config-file", config, tmp_path / "classifier.pth", tmp_path / "detector.pth"],
+        ),
         "comparison": ("compare_backbones", ["--config", config, "--output", tmp_path / "cmp"]),
-        "detector benchmark": ("benchmark_detector", ["--configs", config, "--device", "cpu",
-                                                      "--output", tmp_path / "bench"]),
+        "detector benchmark": (
+            "benchmark_detector",
+            ["--configs", config, "--device", "cpu", "--output", tmp_path / "bench"],
+        ),
     }
 
 
@@ -85,6 +95,7 @@ def no_shapes_dataset(monkeypatch, tmp_path):
 
 
 # ---- python tags run nothing ----
+
 
 @pytest.mark.parametrize("tag", [OS_SYSTEM, EXEC])
 def test_the_payload_runs_under_unsafe_loading(tmp_path, tag):
@@ -106,9 +117,11 @@ def test_payload_configs_are_refused_by_every_loader(tmp_path, tag, how):
     marker = tmp_path / "marker"
     config = str(write_payload_configs(tmp_path, marker, tag)[how])
     payload = str(tmp_path / "payload.yaml")
-    loaders = {"load_config": lambda: load_config(config),
-               "model_zoo.get_config": lambda: get_config(config),
-               "get_cfg().merge_from_file": lambda: get_cfg().merge_from_file(config)}
+    loaders = {
+        "load_config": lambda: load_config(config),
+        "model_zoo.get_config": lambda: get_config(config),
+        "get_cfg().merge_from_file": lambda: get_cfg().merge_from_file(config),
+    }
     for name, load in loaders.items():
         with pytest.raises(ConfigFileError) as error:
             load()
@@ -122,8 +135,7 @@ def test_payload_configs_are_refused_by_every_loader(tmp_path, tag, how):
 
 @pytest.mark.parametrize("how", ["direct", "through _BASE_"])
 @pytest.mark.parametrize("tool", TOOLS)
-def test_payload_configs_are_one_line_at_every_tool(tool, how, tmp_path, capsys,
-                                                    no_shapes_dataset):
+def test_payload_configs_are_one_line_at_every_tool(tool, how, tmp_path, capsys, no_shapes_dataset):
     marker = tmp_path / "marker"
     config = write_payload_configs(tmp_path, marker)[how]
     (tmp_path / "image.jpg").touch()
@@ -136,8 +148,9 @@ def test_payload_configs_are_one_line_at_every_tool(tool, how, tmp_path, capsys,
 def test_the_lazyconfig_tool_refuses_a_yaml_config(tmp_path, capsys):
     marker = tmp_path / "marker"
     config = write_payload_configs(tmp_path, marker)["direct"]
-    run_tool("lazyconfig_train_net", ["--config-file", config], capsys,
-             str(config), "is a yaml config")
+    run_tool(
+        "lazyconfig_train_net", ["--config-file", config], capsys, str(config), "is a yaml config"
+    )
     assert not marker.exists()
 
 
@@ -147,9 +160,25 @@ def test_a_saved_comparison_recipe_runs_nothing(tmp_path, capsys):
     recorded = tmp_path / "cmp/conv/seed0/compare_recipe.yaml"
     recorded.parent.mkdir(parents=True)
     recorded.write_text(payload_yaml(marker))
-    run_tool("compare_backbones", ["--config", CONFIG, "--variant", "conv", "lambda", "--seeds",
-                                   "0", "--output", tmp_path / "cmp", "MODEL.DEVICE", "cpu"],
-             capsys, str(recorded), OS_SYSTEM)
+    run_tool(
+        "compare_backbones",
+        [
+            "--config",
+            CONFIG,
+            "--variant",
+            "conv",
+            "lambda",
+            "--seeds",
+            "0",
+            "--output",
+            tmp_path / "cmp",
+            "MODEL.DEVICE",
+            "cpu",
+        ],
+        capsys,
+        str(recorded),
+        OS_SYSTEM,
+    )
     assert not marker.exists()
 
 
@@ -175,26 +204,56 @@ def test_saved_dumps_that_are_not_configs_are_named():
 
 BAD_FILES = {
     # name: {file: text}, the file passed, what the one line says
-    "loop": ({"a.yaml": "_BASE_: b.yaml\n", "b.yaml": "_BASE_: a.yaml\nSEED: 1\n"},
-             "a.yaml", ["{a.yaml}: its _BASE_ chain {a.yaml} -> {b.yaml} -> {a.yaml} is a loop"]),
-    "self-reference": ({"self.yaml": "_BASE_: self.yaml\n"}, "self.yaml",
-                       ["{self.yaml}: its _BASE_ chain {self.yaml} -> {self.yaml} is a loop"]),
-    "loop in a list": ({"a.yaml": "_BASE_: [ok.yaml, b.yaml]\n", "ok.yaml": "SEED: 1\n",
-                        "b.yaml": "_BASE_: [a.yaml]\n"}, "a.yaml",
-                       ["{a.yaml} -> {b.yaml} -> {a.yaml} is a loop"]),
+    "loop": (
+        {"a.yaml": "_BASE_: b.yaml\n", "b.yaml": "_BASE_: a.yaml\nSEED: 1\n"},
+        "a.yaml",
+        ["{a.yaml}: its _BASE_ chain {a.yaml} -> {b.yaml} -> {a.yaml} is a loop"],
+    ),
+    "self-reference": (
+        {"self.yaml": "_BASE_: self.yaml\n"},
+        "self.yaml",
+        ["{self.yaml}: its _BASE_ chain {self.yaml} -> {self.yaml} is a loop"],
+    ),
+    "loop in a list": (
+        {
+            "a.yaml": "_BASE_: [ok.yaml, b.yaml]\n",
+            "ok.yaml": "SEED: 1\n",
+            "b.yaml": "_BASE_: [a.yaml]\n",
+        },
+        "a.yaml",
+        ["{a.yaml} -> {b.yaml} -> {a.yaml} is a loop"],
+    ),
     "empty": ({"empty.yaml": ""}, "empty.yaml", ["config file {empty.yaml} is empty"]),
-    "comments only": ({"empty.yaml": "# nothing yet\n"}, "empty.yaml",
-                      ["config file {empty.yaml} is empty"]),
-    "empty base": ({"top.yaml": "_BASE_: empty.yaml\n", "empty.yaml": ""}, "top.yaml",
-                   ["config file {empty.yaml} (a _BASE_ of {top.yaml}) is empty"]),
-    "list": ({"list.yaml": "- SEED\n- 1\n"}, "list.yaml",
-             ["config file {list.yaml} holds a list, not a yaml mapping"]),
-    "scalar": ({"scalar.yaml": "SEED\n"}, "scalar.yaml",
-               ["config file {scalar.yaml} holds a single str value, not a yaml mapping"]),
-    "missing base": ({"top.yaml": "_BASE_: Base-Missing.yaml\n"}, "top.yaml",
-                     ["config file {Base-Missing.yaml} (a _BASE_ of {top.yaml}) does not exist"]),
-    "base not a path": ({"top.yaml": "_BASE_: 3\n"}, "top.yaml",
-                        ["config file {top.yaml}: _BASE_ is 3"]),
+    "comments only": (
+        {"empty.yaml": "# nothing yet\n"},
+        "empty.yaml",
+        ["config file {empty.yaml} is empty"],
+    ),
+    "empty base": (
+        {"top.yaml": "_BASE_: empty.yaml\n", "empty.yaml": ""},
+        "top.yaml",
+        ["config file {empty.yaml} (a _BASE_ of {top.yaml}) is empty"],
+    ),
+    "list": (
+        {"list.yaml": "- SEED\n- 1\n"},
+        "list.yaml",
+        ["config file {list.yaml} holds a list, not a yaml mapping"],
+    ),
+    "scalar": (
+        {"scalar.yaml": "SEED\n"},
+        "scalar.yaml",
+        ["config file {scalar.yaml} holds a single str value, not a yaml mapping"],
+    ),
+    "missing base": (
+        {"top.yaml": "_BASE_: Base-Missing.yaml\n"},
+        "top.yaml",
+        ["config file {Base-Missing.yaml} (a _BASE_ of {top.yaml}) does not exist"],
+    ),
+    "base not a path": (
+        {"top.yaml": "_BASE_: 3\n"},
+        "top.yaml",
+        ["config file {top.yaml}: _BASE_ is 3"],
+    ),
     "yaml syntax": ({"top.yaml": "SEED: [1\n"}, "top.yaml", ["config file {top.yaml}: "]),
 }
 
@@ -209,8 +268,16 @@ def write_files(folder: Path, files: dict) -> dict:
 
 def expected(fragments, folder: Path) -> list:
     """The fragments with each {name.yaml} replaced by that file's path in ``folder``."""
-    names = ("a.yaml", "b.yaml", "self.yaml", "empty.yaml", "top.yaml", "list.yaml",
-             "scalar.yaml", "Base-Missing.yaml")
+    names = (
+        "a.yaml",
+        "b.yaml",
+        "self.yaml",
+        "empty.yaml",
+        "top.yaml",
+        "list.yaml",
+        "scalar.yaml",
+        "Base-Missing.yaml",
+    )
     result = []
     for fragment in fragments:
         for name in names:
@@ -228,8 +295,12 @@ def test_a_malformed_config_is_one_line_naming_the_file(case, tmp_path, capsys):
         load_config(str(tmp_path / passed))
     for fragment in fragments:
         assert fragment in str(error.value)
-    run_tool("train_net", ["--config-file", tmp_path / passed, "OUTPUT_DIR", tmp_path / "run"],
-             capsys, *fragments)
+    run_tool(
+        "train_net",
+        ["--config-file", tmp_path / passed, "OUTPUT_DIR", tmp_path / "run"],
+        capsys,
+        *fragments,
+    )
     assert not (tmp_path / "run").exists()
 
 
@@ -241,9 +312,15 @@ def test_debug_keeps_the_traceback(tmp_path):
 
 def test_shared_bases_and_a_base_named_twice_are_no_loop(tmp_path):
     """A diamond (two bases that share one) and a shipped _BASE_ chain load."""
-    write_files(tmp_path, {"common.yaml": "SEED: 3\n", "left.yaml": "_BASE_: common.yaml\n",
-                           "right.yaml": "_BASE_: common.yaml\nSOLVER:\n  MAX_ITER: 7\n",
-                           "top.yaml": "_BASE_: [left.yaml, right.yaml]\n"})
+    write_files(
+        tmp_path,
+        {
+            "common.yaml": "SEED: 3\n",
+            "left.yaml": "_BASE_: common.yaml\n",
+            "right.yaml": "_BASE_: common.yaml\nSOLVER:\n  MAX_ITER: 7\n",
+            "top.yaml": "_BASE_: [left.yaml, right.yaml]\n",
+        },
+    )
     cfg = load_config(str(tmp_path / "top.yaml"))
     assert (cfg.SEED, cfg.SOLVER.MAX_ITER) == (3, 7)
     assert load_config(CONFIG).MODEL.LAMBDA_RESNET.DEPTH == 26
@@ -252,9 +329,15 @@ def test_shared_bases_and_a_base_named_twice_are_no_loop(tmp_path):
 def test_a_binary_config_is_one_line_naming_the_file(tmp_path, capsys):
     config = tmp_path / "weights.yaml"
     config.write_bytes(b"PK\x03\x04\xff\x00 a zip, passed as the config")
-    with pytest.raises(ConfigFileError, match=f"config file {config} is not utf-8 text "
-                                              f"\\(byte 4 is 0xff"):
+    with pytest.raises(
+        ConfigFileError, match=f"config file {config} is not utf-8 text \\(byte 4 is 0xff"
+    ):
         load_config(str(config))
-    run_tool("train_net", ["--config-file", config, "OUTPUT_DIR", tmp_path / "run"], capsys,
-             f"config file {config} is not utf-8 text", "pass a yaml config")
+    run_tool(
+        "train_net",
+        ["--config-file", config, "OUTPUT_DIR", tmp_path / "run"],
+        capsys,
+        f"config file {config} is not utf-8 text",
+        "pass a yaml config",
+    )
     assert not (tmp_path / "run").exists()

@@ -1,15 +1,16 @@
 """The large-scale jitter and the bundled shapes dataset."""
+
 import json
 
 import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import CONFIGS
+from detectron2.data import transforms as T
 
 import lambda_det.data  # noqa: F401
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
-from conftest import CONFIGS
-from detectron2.data import transforms as T
 from lambda_det.data import build_lsj_augmentations, build_mapper
 from lambda_det.data.shapes import SHAPES_CLASSES, generate_split
 
@@ -20,7 +21,6 @@ def load_config(relative: str):
     return cfg
 
 
-
 def test_lsj_crops_pads_and_recomputes_boxes(tmp_path):
     cfg = load_config("Demo/lambda_r26_shapes.yaml")
     cfg.INPUT.LSJ.IMAGE_SIZE = 64
@@ -28,8 +28,14 @@ def test_lsj_crops_pads_and_recomputes_boxes(tmp_path):
     image = np.random.randint(0, 255, (50, 80, 3), dtype=np.uint8)
     cv2.imwrite(str(tmp_path / "image.png"), image)
     polygon = [[10.0, 10.0, 40.0, 10.0, 40.0, 30.0, 10.0, 30.0]]
-    record = {"file_name": str(tmp_path / "image.png"), "height": 50, "width": 80, "annotations": [
-        {"bbox": [10, 10, 30, 20], "bbox_mode": 0, "category_id": 1, "segmentation": polygon}]}
+    record = {
+        "file_name": str(tmp_path / "image.png"),
+        "height": 50,
+        "width": 80,
+        "annotations": [
+            {"bbox": [10, 10, 30, 20], "bbox_mode": 0, "category_id": 1, "segmentation": polygon}
+        ],
+    }
     sizes = set()
     for seed in range(6):
         np.random.seed(seed)
@@ -65,15 +71,24 @@ def test_evaluation_at_another_size_than_training_is_logged(caplog):
 
 def test_shapes_registration_follows_detectron2_datasets_when_registered(tmp_path, monkeypatch):
     from detectron2.data import DatasetCatalog, MetadataCatalog
+
     from lambda_det.data import register_shapes_datasets
 
     # A complete (tiny) dataset folder under another DETECTRON2_DATASETS.
     root = tmp_path / "lambda_det_shapes_v1"
     (root / "val").mkdir(parents=True)
     cv2.imwrite(str(root / "val" / "1.png"), np.zeros((8, 8, 3), np.uint8))
-    (root / "val.json").write_text(json.dumps({
-        "images": [{"id": 1, "file_name": "1.png", "height": 8, "width": 8}], "annotations": [],
-        "categories": [{"id": i + 1, "name": name} for i, name in enumerate(SHAPES_CLASSES)]}))
+    (root / "val.json").write_text(
+        json.dumps(
+            {
+                "images": [{"id": 1, "file_name": "1.png", "height": 8, "width": 8}],
+                "annotations": [],
+                "categories": [
+                    {"id": i + 1, "name": name} for i, name in enumerate(SHAPES_CLASSES)
+                ],
+            }
+        )
+    )
     (root / "COMPLETE").write_text("v1")
     monkeypatch.setenv("DETECTRON2_DATASETS", str(tmp_path))
     register_shapes_datasets()
@@ -89,8 +104,11 @@ def test_shapes_registration_follows_detectron2_datasets_when_registered(tmp_pat
     (stale / "leftover").mkdir(parents=True)
     # The refusal comes after the generation (into a staging folder): skip drawing 304 images.
     monkeypatch.setattr(lambda_det.data.shapes, "generate_split", lambda folder, split: folder)
-    with pytest.raises(OSError, match=f"cannot create the shapes dataset at {stale}: the folder "
-                                      f"exists but is not a complete dataset"):
+    with pytest.raises(
+        OSError,
+        match=f"cannot create the shapes dataset at {stale}: the folder "
+        f"exists but is not a complete dataset",
+    ):
         lambda_det.data.ensure_shapes_dataset(stale)
 
 
@@ -99,9 +117,11 @@ def test_shapes_dataset_is_deterministic_and_covers_every_size(tmp_path):
     first = json.loads(generate_split(tmp_path / "a", "val").read_text())
     second = json.loads(generate_split(tmp_path / "b", "val").read_text())
     assert first == second
-    assert (tmp_path / "a/val/00001.png").read_bytes() == (tmp_path / "b/val/00001.png").read_bytes()
+    assert (tmp_path / "a/val/00001.png").read_bytes() == (
+        tmp_path / "b/val/00001.png"
+    ).read_bytes()
     areas = [a["area"] for a in first["annotations"]]
-    buckets = {"small": sum(a < 32 ** 2 for a in areas), "large": sum(a > 96 ** 2 for a in areas)}
+    buckets = {"small": sum(a < 32**2 for a in areas), "large": sum(a > 96**2 for a in areas)}
     buckets["medium"] = len(areas) - buckets["small"] - buckets["large"]
     assert min(buckets.values()) >= 20, buckets
     assert {c["name"] for c in first["categories"]} == set(SHAPES_CLASSES)

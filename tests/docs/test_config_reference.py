@@ -1,12 +1,13 @@
 """docs/config.md documents every key lambda_det adds to Detectron2's config, with its default;
 the mixers' rows follow their declarations, and the docs list the depths a LambdaResNet has."""
+
 import ast
 import re
 
 import pytest
-
 from conftest import REPO_ROOT
 from detectron2.config import get_cfg as get_detectron2_cfg
+
 from lambda_det.modeling.lambda_resnet import DEPTHS
 from lambda_det.modeling.mixers import MIXERS, mixer_config_defaults, mixer_config_node
 from lambda_det.run_config import get_cfg
@@ -15,8 +16,11 @@ from lambda_det.run_config import get_cfg
 def flatten(node, prefix=""):
     if not isinstance(node, dict):
         return {prefix[:-1]: node}
-    return {key: value for name, child in node.items()
-            for key, value in flatten(child, f"{prefix}{name}.").items()}
+    return {
+        key: value
+        for name, child in node.items()
+        for key, value in flatten(child, f"{prefix}{name}.").items()
+    }
 
 
 def test_every_added_key_is_documented_with_its_default():
@@ -31,8 +35,9 @@ def test_every_added_key_is_documented_with_its_default():
 
 
 def documented_defaults() -> dict:
-    rows = re.findall(r"^\| `([A-Z_.]+)` \| `(.+?)` \|", (REPO_ROOT / "docs/config.md").read_text(),
-                      flags=re.M)
+    rows = re.findall(
+        r"^\| `([A-Z_.]+)` \| `(.+?)` \|", (REPO_ROOT / "docs/config.md").read_text(), flags=re.M
+    )
     return {key: ast.literal_eval(default) for key, default in rows}
 
 

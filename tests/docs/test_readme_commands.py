@@ -1,5 +1,6 @@
 """Every command in the README's bash blocks names a tool that exists, with flags it takes, and a
 config name, keys and values that load; the short ones run."""
+
 import argparse
 import importlib
 import os
@@ -10,8 +11,16 @@ import sys
 import pytest
 import torch
 from conftest import (
-    ACTIVATE, COMMANDS, README, REPO_ROOT, bash_commands, bash_commands_of, linked_docs,
-    subprocess_env)
+    ACTIVATE,
+    COMMANDS,
+    README,
+    REPO_ROOT,
+    bash_commands,
+    bash_commands_of,
+    linked_docs,
+    subprocess_env,
+)
+
 from lambda_det.run_config import load_config
 
 TOOL_COMMANDS = [command for command in COMMANDS if command.startswith("python tools/")]
@@ -53,23 +62,37 @@ def parse_only(monkeypatch):
 
 def test_the_commands_of_the_linked_docs_pages_are_read():
     pages = {path.name for path in linked_docs()}
-    assert {"training.md", "safety.md", "timm.md", "lazyconfig.md", "export.md",
-            "comparing.md", "detectron2.md"} <= pages
+    assert {
+        "training.md",
+        "safety.md",
+        "timm.md",
+        "lazyconfig.md",
+        "export.md",
+        "comparing.md",
+        "detectron2.md",
+    } <= pages
     assert all((REPO_ROOT / "docs" / name).is_file() for name in pages)
     readme_only = bash_commands(README)
     assert len(COMMANDS) > len(readme_only)
-    assert any("tools/export_model.py" in command for command in COMMANDS[len(readme_only):])
+    assert any("tools/export_model.py" in command for command in COMMANDS[len(readme_only) :])
 
 
 def test_the_readme_has_its_commands():
     assert {"make test", "make demo", ACTIVATE} <= set(COMMANDS)
     tools = {shlex.split(command)[1] for command in TOOL_COMMANDS}
-    assert {"tools/train_net.py", "tools/predict.py", "tools/export_model.py",
-            "tools/convert_timm_checkpoint.py", "tools/lazyconfig_train_net.py",
-            "tools/compare_backbones.py", "tools/ap_table.py"} <= tools
+    assert {
+        "tools/train_net.py",
+        "tools/predict.py",
+        "tools/export_model.py",
+        "tools/convert_timm_checkpoint.py",
+        "tools/lazyconfig_train_net.py",
+        "tools/compare_backbones.py",
+        "tools/ap_table.py",
+    } <= tools
     for command in COMMANDS:
-        assert command.startswith(("make ", "python tools/", "python -c ",
-                                   "python -m lambda_det.d2tool ", ACTIVATE)), command
+        assert command.startswith(
+            ("make ", "python tools/", "python -c ", "python -m lambda_det.d2tool ", ACTIVATE)
+        ), command
 
 
 @pytest.mark.parametrize("command", TOOL_COMMANDS)
@@ -88,6 +111,7 @@ def test_each_tool_command_parses_and_its_config_loads(command, parse_only, tmp_
     config = run_config(config, tmp_path)
     if script.stem == "lazyconfig_train_net":
         from lambda_det.config.lazy import load_lazy_config
+
         load_lazy_config(config, args.opts)
     elif script.stem == "compare_backbones":
         load_config(config, module.split_overrides(argv)[1])
@@ -111,6 +135,7 @@ def test_each_timm_recipe_converts_into_its_config():
     --experiment folder."""
     timm = pytest.importorskip("timm")
     from timm.utils import ParseKwargs
+
     import lambda_det.modeling.timm_models  # noqa: F401
     from lambda_det.cli.checks import check_model
     from lambda_det.modeling.timm_models import convert_classifier_checkpoint
@@ -119,8 +144,11 @@ def test_each_timm_recipe_converts_into_its_config():
     timm_parser.add_argument("--model")
     timm_parser.add_argument("--model-kwargs", nargs="*", default={}, action=ParseKwargs)
     timm_parser.add_argument("--experiment")
-    conversions = {shlex.split(c)[-2]: shlex.split(c)[2:] for c in TOOL_COMMANDS
-                   if c.startswith("python tools/convert_timm_checkpoint.py")}
+    conversions = {
+        shlex.split(c)[-2]: shlex.split(c)[2:]
+        for c in TOOL_COMMANDS
+        if c.startswith("python tools/convert_timm_checkpoint.py")
+    }
     recipes = [command for command in COMMANDS if "train.py" in command and "runpy" in command]
     assert len(recipes) >= 2
     for recipe in recipes:
@@ -142,8 +170,14 @@ def test_the_dataset_command_runs(tmp_path):
     command = next(c for c in COMMANDS if c.startswith("python -c") and "ensure_shapes" in c)
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(tmp_path)
-    result = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True,
-                            text=True, env=env, cwd=REPO_ROOT, timeout=600)
+    result = subprocess.run(
+        [sys.executable, *shlex.split(command)[1:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "lambda_det_shapes_v1/val.json").is_file()
 
@@ -153,17 +187,29 @@ def test_the_dataset_command_runs(tmp_path):
 def test_the_quick_start_smoke_run_trains_predicts_and_prints_its_table(tmp_path, datasets_root):
     """The README's CPU smoke run, as written (20 iterations), then its predict and AP table."""
     section = README.read_text().split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
-    commands = [command for command in bash_commands_of(section)
-                if command.startswith("python tools/") and "demo_lambda_r26_shapes" not in command]
-    assert [shlex.split(c)[1] for c in commands] == ["tools/train_net.py", "tools/predict.py",
-                                                     "tools/ap_table.py"]
+    commands = [
+        command
+        for command in bash_commands_of(section)
+        if command.startswith("python tools/") and "demo_lambda_r26_shapes" not in command
+    ]
+    assert [shlex.split(c)[1] for c in commands] == [
+        "tools/train_net.py",
+        "tools/predict.py",
+        "tools/ap_table.py",
+    ]
     (tmp_path / "datasets").symlink_to(datasets_root)  # the commands' files, generated once
     env = subprocess_env()
     env.pop("DETECTRON2_DATASETS", None)  # the commands use the default, ./datasets
     for command in commands:
         words = shlex.split(command)
-        result = subprocess.run([sys.executable, str(REPO_ROOT / words[1]), *words[2:]],
-                                capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        result = subprocess.run(
+            [sys.executable, str(REPO_ROOT / words[1]), *words[2:]],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+            timeout=600,
+        )
         assert result.returncode == 0, (command, result.stderr[-3000:])
     assert (tmp_path / "output/smoke/model_final.pth").is_file()
     assert (tmp_path / "output/smoke_predictions/predictions.json").is_file()

@@ -3,6 +3,7 @@ processes, a NaN loss, random valid configurations, two processes against one.
 
 (Split by concern: checkpoint/test_checkpoint_files.py, data/test_coco_annotations.py,
 config/test_bad_configs.py, tools/test_training_over_a_run.py.)"""
+
 import json
 import subprocess
 import sys
@@ -13,9 +14,10 @@ import pytest
 import torch
 from conftest import REPO_ROOT, subprocess_env, tiny_cfg
 from conftest import TINY_RUN as TINY
+from detectron2.engine import HookBase
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from detectron2.engine import HookBase
+
 from lambda_det.engine import Trainer
 from lambda_det.modeling import lambda_resnet
 
@@ -58,8 +60,9 @@ def test_resume_is_bit_exact(tmp_path, shapes):
     resumed, resumed_losses = train(tiny_cfg(interrupted_dir), resume=True)
     assert resumed.start_iter == 3
     assert first_losses + resumed_losses == straight_losses
-    for (name, a), b in zip(straight.model.state_dict().items(),
-                            resumed.model.state_dict().values()):
+    for (name, a), b in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values()
+    ):
         assert torch.equal(a, b), name
     # Without the deterministic loader a resumed run drifts from the straight one: the equality
     # above is the loader's doing, not automatic.
@@ -75,8 +78,10 @@ def test_deterministic_loader_splits_global_batches_across_processes(shapes):
     single = Trainer.build_train_loader(cfg)
     from lambda_det.engine import DeterministicTrainLoader
 
-    halves = [DeterministicTrainLoader(single.dataset, single.mapper, 4, cfg.SEED, rank, 2)
-              for rank in (0, 1)]
+    halves = [
+        DeterministicTrainLoader(single.dataset, single.mapper, 4, cfg.SEED, rank, 2)
+        for rank in (0, 1)
+    ]
     whole = single.batches(5, 1)[0]
     split = halves[0].batches(5, 1)[0] + halves[1].batches(5, 1)[0]
     for a, b in zip(whole, split):
@@ -106,18 +111,30 @@ def test_bad_log_period_is_named(tmp_path, shapes):
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(depth=st.sampled_from([26, 50]),
-       placement=st.text(alphabet="CL", min_size=4, max_size=4),
-       scope=st.sampled_from([1, 3, 5, 7]),
-       heads=st.sampled_from([1, 2, 4]),
-       dim_k=st.integers(1, 8),
-       dim_u=st.integers(1, 3),
-       impl=st.sampled_from(["auto", "einsum", "conv"]),
-       height=st.integers(17, 72), width=st.integers(17, 72))
-def test_random_valid_configurations_train(depth, placement, scope, heads, dim_k, dim_u, impl,
-                                           height, width):
-    model = lambda_resnet(depth, placement=placement, width_multiplier=0.125, scope=scope,
-                          heads=heads, dim_k=dim_k, dim_u=dim_u, impl=impl)
+@given(
+    depth=st.sampled_from([26, 50]),
+    placement=st.text(alphabet="CL", min_size=4, max_size=4),
+    scope=st.sampled_from([1, 3, 5, 7]),
+    heads=st.sampled_from([1, 2, 4]),
+    dim_k=st.integers(1, 8),
+    dim_u=st.integers(1, 3),
+    impl=st.sampled_from(["auto", "einsum", "conv"]),
+    height=st.integers(17, 72),
+    width=st.integers(17, 72),
+)
+def test_random_valid_configurations_train(
+    depth, placement, scope, heads, dim_k, dim_u, impl, height, width
+):
+    model = lambda_resnet(
+        depth,
+        placement=placement,
+        width_multiplier=0.125,
+        scope=scope,
+        heads=heads,
+        dim_k=dim_k,
+        dim_u=dim_u,
+        impl=impl,
+    )
     outputs = model(torch.randn(2, 3, height, width))
     loss = sum(output.float().mean() for output in outputs.values())
     loss.backward()
@@ -128,8 +145,14 @@ def test_random_valid_configurations_train(depth, placement, scope, heads, dim_k
 def run_train_net(*args: str, datasets_root: Path, timeout: int = 900):
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
-    return subprocess.run([sys.executable, str(REPO_ROOT / "tools/train_net.py"), *args],
-                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools/train_net.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
 
 
 def logged_losses(output: Path):
@@ -141,18 +164,32 @@ def logged_losses(output: Path):
 @pytest.mark.e2e
 def test_two_cpu_processes_follow_the_one_process_trajectory(tmp_path, datasets_root):
     overrides = []
-    for key, value in {**TINY, "SOLVER.IMS_PER_BATCH": 4, "SOLVER.LOG_PERIOD": 1,
-                       "MODEL.LAMBDA_RESNET.NORM": "naiveSyncBN", "MODEL.FPN.NORM": "naiveSyncBN",
-                       "MODEL.ROI_BOX_HEAD.NORM": "naiveSyncBN_N",
-                       "MODEL.ROI_MASK_HEAD.NORM": "naiveSyncBN_N"}.items():
+    for key, value in {
+        **TINY,
+        "SOLVER.IMS_PER_BATCH": 4,
+        "SOLVER.LOG_PERIOD": 1,
+        "MODEL.LAMBDA_RESNET.NORM": "naiveSyncBN",
+        "MODEL.FPN.NORM": "naiveSyncBN",
+        "MODEL.ROI_BOX_HEAD.NORM": "naiveSyncBN_N",
+        "MODEL.ROI_MASK_HEAD.NORM": "naiveSyncBN_N",
+    }.items():
         overrides += [key, str(value)]
     runs = {}
     for processes in (1, 2):
         output = tmp_path / f"p{processes}"
         # "auto": a free port, so that a test running beside it (pytest-xdist) cannot collide.
-        result = run_train_net("--config", "lambda_r26_shapes", "--num-gpus", str(processes),
-                               "--dist-url", "auto", *overrides, "OUTPUT_DIR", str(output),
-                               datasets_root=datasets_root)
+        result = run_train_net(
+            "--config",
+            "lambda_r26_shapes",
+            "--num-gpus",
+            str(processes),
+            "--dist-url",
+            "auto",
+            *overrides,
+            "OUTPUT_DIR",
+            str(output),
+            datasets_root=datasets_root,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         # No deprecation warnings a user can do nothing about (DDP broadcast_buffers, ...).
         assert "FutureWarning" not in result.stderr and "deprecated" not in result.stderr

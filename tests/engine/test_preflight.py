@@ -3,37 +3,48 @@ device of both training tools is one ``error:`` line with exit status 2 before O
 touched; the memory lower bound refuses what cannot fit and accepts the shipped configs; a run
 that left files but no checkpoint is a run: training over it takes --restart, which moves it
 aside, and --resume says there is nothing to resume from."""
+
 import hashlib
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_CONFIG as CONFIG, TINY_OVERRIDES as TINY
-import lambda_det.data
+from conftest import DEMO_CONFIG as CONFIG
+from conftest import TINY_OVERRIDES as TINY
 from detectron2.modeling import build_model
-from lambda_det.cli import lazyconfig_train_net, train_net as cli
+
+import lambda_det.data
+from lambda_det.cli import lazyconfig_train_net
+from lambda_det.cli import train_net as cli
 from lambda_det.cli.checks import check_model
 from lambda_det.cli.output_dir import prepare_output_dir
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import preflight
-from lambda_det.run_config import load_config
-from lambda_det.engine.preflight import (
-    GIB, Setting, check_device, training_memory_lower_bound)
+from lambda_det.engine.preflight import GIB, Setting, check_device, training_memory_lower_bound
 from lambda_det.engine.run_settings import lazy_training_settings, yaml_training_settings
 from lambda_det.layers import LambdaLayer
+from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
-LAZY_TINY = ["model.backbone.bottom_up.width_multiplier=0.25", "model.backbone.bottom_up.scope=3",
-             "dataloader.train.total_batch_size=2", "dataloader.train.num_workers=0",
-             "train.max_iter=2", "train.device=cpu"]
+LAZY_TINY = [
+    "model.backbone.bottom_up.width_multiplier=0.25",
+    "model.backbone.bottom_up.scope=3",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "train.max_iter=2",
+    "train.device=cpu",
+]
 MACHINE_MEMORY = 16 * GIB  # what the memory tests pretend the machine has available
 
 
 def snapshot(folder: Path) -> dict:
     """Every file under ``folder`` (the lock file included) with a hash of its content."""
-    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(folder.rglob("*")) if path.is_file()}
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
 
 
 @pytest.fixture
@@ -41,8 +52,14 @@ def earlier_run(tmp_path) -> Path:
     """An OUTPUT_DIR holding a run: its checkpoint pointer, a checkpoint, logs and metrics."""
     folder = tmp_path / "run"
     folder.mkdir()
-    for name in ("last_checkpoint", "model_0000009.pth", "metrics.json", "log.txt",
-                 "config.yaml", "events.out.tfevents.1.host"):
+    for name in (
+        "last_checkpoint",
+        "model_0000009.pth",
+        "metrics.json",
+        "log.txt",
+        "config.yaml",
+        "events.out.tfevents.1.host",
+    ):
         (folder / name).write_text(f"the earlier run's {name}\n")
     (folder / "last_checkpoint").write_text("model_0000009.pth")
     return folder
@@ -68,11 +85,21 @@ def exit_status(main, argv) -> int:
 
 
 # The issue's evaluation: the demo (full width) at a test size of 16000 (the bound: ~17 GiB).
-FULL_WIDTH_AT_16000 = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "1.0", "INPUT.MIN_SIZE_TEST",
-                       "16000", "INPUT.MAX_SIZE_TEST", "16000",
-                       "DATASETS.TEST", "('lambda_det_shapes_val',)"]
-EVALUATION_TOO_LARGE = ["evaluation needs at least ~", "per process for one image of 16000x16000",
-                        "the machine has 16.0 GiB available: lower INPUT.MAX_SIZE_TEST"]
+FULL_WIDTH_AT_16000 = [
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "1.0",
+    "INPUT.MIN_SIZE_TEST",
+    "16000",
+    "INPUT.MAX_SIZE_TEST",
+    "16000",
+    "DATASETS.TEST",
+    "('lambda_det_shapes_val',)",
+]
+EVALUATION_TOO_LARGE = [
+    "evaluation needs at least ~",
+    "per process for one image of 16000x16000",
+    "the machine has 16.0 GiB available: lower INPUT.MAX_SIZE_TEST",
+]
 
 # (tool flags, overrides, fragments of the error line)
 BAD_YAML_INPUTS = {
@@ -82,44 +109,78 @@ BAD_YAML_INPUTS = {
     "machine rank": (["--machine-rank", "1"], [], ["--machine-rank", "got 1"]),
     "negative LR": ([], ["SOLVER.BASE_LR", "-0.1"], ["SOLVER.BASE_LR", "got -0.1"]),
     "zero LR": ([], ["SOLVER.BASE_LR", "0.0"], ["SOLVER.BASE_LR", "got 0.0"]),
-    "AMP dtype": ([], ["SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "int8"],
-                  ["SOLVER.AMP.DTYPE", "'int8'", "float16 or bfloat16"]),
-    "deterministic without seed": ([], ["DATALOADER.DETERMINISTIC", "True", "SEED", "-1"],
-                                   ["DATALOADER.DETERMINISTIC", "SEED >= 0", "SEED=-1"]),
+    "AMP dtype": (
+        [],
+        ["SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "int8"],
+        ["SOLVER.AMP.DTYPE", "'int8'", "float16 or bfloat16"],
+    ),
+    "deterministic without seed": (
+        [],
+        ["DATALOADER.DETERMINISTIC", "True", "SEED", "-1"],
+        ["DATALOADER.DETERMINISTIC", "SEED >= 0", "SEED=-1"],
+    ),
     "MAX_ITER": ([], ["SOLVER.MAX_ITER", "-5"], ["SOLVER.MAX_ITER", "got -5"]),
     "step at MAX_ITER": ([], ["SOLVER.STEPS", "(2,)"], ["SOLVER.STEPS [2]", "SOLVER.MAX_ITER"]),
-    "steps out of order": ([], ["SOLVER.MAX_ITER", "9", "SOLVER.STEPS", "(5, 3)"],
-                           ["SOLVER.STEPS [5, 3]", "increasing"]),
-    "LSJ scales": ([], ["INPUT.LSJ.MIN_SCALE", "2.0", "INPUT.LSJ.MAX_SCALE", "0.5"],
-                   ["INPUT.LSJ.MIN_SCALE", "INPUT.LSJ.MAX_SCALE", "got 2.0 and 0.5"]),
+    "steps out of order": (
+        [],
+        ["SOLVER.MAX_ITER", "9", "SOLVER.STEPS", "(5, 3)"],
+        ["SOLVER.STEPS [5, 3]", "increasing"],
+    ),
+    "LSJ scales": (
+        [],
+        ["INPUT.LSJ.MIN_SCALE", "2.0", "INPUT.LSJ.MAX_SCALE", "0.5"],
+        ["INPUT.LSJ.MIN_SCALE", "INPUT.LSJ.MAX_SCALE", "got 2.0 and 0.5"],
+    ),
     "LSJ image size 0": ([], ["INPUT.LSJ.IMAGE_SIZE", "0"], ["INPUT.LSJ.IMAGE_SIZE", "got 0"]),
-    "checkpoint period": ([], ["SOLVER.CHECKPOINT_PERIOD", "0"],
-                          ["SOLVER.CHECKPOINT_PERIOD", "got 0"]),
+    "checkpoint period": (
+        [],
+        ["SOLVER.CHECKPOINT_PERIOD", "0"],
+        ["SOLVER.CHECKPOINT_PERIOD", "got 0"],
+    ),
     "log period": ([], ["SOLVER.LOG_PERIOD", "0"], ["SOLVER.LOG_PERIOD", "got 0"]),
     "weight decay": ([], ["SOLVER.WEIGHT_DECAY", "-1.0"], ["SOLVER.WEIGHT_DECAY", "got -1.0"]),
     "workers": ([], ["DATALOADER.NUM_WORKERS", "-2"], ["DATALOADER.NUM_WORKERS", "got -2"]),
     "device index": ([], ["MODEL.DEVICE", "cuda:99"], ["MODEL.DEVICE 'cuda:99'"]),
     "device kind": ([], ["MODEL.DEVICE", "mps"], ["MODEL.DEVICE 'mps'", "cuda or cpu"]),
-    "image size too large": ([], ["INPUT.LSJ.IMAGE_SIZE", "16384"],
-                             ["16384x16384", "GiB", "INPUT.LSJ.IMAGE_SIZE"]),
-    "batch too large": ([], ["SOLVER.IMS_PER_BATCH", "10000"],
-                        ["10000 images", "GiB", "SOLVER.IMS_PER_BATCH"]),
-    "absurd image size": ([], ["INPUT.LSJ.IMAGE_SIZE", "100000000"],
-                          ["100000000x100000000", "INPUT.LSJ.IMAGE_SIZE"]),
-    "test size too large, eval-only": (["--eval-only"], FULL_WIDTH_AT_16000,
-                                       EVALUATION_TOO_LARGE),
-    "test size too large for the final evaluation": ([], FULL_WIDTH_AT_16000,
-                                                     EVALUATION_TOO_LARGE),
+    "image size too large": (
+        [],
+        ["INPUT.LSJ.IMAGE_SIZE", "16384"],
+        ["16384x16384", "GiB", "INPUT.LSJ.IMAGE_SIZE"],
+    ),
+    "batch too large": (
+        [],
+        ["SOLVER.IMS_PER_BATCH", "10000"],
+        ["10000 images", "GiB", "SOLVER.IMS_PER_BATCH"],
+    ),
+    "absurd image size": (
+        [],
+        ["INPUT.LSJ.IMAGE_SIZE", "100000000"],
+        ["100000000x100000000", "INPUT.LSJ.IMAGE_SIZE"],
+    ),
+    "test size too large, eval-only": (["--eval-only"], FULL_WIDTH_AT_16000, EVALUATION_TOO_LARGE),
+    "test size too large for the final evaluation": ([], FULL_WIDTH_AT_16000, EVALUATION_TOO_LARGE),
 }
 
 
 @pytest.mark.parametrize("case", BAD_YAML_INPUTS)
 def test_a_bad_setting_stops_train_net_before_output_dir_is_touched(
-        case, earlier_run, machine_memory, capsys):
+    case, earlier_run, machine_memory, capsys
+):
     flags, overrides, fragments = BAD_YAML_INPUTS[case]
     before = snapshot(earlier_run)
-    status = exit_status(cli.main, ["--config-file", CONFIG, "--resume", *flags, *TINY,
-                                          *overrides, "OUTPUT_DIR", str(earlier_run)])
+    status = exit_status(
+        cli.main,
+        [
+            "--config-file",
+            CONFIG,
+            "--resume",
+            *flags,
+            *TINY,
+            *overrides,
+            "OUTPUT_DIR",
+            str(earlier_run),
+        ],
+    )
     assert status == 2
     error = one_error_line(capsys)
     for fragment in fragments:
@@ -130,10 +191,22 @@ def test_a_bad_setting_stops_train_net_before_output_dir_is_touched(
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")
 def test_cuda_without_a_gpu_is_one_line(tmp_path, capsys):
     output = tmp_path / "fresh"
-    for tool, argv in ((cli.main, ["--config-file", CONFIG, *TINY, "MODEL.DEVICE", "cuda",
-                                         "OUTPUT_DIR", str(output)]),
-                       (lazyconfig_train_net.main, ["--config", "lambda_r26_shapes", *LAZY_TINY,
-                                    "train.device=cuda", f"train.output_dir={output}"])):
+    for tool, argv in (
+        (
+            cli.main,
+            ["--config-file", CONFIG, *TINY, "MODEL.DEVICE", "cuda", "OUTPUT_DIR", str(output)],
+        ),
+        (
+            lazyconfig_train_net.main,
+            [
+                "--config",
+                "lambda_r26_shapes",
+                *LAZY_TINY,
+                "train.device=cuda",
+                f"train.output_dir={output}",
+            ],
+        ),
+    ):
         assert exit_status(tool, argv) == 2
         assert "needs a CUDA GPU, and torch finds none" in one_error_line(capsys)
         assert not output.exists()
@@ -143,39 +216,67 @@ BAD_LAZY_INPUTS = {
     "num-gpus 0, eval-only": (["--num-gpus", "0", "--eval-only"], ["--num-gpus", "got 0"]),
     "negative LR": (["optimizer.lr=-0.1"], ["optimizer.lr", "got -0.1"]),
     "LR nan": (["optimizer.lr=nan"], ["optimizer.lr", "got nan"]),
-    "AMP dtype": (["train.amp.enabled=True", "train.amp.dtype=int8"],
-                  ["train.amp.dtype", "'int8'"]),
+    "AMP dtype": (
+        ["train.amp.enabled=True", "train.amp.dtype=int8"],
+        ["train.amp.dtype", "'int8'"],
+    ),
     "max_iter": (["train.max_iter=-5"], ["train.max_iter", "got -5"]),
-    "steps out of order": (["train.max_iter=9", "lr_multiplier.steps=[5,3]"],
-                           ["lr_multiplier.steps [5, 3]"]),
-    "LSJ scales": (["dataloader.train.mapper.augmentations.min_scale=2.0"],
-                   ["augmentations.min_scale", "got 2.0 and 1.5"]),
-    "LSJ image size 0": (["dataloader.train.mapper.augmentations.image_size=0"],
-                         ["augmentations.image_size", "got 0"]),
+    "steps out of order": (
+        ["train.max_iter=9", "lr_multiplier.steps=[5,3]"],
+        ["lr_multiplier.steps [5, 3]"],
+    ),
+    "LSJ scales": (
+        ["dataloader.train.mapper.augmentations.min_scale=2.0"],
+        ["augmentations.min_scale", "got 2.0 and 1.5"],
+    ),
+    "LSJ image size 0": (
+        ["dataloader.train.mapper.augmentations.image_size=0"],
+        ["augmentations.image_size", "got 0"],
+    ),
     "checkpoint period": (["train.checkpointer.period=0"], ["train.checkpointer.period"]),
-    "image size too large": (["dataloader.train.mapper.augmentations.image_size=16384"],
-                             ["16384x16384", "augmentations.image_size"]),
-    "batch too large": (["dataloader.train.total_batch_size=10000"],
-                        ["10000 images", "dataloader.train.total_batch_size"]),
+    "image size too large": (
+        ["dataloader.train.mapper.augmentations.image_size=16384"],
+        ["16384x16384", "augmentations.image_size"],
+    ),
+    "batch too large": (
+        ["dataloader.train.total_batch_size=10000"],
+        ["10000 images", "dataloader.train.total_batch_size"],
+    ),
     "test size too large, eval-only": (
-        ["--eval-only", "model.backbone.bottom_up.width_multiplier=1.0",
-         "dataloader.test.mapper.augmentations.0.short_edge_length=16000",
-         "dataloader.test.mapper.augmentations.0.max_size=16000"],
-        ["evaluation needs at least ~", "one image of 16000x16000",
-         "lower dataloader.test.mapper.augmentations.0.max_size"]),
+        [
+            "--eval-only",
+            "model.backbone.bottom_up.width_multiplier=1.0",
+            "dataloader.test.mapper.augmentations.0.short_edge_length=16000",
+            "dataloader.test.mapper.augmentations.0.max_size=16000",
+        ],
+        [
+            "evaluation needs at least ~",
+            "one image of 16000x16000",
+            "lower dataloader.test.mapper.augmentations.0.max_size",
+        ],
+    ),
 }
 
 
 @pytest.mark.parametrize("case", BAD_LAZY_INPUTS)
 def test_a_bad_setting_stops_lazyconfig_train_net_before_output_dir_is_touched(
-        case, tmp_path, machine_memory, capsys):
+    case, tmp_path, machine_memory, capsys
+):
     arguments, fragments = BAD_LAZY_INPUTS[case]
     flags = [item for item in arguments if item.startswith("--") or item.isdigit()]
     overrides = [item for item in arguments if item not in flags]
     output = tmp_path / "fresh"
-    status = exit_status(lazyconfig_train_net.main, ["--config", "lambda_r26_shapes", *flags,
-                                                     *LAZY_TINY, *overrides,
-                                                     f"train.output_dir={output}"])
+    status = exit_status(
+        lazyconfig_train_net.main,
+        [
+            "--config",
+            "lambda_r26_shapes",
+            *flags,
+            *LAZY_TINY,
+            *overrides,
+            f"train.output_dir={output}",
+        ],
+    )
     assert status == 2
     error = one_error_line(capsys)
     for fragment in fragments:
@@ -197,14 +298,18 @@ def test_check_device_counts_the_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     check_device(Setting("MODEL.DEVICE", "cuda"), num_gpus=2)
     check_device(Setting("MODEL.DEVICE", "cuda:1"), num_gpus=1)
-    with pytest.raises(ValueError, match=r"--num-gpus 3 needs 3 CUDA GPUs and this machine has "
-                                         r"2: pass --num-gpus 2 or fewer"):
+    with pytest.raises(
+        ValueError,
+        match=r"--num-gpus 3 needs 3 CUDA GPUs and this machine has "
+        r"2: pass --num-gpus 2 or fewer",
+    ):
         check_device(Setting("MODEL.DEVICE", "cuda"), num_gpus=3)
     with pytest.raises(ValueError, match=r"MODEL.DEVICE 'cuda:2': this machine has 2 CUDA"):
         check_device(Setting("MODEL.DEVICE", "cuda:2"), num_gpus=1)
 
 
 # ---- the memory estimate ----
+
 
 def tiny_cfg(*overrides):
     return load_config(CONFIG, [*TINY, *overrides])
@@ -219,8 +324,7 @@ def test_the_estimate_is_a_lower_bound_of_what_the_backbone_keeps():
     kept = {}
 
     def count(tensor):
-        kept.setdefault(tensor.untyped_storage().data_ptr(),
-                        tensor.untyped_storage().nbytes())
+        kept.setdefault(tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes())
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(count, lambda tensor: tensor):
@@ -235,15 +339,15 @@ def test_the_estimate_is_a_lower_bound_of_what_the_backbone_keeps():
 
 def test_the_estimate_refuses_what_cannot_fit_quickly(machine_memory):
     for overrides, fragments in (
-            (["INPUT.LSJ.IMAGE_SIZE", "16384"], ["2 images of 16384x16384",
-                                                  "INPUT.LSJ.IMAGE_SIZE"]),
-            (["SOLVER.IMS_PER_BATCH", "10000"], ["10000 images of 256x256",
-                                                 "SOLVER.IMS_PER_BATCH"])):
+        (["INPUT.LSJ.IMAGE_SIZE", "16384"], ["2 images of 16384x16384", "INPUT.LSJ.IMAGE_SIZE"]),
+        (["SOLVER.IMS_PER_BATCH", "10000"], ["10000 images of 256x256", "SOLVER.IMS_PER_BATCH"]),
+    ):
         cfg = tiny_cfg(*overrides)
         start = time.perf_counter()
         with pytest.raises(ValueError) as error:
-            preflight.check_training_memory(check_model(cfg), yaml_training_settings(cfg), "cpu",
-                                            num_gpus=1, world_size=1)
+            preflight.check_training_memory(
+                check_model(cfg), yaml_training_settings(cfg), "cpu", num_gpus=1, world_size=1
+            )
         assert time.perf_counter() - start < 20  # the issue's runs allocated for minutes
         message = str(error.value)
         assert message.startswith("training needs at least ~")
@@ -253,8 +357,9 @@ def test_the_estimate_refuses_what_cannot_fit_quickly(machine_memory):
     # Two CPU processes share the machine's memory.
     cfg = tiny_cfg("SOLVER.IMS_PER_BATCH", "1000")
     with pytest.raises(ValueError, match="8.0 GiB for each of 2 processes"):
-        preflight.check_training_memory(check_model(cfg), yaml_training_settings(cfg), "cpu",
-                                        num_gpus=2, world_size=2)
+        preflight.check_training_memory(
+            check_model(cfg), yaml_training_settings(cfg), "cpu", num_gpus=2, world_size=2
+        )
 
 
 def test_the_estimate_accepts_the_demo(machine_memory):
@@ -262,29 +367,44 @@ def test_the_estimate_accepts_the_demo(machine_memory):
     cfg = load_config("lambda_r26_shapes")
     settings = yaml_training_settings(cfg)
     preflight.check_training_memory(check_model(cfg), settings, "cpu", num_gpus=1, world_size=1)
-    assert preflight.check_evaluation_memory(check_model(cfg), settings.test_size, "cpu",
-                                             num_gpus=1) < 0.1 * GIB
+    assert (
+        preflight.check_evaluation_memory(check_model(cfg), settings.test_size, "cpu", num_gpus=1)
+        < 0.1 * GIB
+    )
 
 
 def test_an_absurd_size_is_refused_at_once_without_a_forward_pass(machine_memory, monkeypatch):
     """A side of 10^8 is refused by arithmetic: the forward pass on the meta device loops over
     a lambda layer's tiles (the issue's run printed nothing for 300 s)."""
+
     def no_forward_pass(*args, **kwargs):
         raise AssertionError("the forward pass ran")
 
     monkeypatch.setattr(preflight, "training_memory_lower_bound", no_forward_pass)
     monkeypatch.setattr(preflight, "evaluation_memory_lower_bound", no_forward_pass)
-    cfg = tiny_cfg("INPUT.LSJ.IMAGE_SIZE", "100000000", "INPUT.MAX_SIZE_TEST", "100000000",
-                   "INPUT.MIN_SIZE_TEST", "100000000")
+    cfg = tiny_cfg(
+        "INPUT.LSJ.IMAGE_SIZE",
+        "100000000",
+        "INPUT.MAX_SIZE_TEST",
+        "100000000",
+        "INPUT.MIN_SIZE_TEST",
+        "100000000",
+    )
     model, settings = check_model(cfg), yaml_training_settings(cfg)
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=r"^training needs at least ~\d+\.\d GiB per process for "
-                                         r"2 images of 100000000x100000000 .*: lower "
-                                         r"SOLVER.IMS_PER_BATCH or INPUT.LSJ.IMAGE_SIZE$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^training needs at least ~\d+\.\d GiB per process for "
+        r"2 images of 100000000x100000000 .*: lower "
+        r"SOLVER.IMS_PER_BATCH or INPUT.LSJ.IMAGE_SIZE$",
+    ):
         preflight.check_training_memory(model, settings, "cpu", num_gpus=1, world_size=1)
-    with pytest.raises(ValueError, match=r"^evaluation needs at least ~\d+\.\d GiB per process "
-                                         r"for one image of 100000000x100000000 .*: lower "
-                                         r"INPUT.MAX_SIZE_TEST \(the longest side"):
+    with pytest.raises(
+        ValueError,
+        match=r"^evaluation needs at least ~\d+\.\d GiB per process "
+        r"for one image of 100000000x100000000 .*: lower "
+        r"INPUT.MAX_SIZE_TEST \(the longest side",
+    ):
         preflight.check_evaluation_memory(model, settings.test_size, "cpu", num_gpus=1)
     assert time.perf_counter() - start < 1
 
@@ -296,8 +416,10 @@ def test_the_evaluation_estimate_is_a_lower_bound_of_a_forward_pass():
     estimate = preflight.evaluation_memory_lower_bound(check_model(cfg), size=96)
     model = build_model(cfg).eval()
     outputs = []
-    handles = [module.register_forward_hook(lambda module, args, output: outputs.append(output))
-               for module in model.backbone.modules()]
+    handles = [
+        module.register_forward_hook(lambda module, args, output: outputs.append(output))
+        for module in model.backbone.modules()
+    ]
     image = torch.zeros(1, 3, 96, 96)
     with torch.no_grad():
         features = model.backbone(image)
@@ -316,32 +438,44 @@ def test_the_evaluation_estimate_is_a_lower_bound_of_a_forward_pass():
 def test_the_test_size_of_both_config_systems():
     """A square image's side at evaluation, named by the key that bounds every image."""
     assert yaml_training_settings(load_config(CONFIG)).test_size == Setting(
-        "INPUT.MAX_SIZE_TEST", 256)
-    assert yaml_training_settings(load_config(CONFIG, [
-        "INPUT.MIN_SIZE_TEST", "800", "INPUT.MAX_SIZE_TEST", "1333"])).test_size.value == 800
-    assert yaml_training_settings(load_config(CONFIG, ["INPUT.MIN_SIZE_TEST", "0"])).test_size \
-        is None  # no resize: the images' own sizes
+        "INPUT.MAX_SIZE_TEST", 256
+    )
+    assert (
+        yaml_training_settings(
+            load_config(CONFIG, ["INPUT.MIN_SIZE_TEST", "800", "INPUT.MAX_SIZE_TEST", "1333"])
+        ).test_size.value
+        == 800
+    )
+    assert (
+        yaml_training_settings(load_config(CONFIG, ["INPUT.MIN_SIZE_TEST", "0"])).test_size is None
+    )  # no resize: the images' own sizes
     assert lazy_training_settings(load_lazy_config("lambda_r26_shapes")).test_size == Setting(
-        "dataloader.test.mapper.augmentations.0.max_size", 256)
+        "dataloader.test.mapper.augmentations.0.max_size", 256
+    )
 
 
 @pytest.mark.slow
 def test_the_paper_recipe_fits_an_80_gb_gpu(monkeypatch):
     """LambdaResNet-152 Mask R-CNN, 4 images of 1024x1024 per GPU: well under 80 GB."""
     cfg = load_config("lambda_r152_mask_rcnn")  # REFERENCE_WORLD_SIZE 64: 4 images per GPU
-    properties = type("Properties", (), {"total_memory": 80 * 10 ** 9})
+    properties = type("Properties", (), {"total_memory": 80 * 10**9})
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: properties)
     scaled = yaml_training_settings(cli.scale_yaml_to_world_size(cfg, 8))
     assert (scaled.batch.value, scaled.input_size.value) == (32, 1024)
-    estimate = preflight.check_training_memory(check_model(cfg), scaled, "cuda", num_gpus=8,
-                                               world_size=8)
+    estimate = preflight.check_training_memory(
+        check_model(cfg), scaled, "cuda", num_gpus=8, world_size=8
+    )
     assert 4 * GIB < estimate < 40 * GIB
 
 
 # ---- a run that left files and no checkpoint ----
 
-RUN_WITHOUT_CHECKPOINT = {"metrics.json": '{"iteration": 19}\n', "log.txt": "the first run\n",
-                          "config.yaml": "SEED: 1\n", "events.out.tfevents.1.host": "events"}
+RUN_WITHOUT_CHECKPOINT = {
+    "metrics.json": '{"iteration": 19}\n',
+    "log.txt": "the first run\n",
+    "config.yaml": "SEED: 1\n",
+    "events.out.tfevents.1.host": "events",
+}
 
 
 @pytest.fixture
@@ -358,8 +492,9 @@ def killed_run(tmp_path) -> Path:
 def assert_moved_aside(folder: Path, previous) -> None:
     previous = Path(previous)
     assert previous.parent == folder and previous.name.startswith("previous_")
-    assert {name: (previous / name).read_text() for name in RUN_WITHOUT_CHECKPOINT} == \
-        RUN_WITHOUT_CHECKPOINT
+    assert {
+        name: (previous / name).read_text() for name in RUN_WITHOUT_CHECKPOINT
+    } == RUN_WITHOUT_CHECKPOINT
     left = sorted(path.name for path in folder.iterdir() if path.name != "run.lock")
     assert left == ["notes.md", previous.name]
 
@@ -368,16 +503,18 @@ def assert_moved_aside(folder: Path, previous) -> None:
 def test_a_run_without_checkpoint_is_refused_without_restart(killed_run, resume):
     before = snapshot(killed_run)
     nothing = "it has no checkpoint to resume from, " if resume else ""
-    with pytest.raises(FileExistsError, match=rf"stopped before its first checkpoint "
-                                              rf"\(config.yaml, events.*\): {nothing}pass "
-                                              rf"--restart"):
+    with pytest.raises(
+        FileExistsError,
+        match=rf"stopped before its first checkpoint "
+        rf"\(config.yaml, events.*\): {nothing}pass "
+        rf"--restart",
+    ):
         prepare_output_dir(str(killed_run), resume=resume, restart=False)
     assert snapshot(killed_run) == before
 
 
 def test_restart_moves_a_run_without_checkpoint_aside(killed_run):
-    assert_moved_aside(killed_run, prepare_output_dir(str(killed_run), resume=False,
-                                                      restart=True))
+    assert_moved_aside(killed_run, prepare_output_dir(str(killed_run), resume=False, restart=True))
     # Nothing of a run's left: nothing to move, and nothing refused.
     assert prepare_output_dir(str(killed_run), resume=False, restart=False) is None
     assert prepare_output_dir(str(killed_run), resume=True, restart=False) is None
@@ -391,8 +528,9 @@ def test_another_machine_leaves_the_moving_to_machine_0(killed_run):
 def _run_tool(tool, flags, folder):
     if tool == "train_net":
         return cli.main(["--config-file", CONFIG, *flags, *TINY, "OUTPUT_DIR", str(folder)])
-    return lazyconfig_train_net.main(["--config", "lambda_r26_shapes", *flags, *LAZY_TINY,
-                                f"train.output_dir={folder}"])
+    return lazyconfig_train_net.main(
+        ["--config", "lambda_r26_shapes", *flags, *LAZY_TINY, f"train.output_dir={folder}"]
+    )
 
 
 @pytest.fixture
@@ -422,8 +560,9 @@ def test_both_tools_refuse_a_run_without_checkpoint(tool, flags, killed_run, lau
     assert stopped.value.code == 2 and not launches
     (line,) = capsys.readouterr().err.splitlines()
     key = "OUTPUT_DIR" if tool == "train_net" else "train.output_dir"  # as each config names it
-    assert line.startswith(f"error: {key} {str(killed_run)!r} holds a run that stopped before "
-                           f"its first checkpoint")
+    assert line.startswith(
+        f"error: {key} {str(killed_run)!r} holds a run that stopped before its first checkpoint"
+    )
     assert ("no checkpoint to resume from" in line) == bool(flags)
     after = snapshot(killed_run)
     after.pop("run.lock")  # the lock is taken before the folder is read

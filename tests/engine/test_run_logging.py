@@ -1,6 +1,7 @@
 """The log of a run: lambda_det's lines on the console and in log.txt, long printouts (config,
 model) in log.txt only, the count of loaded weights, and the warning for autocast on a CPU
 without kernels for its dtype."""
+
 import argparse
 import json
 import logging
@@ -8,8 +9,9 @@ import re
 
 import pytest
 import torch
-import lambda_det.data
 from detectron2.modeling import build_model
+
+import lambda_det.data
 from lambda_det.cli import train_net
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import amp
@@ -18,10 +20,26 @@ from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
-TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-        "MODEL.LAMBDA_RESNET.SCOPE", "3", "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "2",
-        "SOLVER.STEPS", "(1,)", "SOLVER.WARMUP_ITERS", "1", "DATALOADER.NUM_WORKERS", "0",
-        "DATASETS.TEST", "()"]
+TINY = [
+    "MODEL.DEVICE",
+    "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "SOLVER.IMS_PER_BATCH",
+    "2",
+    "SOLVER.MAX_ITER",
+    "2",
+    "SOLVER.STEPS",
+    "(1,)",
+    "SOLVER.WARMUP_ITERS",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "DATASETS.TEST",
+    "()",
+]
 LOGGERS = ("detectron2", "fvcore", "lambda_det")
 
 
@@ -42,10 +60,14 @@ def backbone_only_weights(path, cfg):
     """A checkpoint with the image network's weights only; returns (backbone, other) counts of
     the model's weights."""
     model = build_model(cfg)
-    weights = {key: value for key, value in model.state_dict().items()
-               if not key.endswith("num_batches_tracked")}
-    backbone = {key: value for key, value in weights.items()
-                if key.startswith("backbone.bottom_up.")}
+    weights = {
+        key: value
+        for key, value in model.state_dict().items()
+        if not key.endswith("num_batches_tracked")
+    }
+    backbone = {
+        key: value for key, value in weights.items() if key.startswith("backbone.bottom_up.")
+    }
     torch.save({"model": backbone}, path)
     return len(backbone), len(weights) - len(backbone)
 
@@ -57,12 +79,26 @@ def test_the_console_shows_the_run_and_log_txt_keeps_everything(tmp_path, shapes
     weights = tmp_path / "backbone.pth"
     backbone, other = backbone_only_weights(weights, load_config("lambda_r26_shapes", TINY))
     assert backbone > 100 and other > 50
-    assert train_net.main(["--config", "lambda_r26_shapes", *TINY, "OUTPUT_DIR",
-                           str(output), "MODEL.WEIGHTS", str(weights)]) == 0
+    assert (
+        train_net.main(
+            [
+                "--config",
+                "lambda_r26_shapes",
+                *TINY,
+                "OUTPUT_DIR",
+                str(output),
+                "MODEL.WEIGHTS",
+                str(weights),
+            ]
+        )
+        == 0
+    )
     console = capsys.readouterr().out
     log = (output / "log.txt").read_text()
-    loaded = (f"loaded {backbone} of {backbone} backbone weights and 0 of {other} other weights "
-              f"from {weights}")
+    loaded = (
+        f"loaded {backbone} of {backbone} backbone weights and 0 of {other} other weights "
+        f"from {weights}"
+    )
     # lambda_det's own lines and the weights count reach both.
     swap = "MODEL.LAMBDA_RESNET follows MODEL.RESNETS for OUT_FEATURES"
     for text in (console, log):
@@ -90,14 +126,30 @@ def setup_args(tmp_path, **kwargs):
 def test_float16_on_the_cpu_warns_once_with_the_fix(kind, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(amp, "_has_fast_cpu_kernels", lambda dtype: dtype == "bfloat16")
     if kind == "yaml":
-        cfg = load_config("lambda_r26_shapes", [
-            "MODEL.DEVICE", "cpu", "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "float16",
-            "OUTPUT_DIR", str(tmp_path)])
+        cfg = load_config(
+            "lambda_r26_shapes",
+            [
+                "MODEL.DEVICE",
+                "cpu",
+                "SOLVER.AMP.ENABLED",
+                "True",
+                "SOLVER.AMP.DTYPE",
+                "float16",
+                "OUTPUT_DIR",
+                str(tmp_path),
+            ],
+        )
         fix = "SOLVER.AMP.DTYPE bfloat16"
     else:
-        cfg = load_lazy_config("lambda_r26_shapes", [
-            "train.device=cpu", "train.amp.enabled=True", "train.amp.dtype=float16",
-            f"train.output_dir={tmp_path}"])
+        cfg = load_lazy_config(
+            "lambda_r26_shapes",
+            [
+                "train.device=cpu",
+                "train.amp.enabled=True",
+                "train.amp.dtype=float16",
+                f"train.output_dir={tmp_path}",
+            ],
+        )
         fix = "train.amp.dtype=bfloat16"
     plain_default_setup(cfg, setup_args(tmp_path))
     warnings = [line for line in capsys.readouterr().out.splitlines() if "autocast" in line]
@@ -109,17 +161,21 @@ def test_float16_on_the_cpu_warns_once_with_the_fix(kind, tmp_path, capsys, monk
 
 
 def amp_cfg(dtype="float16", device="cpu", enabled=True):
-    return load_config("lambda_r26_shapes", ["MODEL.DEVICE", device, "SOLVER.AMP.ENABLED",
-                                             str(enabled), "SOLVER.AMP.DTYPE", dtype])
+    return load_config(
+        "lambda_r26_shapes",
+        ["MODEL.DEVICE", device, "SOLVER.AMP.ENABLED", str(enabled), "SOLVER.AMP.DTYPE", dtype],
+    )
 
 
 def test_the_amp_warning_follows_the_cpus_kernels(monkeypatch):
     monkeypatch.setattr(amp, "_has_fast_cpu_kernels", lambda dtype: False)  # an AVX2 CPU
     assert amp.cpu_amp_warning(amp_cfg()).endswith(
         "this CPU lacks AVX-512, which oneDNN's bfloat16 kernels need, so train in float32 with "
-        "SOLVER.AMP.ENABLED False")
+        "SOLVER.AMP.ENABLED False"
+    )
     assert amp.cpu_amp_warning(amp_cfg("bfloat16")).startswith(
-        "bfloat16 autocast on this CPU trains several times slower than float32")
+        "bfloat16 autocast on this CPU trains several times slower than float32"
+    )
     assert amp.cpu_amp_warning(amp_cfg(enabled=False)) is None
     assert amp.cpu_amp_warning(amp_cfg(device="cuda")) is None
     monkeypatch.setattr(amp, "_has_fast_cpu_kernels", lambda dtype: True)  # AVX-512 FP16 / AMX
@@ -129,8 +185,10 @@ def test_the_amp_warning_follows_the_cpus_kernels(monkeypatch):
 
 # ---- metrics.json of a resumed run ----
 
+
 def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path, caplog):
     from detectron2.utils.events import EventStorage
+
     from lambda_det.engine.run_logging import MetricsWriter
 
     metrics = tmp_path / "metrics.json"
@@ -146,8 +204,7 @@ def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path, caplog):
         storage.put_scalar("total_loss", 0.5)
         writer.write()
     writer.close()
-    assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [
-        0, 1, 2]
+    assert [json.loads(line)["iteration"] for line in metrics.read_text().splitlines()] == [0, 1, 2]
     # Nothing past the checkpoint: the file is left as it is.
     before = metrics.stat().st_ino
     writer = MetricsWriter(str(metrics))

@@ -1,6 +1,7 @@
 """What a run reads, from a yaml config and from its LazyConfig twin: the same values, each named
 by the key its own config system sets it with (lambda_det/engine/run_settings.py), and the fix
 said in that system's command-line syntax (lambda_det/utils/setting.py)."""
+
 import pytest
 
 from lambda_det.config.lazy import load_lazy_config
@@ -42,30 +43,54 @@ def test_yaml_and_lazy_twins_read_the_same_run(name):
     assert _values(yaml_run.data) == _values(lazy_run.data)
     # The training values agree, the periods and the >= 0 settings as sets (each system lists
     # its own optional ones).
-    for field in ("learning_rate", "max_iter", "lr_steps", "amp_dtype", "lsj", "batch",
-                  "input_size", "weights"):
-        assert _values(getattr(yaml_run.training, field)) == \
-            _values(getattr(lazy_run.training, field)), field
-    backbones = [(run.training.backbone.norm, run.training.backbone.freeze_at)
-                 for run in (yaml_run, lazy_run)]
+    for field in (
+        "learning_rate",
+        "max_iter",
+        "lr_steps",
+        "amp_dtype",
+        "lsj",
+        "batch",
+        "input_size",
+        "weights",
+    ):
+        assert _values(getattr(yaml_run.training, field)) == _values(
+            getattr(lazy_run.training, field)
+        ), field
+    backbones = [
+        (run.training.backbone.norm, run.training.backbone.freeze_at)
+        for run in (yaml_run, lazy_run)
+    ]
     assert _values(backbones[0]) == _values(backbones[1])
     # Each is named by its own system's keys.
     assert all(key[0].isupper() for key in _keys(yaml_run))
     assert all(key[0].islower() for key in _keys(lazy_run))
 
 
-@pytest.mark.parametrize("reader, loader, key, fix", [
-    (yaml_run_settings, load_config, "MODEL.BACKBONE.FREEZE_AT", "MODEL.BACKBONE.FREEZE_AT 0"),
-    (lazy_run_settings, load_lazy_config, "model.backbone.bottom_up.freeze_at",
-     "model.backbone.bottom_up.freeze_at=0"),
-])
+@pytest.mark.parametrize(
+    "reader, loader, key, fix",
+    [
+        (yaml_run_settings, load_config, "MODEL.BACKBONE.FREEZE_AT", "MODEL.BACKBONE.FREEZE_AT 0"),
+        (
+            lazy_run_settings,
+            load_lazy_config,
+            "model.backbone.bottom_up.freeze_at",
+            "model.backbone.bottom_up.freeze_at=0",
+        ),
+    ],
+)
 def test_one_check_names_each_systems_key_and_fix(reader, loader, key, fix):
-    cfg = loader("lambda_r26_shapes", freeze=False) if loader is load_config else loader(
-        "lambda_r26_shapes")
+    cfg = (
+        loader("lambda_r26_shapes", freeze=False)
+        if loader is load_config
+        else loader("lambda_r26_shapes")
+    )
     if reader is yaml_run_settings:
         cfg.MODEL.BACKBONE.FREEZE_AT = 2
     else:
         cfg.model.backbone.bottom_up.freeze_at = 2
-    with pytest.raises(ValueError, match=rf"^{key} 2 freezes randomly initialised stages .*: set "
-                                         rf"{fix}$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^{key} 2 freezes randomly initialised stages .*: set "
+        rf"{fix}$",
+    ):
         check_training_settings(reader(cfg).training)

@@ -1,21 +1,29 @@
 """AP tables and charts (lambda_det.evaluation, tools/ap_table.py): the table's layout and deltas,
 results read from a run's files, two runs of one name, bars without missing metrics."""
+
 import json
 from pathlib import Path
 
 import pytest
+
 from lambda_det.cli import ap_table
 from lambda_det.evaluation import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
 
 
 def test_ap_table_layout_and_deltas(tmp_path):
-    runs = {"ours": {"bbox": {"AP": 50.0, "APs": 31.0, "APm": 53.0, "APl": 67.5},
-                     "segm": {"AP": 44.0, "APs": float("nan"), "APm": 47.0, "APl": 62.0}},
-            "base": {"bbox": {"AP": 48.9, "APs": 29.9, "APm": 51.8, "APl": 66.0}}}
+    runs = {
+        "ours": {
+            "bbox": {"AP": 50.0, "APs": 31.0, "APm": 53.0, "APl": 67.5},
+            "segm": {"AP": 44.0, "APs": float("nan"), "APm": 47.0, "APl": 62.0},
+        },
+        "base": {"bbox": {"AP": 48.9, "APs": 29.9, "APm": 51.8, "APl": 66.0}},
+    }
     table = format_ap_table(runs, baseline="base", paper=True).splitlines()
     assert table[0] == "| Backbone | AP bb | APs/m/l bb | AP mask | APs/m/l mask |"
-    assert table[2] == ("| ours | 50.0 (+1.1) | 31.0 / 53.0 / 67.5 (+1.1 / +1.2 / +1.5) | "
-                        "44.0 (–) | nan / 47.0 / 62.0 (– / – / –) |")
+    assert table[2] == (
+        "| ours | 50.0 (+1.1) | 31.0 / 53.0 / 67.5 (+1.1 / +1.2 / +1.5) | "
+        "44.0 (–) | nan / 47.0 / 62.0 (– / – / –) |"
+    )
     assert table[3].startswith("| base | 48.9 | 29.9 / 51.8 / 66.0 | – |")
     assert "| LambdaResNet-152 (paper) | 50.0 (+1.1) |" in table[-1]
     assert len(table) == 2 + 2 + len(PAPER_TABLE_14)
@@ -27,8 +35,10 @@ def test_ap_table_layout_and_deltas(tmp_path):
 
 def test_results_load_from_metrics_json_and_bad_files_are_named(tmp_path):
     metrics = tmp_path / "metrics.json"
-    metrics.write_text('{"iteration": 1, "total_loss": 2.0}\n'
-                       '{"iteration": 9, "bbox/AP": 1.5, "bbox/APs": 0.5, "segm/APl": 3.0}\n')
+    metrics.write_text(
+        '{"iteration": 1, "total_loss": 2.0}\n'
+        '{"iteration": 9, "bbox/AP": 1.5, "bbox/APs": 0.5, "segm/APl": 3.0}\n'
+    )
     assert load_results(str(tmp_path)) == {"bbox": {"AP": 1.5, "APs": 0.5}, "segm": {"APl": 3.0}}
     broken = tmp_path / "eval_results.json"
     broken.write_text("{not json")
@@ -38,8 +48,14 @@ def test_results_load_from_metrics_json_and_bad_files_are_named(tmp_path):
         load_results(str(tmp_path / "missing.json"))
     two = tmp_path / "two" / "eval_results.json"
     two.parent.mkdir()
-    two.write_text(json.dumps({"config": "", "results": {
-        "val_a": {"bbox": {"AP": 1.0}}, "val_b": {"bbox": {"AP": 2.0}}}}))
+    two.write_text(
+        json.dumps(
+            {
+                "config": "",
+                "results": {"val_a": {"bbox": {"AP": 1.0}}, "val_b": {"bbox": {"AP": 2.0}}},
+            }
+        )
+    )
     with pytest.raises(ValueError, match=r"results for the datasets \['val_a', 'val_b'\]"):
         load_results(str(two))
     assert load_results(str(two), dataset="val_b") == {"bbox": {"AP": 2.0}}
@@ -53,8 +69,7 @@ def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
     with pytest.raises(SystemExit):
         ap_table.main([str(tmp_path / "a" / "out"), str(tmp_path / "b" / "out")])
     assert "two runs are named 'out'" in capsys.readouterr().err
-    assert ap_table.main([f"a={tmp_path / 'a' / 'out'}",
-                          f"b={tmp_path / 'b' / 'out'}"]) == 0
+    assert ap_table.main([f"a={tmp_path / 'a' / 'out'}", f"b={tmp_path / 'b' / 'out'}"]) == 0
 
 
 def test_ap_bars_leave_out_missing_metrics_and_cut_errors_at_zero(tmp_path, monkeypatch):
@@ -85,8 +100,10 @@ def test_ap_table_mistakes_are_one_line_naming_the_file(case, tmp_path, capsys):
     record = {"config": "", "results": {"bbox": {"AP": 40.0, "APs": 20.0}}}
     arguments, expected = [str(run)], [f"{results}"]
     if case == "baseline":
-        arguments, expected = [str(run), "--baseline", "nope"], [
-            "baseline 'nope' is not one of the rows ['run']: pass one of them"]
+        arguments, expected = (
+            [str(run), "--baseline", "nope"],
+            ["baseline 'nope' is not one of the rows ['run']: pass one of them"],
+        )
     elif case == "not a number":
         record["results"]["bbox"]["APs"] = "high"
         expected += ["bbox/APs is 'high', not a number"]

@@ -17,31 +17,56 @@ import cv2
 import numpy as np
 import pytest
 import torch
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.data import Metadata
 from detectron2.modeling import build_model
+
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.cli import export_model as export_tool
-from lambda_det.run_config import load_config
 from lambda_det.export import (
-    FILE_SUFFIXES, ExportedModel, class_table, eager_outputs, export_model, max_differences,
-    metadata_path, outputs_to_instances, sample_image)
+    FILE_SUFFIXES,
+    ExportedModel,
+    class_table,
+    eager_outputs,
+    export_model,
+    max_differences,
+    metadata_path,
+    outputs_to_instances,
+    sample_image,
+)
 from lambda_det.inference import build_trained_model
 from lambda_det.layers import LambdaLayer
+from lambda_det.run_config import load_config
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 OVERRIDES = [
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",
-    "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "0.0",  # keep every detection: outputs are never empty
-    "MODEL.RPN.PRE_NMS_TOPK_TEST", "100", "MODEL.RPN.POST_NMS_TOPK_TEST", "50",
-    "TEST.DETECTIONS_PER_IMAGE", "20", "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96",
-    "MODEL.DEVICE", "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "MODEL.ROI_HEADS.SCORE_THRESH_TEST",
+    "0.0",  # keep every detection: outputs are never empty
+    "MODEL.RPN.PRE_NMS_TOPK_TEST",
+    "100",
+    "MODEL.RPN.POST_NMS_TOPK_TEST",
+    "50",
+    "TEST.DETECTIONS_PER_IMAGE",
+    "20",
+    "INPUT.MIN_SIZE_TEST",
+    "96",
+    "INPUT.MAX_SIZE_TEST",
+    "96",
+    "MODEL.DEVICE",
+    "cpu",
 ]
 SIZE = (64, 96)  # kept as it is by the test-time resize (longest side 96)
 # Sizes the exports were not traced at: square, landscape, portrait.
 DYNAMIC_SIZES = [(128, 128), (96, 128), (160, 120)]
-SHAPES_CLASSES = [{"index": 0, "id": 1, "name": "circle"}, {"index": 1, "id": 2, "name": "square"},
-                  {"index": 2, "id": 3, "name": "triangle"}]
+SHAPES_CLASSES = [
+    {"index": 0, "id": 1, "name": "circle"},
+    {"index": 1, "id": 2, "name": "square"},
+    {"index": 2, "id": 3, "name": "triangle"},
+]
 DETECTIONS = 20
 # Largest absolute differences accepted from eager mode: boxes in pixels, the rest in [0, 1].
 # TorchScript traces the lambda layers' "conv" form where eager "auto" runs "einsum" at these
@@ -70,9 +95,11 @@ def weights(tmp_path_factory) -> str:
     model = build_model(load_config(CONFIG, OVERRIDES))
     heads = model.roi_heads
     with torch.no_grad():  # detectron2 inits these at std 0.001-0.01: near-constant outputs
-        for layer, std in ((heads.box_predictor.cls_score, 0.1),
-                           (heads.box_predictor.bbox_pred, 0.05),
-                           (heads.mask_head.predictor, 0.3)):
+        for layer, std in (
+            (heads.box_predictor.cls_score, 0.1),
+            (heads.box_predictor.bbox_pred, 0.05),
+            (heads.mask_head.predictor, 0.3),
+        ):
             layer.weight.normal_(std=std)
             layer.bias.normal_(std=std)
     folder = tmp_path_factory.mktemp("checkpoint")
@@ -107,16 +134,21 @@ def image_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def images(cfg, image_file):
     """Images of the exported size: the file, and two synthetic ones."""
-    return [sample_image(cfg, image_file), sample_image(cfg, size=SIZE, seed=0),
-            sample_image(cfg, size=SIZE, seed=1)]
+    return [
+        sample_image(cfg, image_file),
+        sample_image(cfg, size=SIZE, seed=0),
+        sample_image(cfg, size=SIZE, seed=1),
+    ]
 
 
 @pytest.fixture(scope="module")
 def other_sizes():
     """Images of DYNAMIC_SIZES (the exported model takes them as they are)."""
     generator = torch.Generator().manual_seed(2)
-    return [torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=generator)
-            for size in DYNAMIC_SIZES]
+    return [
+        torch.randint(0, 256, (3, *size), dtype=torch.uint8, generator=generator)
+        for size in DYNAMIC_SIZES
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -130,9 +162,21 @@ def torchscript_file(cfg, model, images, tmp_path_factory):
 def onnx_file(cfg, weights, image_file, tmp_path_factory):
     pytest.importorskip("onnx")
     path = tmp_path_factory.mktemp("export") / "model.onnx"
-    status = export_tool.main([
-        "--config-file", CONFIG, "--format", "onnx", "--output", str(path),
-        "--sample-image", str(image_file), *OVERRIDES, "MODEL.WEIGHTS", weights])
+    status = export_tool.main(
+        [
+            "--config-file",
+            CONFIG,
+            "--format",
+            "onnx",
+            "--output",
+            str(path),
+            "--sample-image",
+            str(image_file),
+            *OVERRIDES,
+            "MODEL.WEIGHTS",
+            weights,
+        ]
+    )
     assert status == 0
     return path
 
@@ -141,24 +185,42 @@ def onnx_file(cfg, weights, image_file, tmp_path_factory):
 def torch_export_file(cfg, weights, tmp_path_factory):
     """The tool's torch.export of the test model, on its default sample (96 x 96)."""
     path = tmp_path_factory.mktemp("export") / "model.pt2"
-    status = export_tool.main([
-        "--config-file", CONFIG, "--format", "torch_export", "--output", str(path),
-        *OVERRIDES, "MODEL.WEIGHTS", weights])
+    status = export_tool.main(
+        [
+            "--config-file",
+            CONFIG,
+            "--format",
+            "torch_export",
+            "--output",
+            str(path),
+            *OVERRIDES,
+            "MODEL.WEIGHTS",
+            weights,
+        ]
+    )
     assert status == 0
     return path
 
 
 def assert_matches_eager(model, exported: ExportedModel, image, tolerances) -> None:
     expected, actual = eager_outputs(model, image), exported(image)
-    assert sorted(actual) == sorted(expected) == [
-        "image_size", "pred_boxes", "pred_classes", "pred_masks", "scores"]
+    assert (
+        sorted(actual)
+        == sorted(expected)
+        == ["image_size", "pred_boxes", "pred_classes", "pred_masks", "scores"]
+    )
     assert actual["pred_boxes"].shape == (DETECTIONS, 4)
     assert actual["pred_masks"].shape == (DETECTIONS, 1, 28, 28)
     assert actual["image_size"].tolist() == list(image.shape[1:])
     assert torch.equal(actual["pred_classes"], expected["pred_classes"])
     for name, tolerance in tolerances.items():
-        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=tolerance,
-                                   msg=lambda message: f"{name}: {message}")
+        torch.testing.assert_close(
+            actual[name],
+            expected[name],
+            rtol=0,
+            atol=tolerance,
+            msg=lambda message: f"{name}: {message}",
+        )
 
 
 def test_sample_image_is_resized_like_the_test_loader(cfg, image_file):
@@ -213,7 +275,12 @@ def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
     with torch.no_grad():
         outputs = program.module()(other_sizes[1])
     assert [tuple(output.shape) for output in outputs] == [
-        (DETECTIONS, 4), (DETECTIONS,), (DETECTIONS, 1, 28, 28), (DETECTIONS,), (2,)]
+        (DETECTIONS, 4),
+        (DETECTIONS,),
+        (DETECTIONS, 1, 28, 28),
+        (DETECTIONS,),
+        (2,),
+    ]
     with pytest.raises(ValueError, match=r"at least 65 x 65 pixels, got \(64, 96\)"):
         exported(torch.zeros(3, *SIZE, dtype=torch.uint8))
 
@@ -222,8 +289,9 @@ def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
 def test_torch_export_runs_images_with_no_detection(weights, tmp_path):
     """The number of detections is data-dependent, 0 included (torchvision's NMS fake kernel
     would have the program assert 2 or more boxes): no score passes a threshold of 1."""
-    strict_cfg = load_config(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights,
-                                                  "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"])
+    strict_cfg = load_config(
+        CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights, "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"]
+    )
     model = build_trained_model(strict_cfg)
     path = tmp_path / "model.pt2"
     export_model(model, sample_image(strict_cfg, size=(96, 96)), path, "torch_export")
@@ -239,12 +307,17 @@ def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
     cfg = load_config(CONFIG, OVERRIDES)
     model = build_model(cfg).eval()
     with pytest.raises(ValueError, match=r"at least 65 x 65 pixels.*\(64, 96\)"):
-        export_model(model, torch.zeros(3, *SIZE, dtype=torch.uint8), tmp_path / "model.pt2",
-                     "torch_export")
+        export_model(
+            model, torch.zeros(3, *SIZE, dtype=torch.uint8), tmp_path / "model.pt2", "torch_export"
+        )
     tiled = build_model(load_config(CONFIG, OVERRIDES + ["MODEL.LAMBDA_RESNET.IMPL", "tiled"]))
     with pytest.raises(ValueError, match="impl 'tiled'"):
-        export_model(tiled.eval(), torch.zeros(3, 96, 96, dtype=torch.uint8),
-                     tmp_path / "model.pt2", "torch_export")
+        export_model(
+            tiled.eval(),
+            torch.zeros(3, 96, 96, dtype=torch.uint8),
+            tmp_path / "model.pt2",
+            "torch_export",
+        )
     assert not list(tmp_path.iterdir())
 
 
@@ -252,14 +325,28 @@ def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
 def test_torch_export_names_a_model_that_holds_for_some_sizes_only(tmp_path):
     """AFT-conv windows are cut to the input's size: torch.export's constraint violation comes
     back as one ValueError naming the guard."""
-    cfg = load_config("aft_conv_r26_shapes", [
-        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.DEVICE", "cpu",
-        "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96"])
+    cfg = load_config(
+        "aft_conv_r26_shapes",
+        [
+            "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+            "0.25",
+            "MODEL.DEVICE",
+            "cpu",
+            "INPUT.MIN_SIZE_TEST",
+            "96",
+            "INPUT.MAX_SIZE_TEST",
+            "96",
+        ],
+    )
     model = build_model(cfg).eval()
-    with pytest.raises(ValueError, match="cannot take this model at every size from 65: Not all "
-                                         "values of .* torchscript or onnx"):
-        export_model(model, sample_image(cfg, size=(96, 96)), tmp_path / "model.pt2",
-                     "torch_export")
+    with pytest.raises(
+        ValueError,
+        match="cannot take this model at every size from 65: Not all "
+        "values of .* torchscript or onnx",
+    ):
+        export_model(
+            model, sample_image(cfg, size=(96, 96)), tmp_path / "model.pt2", "torch_export"
+        )
     assert not list(tmp_path.iterdir())
 
 
@@ -269,10 +356,15 @@ def test_export_friendly_detectron2_computes_the_same_numbers(model, images, oth
     leaving the block puts detectron2's own functions back (after an error too)."""
     from detectron2.modeling.roi_heads import fast_rcnn
     from detectron2.structures import Boxes, ImageList
+
     from lambda_det.export._torch_export import export_friendly_detectron2
 
-    originals = (ImageList.__dict__["from_tensors"], Boxes.clip, torch.nn.functional.batch_norm,
-                 fast_rcnn.fast_rcnn_inference_single_image)
+    originals = (
+        ImageList.__dict__["from_tensors"],
+        Boxes.clip,
+        torch.nn.functional.batch_norm,
+        fast_rcnn.fast_rcnn_inference_single_image,
+    )
     for image in images[:1] + other_sizes:
         expected = eager_outputs(model, image)
         with export_friendly_detectron2():
@@ -284,21 +376,30 @@ def test_export_friendly_detectron2_computes_the_same_numbers(model, images, oth
     with pytest.raises(RuntimeError, match="inside"):
         with export_friendly_detectron2():
             raise RuntimeError("inside")
-    assert (ImageList.__dict__["from_tensors"], Boxes.clip, torch.nn.functional.batch_norm,
-            fast_rcnn.fast_rcnn_inference_single_image) == originals
+    assert (
+        ImageList.__dict__["from_tensors"],
+        Boxes.clip,
+        torch.nn.functional.batch_norm,
+        fast_rcnn.fast_rcnn_inference_single_image,
+    ) == originals
 
 
 def test_export_friendly_detectron2_takes_the_parameters_of_the_originals():
     """Each replacement accepts every parameter of the installed detectron2's function (by name
     too), and ImageList.from_tensors's padding_constraints of detectron2's main branch."""
     import inspect
+
     from detectron2.structures import ImageList
+
     from lambda_det.export._torch_export import _REPLACEMENTS, export_friendly_detectron2
 
     for owner, name, replacement in _REPLACEMENTS:
         original = inspect.signature(getattr(owner, name))
-        arguments = {parameter.name: None for parameter in original.parameters.values()
-                     if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)}
+        arguments = {
+            parameter.name: None
+            for parameter in original.parameters.values()
+            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+        }
         if isinstance(replacement, staticmethod):
             replacement = replacement.__func__
         inspect.signature(replacement).bind(**arguments)  # TypeError: a parameter is missing
@@ -330,17 +431,25 @@ def test_metadata_maps_classes_to_category_ids(format, request):
         assert "H >= 65 and W >= 65" in metadata["input_note"]
     else:
         assert "min_size" not in metadata
-    assert metadata["output_names"] == ["pred_boxes", "pred_classes", "pred_masks", "scores",
-                                        "image_size"]
+    assert metadata["output_names"] == [
+        "pred_boxes",
+        "pred_classes",
+        "pred_masks",
+        "scores",
+        "image_size",
+    ]
     exported = ExportedModel(path)
     assert exported.classes == SHAPES_CLASSES and exported.metadata == metadata
 
 
 def test_class_table_inverts_the_dataset_ids():
-    metadata = Metadata(thing_classes=["cat", "dog"],
-                        thing_dataset_id_to_contiguous_id={17: 0, 3: 1})
-    assert class_table(metadata, 2) == [{"index": 0, "id": 17, "name": "cat"},
-                                        {"index": 1, "id": 3, "name": "dog"}]
+    metadata = Metadata(
+        thing_classes=["cat", "dog"], thing_dataset_id_to_contiguous_id={17: 0, 3: 1}
+    )
+    assert class_table(metadata, 2) == [
+        {"index": 0, "id": 17, "name": "cat"},
+        {"index": 1, "id": 3, "name": "dog"},
+    ]
     # Without ids (a dataset not in COCO format), the id is the index, as in COCO results.
     assert class_table(Metadata(), 1) == [{"index": 0, "id": 0, "name": None}]
 
@@ -356,8 +465,9 @@ def test_exported_predictions_match_the_eager_model(format, model, images, reque
         expected = model([{"image": images[2], "height": height, "width": width}])[0]["instances"]
     predicted = outputs_to_instances(exported(images[2]), height, width)
     assert predicted.image_size == expected.image_size == (height, width)
-    torch.testing.assert_close(predicted.pred_boxes.tensor, expected.pred_boxes.tensor,
-                               rtol=0, atol=2e-3)
+    torch.testing.assert_close(
+        predicted.pred_boxes.tensor, expected.pred_boxes.tensor, rtol=0, atol=2e-3
+    )
     torch.testing.assert_close(predicted.scores, expected.scores, rtol=0, atol=1e-4)
     assert predicted.pred_masks.shape == expected.pred_masks.shape == (DETECTIONS, height, width)
     assert expected.pred_masks.any(dim=(1, 2)).all()  # the masks are not trivially empty
@@ -377,8 +487,9 @@ def test_exported_model_refuses_other_dtypes_and_ranks(torchscript_file):
 def test_tiled_lambda_layers_export_for_one_size(weights, tmp_path):
     """impl "tiled" lays its tiles out for the sample's size: the export is fixed to it, says so,
     and refuses other sizes with one clear error."""
-    tiled_cfg = load_config(CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights,
-                                                 "MODEL.LAMBDA_RESNET.IMPL", "tiled"])
+    tiled_cfg = load_config(
+        CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights, "MODEL.LAMBDA_RESNET.IMPL", "tiled"]
+    )
     model = build_trained_model(tiled_cfg)
     path = tmp_path / "model.ts"
     image = sample_image(tiled_cfg, size=SIZE)
@@ -404,8 +515,9 @@ def test_tiled_lambda_layers_export_for_one_size(weights, tmp_path):
 def test_lambda_layer_exports_to_onnx(impl, scope, stride, tmp_path):
     pytest.importorskip("onnx")
     onnxruntime = pytest.importorskip("onnxruntime")
-    layer = LambdaLayer(16, 16, heads=4, dim_k=8, scope=scope, stride=stride, impl=impl,
-                        max_size=16).eval()
+    layer = LambdaLayer(
+        16, 16, heads=4, dim_k=8, scope=scope, stride=stride, impl=impl, max_size=16
+    ).eval()
     x = torch.randn(2, 16, 12, 10)
     path = tmp_path / "lambda.onnx"
     torch.onnx.export(layer, (x,), str(path), dynamo=False, opset_version=17)
@@ -423,12 +535,29 @@ def test_retinanet_exports(format, tmp_path):
         pytest.importorskip("onnxruntime")
     # torch.export takes sizes from 129 (P7's stride 128, + 1): a larger test size.
     size = (160, 160) if format == "torch_export" else SIZE
-    cfg = load_config("lambda_r101_retinanet", [
-        "MODEL.LAMBDA_RESNET.DEPTH", "26", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-        "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.FPN.OUT_CHANNELS", "32", "MODEL.DEVICE", "cpu",
-        "INPUT.MIN_SIZE_TEST", str(min(size)), "INPUT.MAX_SIZE_TEST", str(max(size)),
-        "MODEL.RETINANET.SCORE_THRESH_TEST", "0.0",
-        "TEST.DETECTIONS_PER_IMAGE", str(DETECTIONS)])
+    cfg = load_config(
+        "lambda_r101_retinanet",
+        [
+            "MODEL.LAMBDA_RESNET.DEPTH",
+            "26",
+            "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+            "0.25",
+            "MODEL.LAMBDA_RESNET.SCOPE",
+            "3",
+            "MODEL.FPN.OUT_CHANNELS",
+            "32",
+            "MODEL.DEVICE",
+            "cpu",
+            "INPUT.MIN_SIZE_TEST",
+            str(min(size)),
+            "INPUT.MAX_SIZE_TEST",
+            str(max(size)),
+            "MODEL.RETINANET.SCORE_THRESH_TEST",
+            "0.0",
+            "TEST.DETECTIONS_PER_IMAGE",
+            str(DETECTIONS),
+        ],
+    )
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     with torch.no_grad():  # distinct scores: tied ones may come out in either order
@@ -458,35 +587,48 @@ def test_bad_format_and_opset_are_named(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("case", ["format", "missing weights", "empty weights", "wrong weights",
-                                  "truncated weights", "missing sample",
-                                  "small torch_export sample"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "format",
+        "missing weights",
+        "empty weights",
+        "wrong weights",
+        "truncated weights",
+        "missing sample",
+        "small torch_export sample",
+    ],
+)
 def test_tool_names_bad_input(case, weights, tmp_path, capsys):
-    arguments = {"format": ["--format", "savedmodel"],
-                 "small torch_export sample": ["--format", "torch_export", "--sample-size", "64",
-                                               "96"]}.get(case, ["--format", "torchscript"])
+    arguments = {
+        "format": ["--format", "savedmodel"],
+        "small torch_export sample": ["--format", "torch_export", "--sample-size", "64", "96"],
+    }.get(case, ["--format", "torchscript"])
     arguments += ["--output", str(tmp_path / "model.ts")]
     if case == "missing sample":
         arguments += ["--sample-image", str(tmp_path / "no_such_image.png")]
     overrides = list(OVERRIDES)
-    path = {"missing weights": str(tmp_path / "no_such_model.pth"),
-            "empty weights": ""}.get(case, weights)
+    path = {"missing weights": str(tmp_path / "no_such_model.pth"), "empty weights": ""}.get(
+        case, weights
+    )
     if case == "wrong weights":  # the test set's 3 categories would be named first
         overrides += ["MODEL.ROI_HEADS.NUM_CLASSES", "5", "DATASETS.TEST", "()"]
     if case == "truncated weights":
         path = str(tmp_path / "truncated.pth")
         Path(path).write_bytes(Path(weights).read_bytes()[:1000])
     with pytest.raises(SystemExit) as exit_info:
-        export_tool.main(["--config-file", CONFIG, *arguments, *overrides,
-                          "MODEL.WEIGHTS", path])
+        export_tool.main(["--config-file", CONFIG, *arguments, *overrides, "MODEL.WEIGHTS", path])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err
-    expected = {"format": "'savedmodel'", "missing weights": "no_such_model.pth",
-                "empty weights": "MODEL.WEIGHTS is empty",
-                "wrong weights": "trained for 3 classes, but the model built from the config has 5",
-                "truncated weights": "truncated.pth is truncated or corrupt",
-                "missing sample": "no_such_image.png",
-                "small torch_export sample": "must be at least 65 x 65 pixels"}[case]
+    expected = {
+        "format": "'savedmodel'",
+        "missing weights": "no_such_model.pth",
+        "empty weights": "MODEL.WEIGHTS is empty",
+        "wrong weights": "trained for 3 classes, but the model built from the config has 5",
+        "truncated weights": "truncated.pth is truncated or corrupt",
+        "missing sample": "no_such_image.png",
+        "small torch_export sample": "must be at least 65 x 65 pixels",
+    }[case]
     assert expected in error
     if case == "wrong weights":
         assert weights in error and "roi_heads.box_predictor.cls_score.weight" in error

@@ -7,6 +7,7 @@ with members rewritten (the tests that read it are marked slow: the export takes
 Each crafted payload has its negative control: plain ``torch.export.load`` of the same archive
 runs it (the marker file appears).
 """
+
 import contextlib
 import io
 import json
@@ -19,13 +20,17 @@ import pytest
 import torch
 from conftest import Payload
 from detectron2.structures import Boxes, Instances
+
 from lambda_det.export import ExportedModel, eager_outputs, export_model
 from lambda_det.export._archive import _check_expression
 
 # The first raw bytes of one weight each: pickle protocols 1-5 (PROTO n, then BININT1 1),
 # protocol 0 (GLOBAL "cos", MARK "(dp0") and a zip's local header. All are small finite floats.
 PREFIXES = [b"\x80" + bytes([protocol]) + b"K\x01" for protocol in range(1, 6)] + [
-    b"cos\n", b"(dp0", b"PK\x03\x04"]
+    b"cos\n",
+    b"(dp0",
+    b"PK\x03\x04",
+]
 CONSTANT_PREFIX = b"\x80\x02K\x01"  # the constant (a non-persistent buffer) begins so too
 PROTOCOLS = [0, 1, 2, 3, 4, 5]
 
@@ -39,8 +44,9 @@ class Detector(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 4, 1)
-        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.rand(4) + 0.5)
-                                              for _ in PREFIXES)
+        self.weights = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.rand(4) + 0.5) for _ in PREFIXES
+        )
         self.register_buffer("scale", torch.tensor([1.0, 2.0, 1.0, 2.0]), persistent=False)
         with torch.no_grad():
             for weight, prefix in zip(self.weights, PREFIXES):
@@ -53,8 +59,9 @@ class Detector(torch.nn.Module):
         boxes = features.abs() * self.scale
         for weight in self.weights:
             boxes = boxes + weight
-        instances = Instances(tuple(image.shape[1:]), pred_boxes=Boxes(boxes),
-                              scores=features[:, 0])
+        instances = Instances(
+            tuple(image.shape[1:]), pred_boxes=Boxes(boxes), scores=features[:, 0]
+        )
         return [{"instances": instances}]
 
 
@@ -126,22 +133,24 @@ def payload(marker: Path, protocol: int, container: bool = False) -> bytes:
 
 
 PAYLOADS = [pytest.param(protocol, False, id=f"protocol{protocol}") for protocol in PROTOCOLS] + [
-    pytest.param(0, True, id="protocol0-list")]  # begins with "(" (MARK)
+    pytest.param(0, True, id="protocol0-list")
+]  # begins with "(" (MARK)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("protocol, container", PAYLOADS)
 @pytest.mark.parametrize("place", ["use_pickle weight", "sample inputs", "use_pickle constant"])
-def test_pickles_that_would_run_code_are_refused(place, protocol, container, exported,
-                                                 tmp_path):
+def test_pickles_that_would_run_code_are_refused(place, protocol, container, exported, tmp_path):
     marker = tmp_path / "code_ran"
     data = payload(marker, protocol, container)
     assert data[:1] in (b"\x80", b"c", b"(")
     if place == "sample inputs":
         member, changes = "data/sample_inputs/model.pt", {}
     else:
-        config = {"use_pickle weight": "data/weights/model_weights_config.json",
-                  "use_pickle constant": "data/constants/model_constants_config.json"}[place]
+        config = {
+            "use_pickle weight": "data/weights/model_weights_config.json",
+            "use_pickle constant": "data/constants/model_constants_config.json",
+        }[place]
         config_data, member, _ = pickled_entry(exported, config)
         changes = {config: config_data}
     crafted = rewrite(exported, tmp_path / "model.pt2", {**changes, member: data})
@@ -157,8 +166,10 @@ def test_pickled_tensors_load(model, exported, tmp_path):
     config_data, member, name = pickled_entry(exported, "data/weights/model_weights_config.json")
     weight = torch.nn.Parameter(model.state_dict()[name.replace("adapter.model.", "", 1)])
     changes = {"data/weights/model_weights_config.json": config_data}
-    for member_name, value in ((member, weight), ("data/sample_inputs/model.pt",
-                                                  ((torch.zeros(3, 8, 8),), {}))):
+    for member_name, value in (
+        (member, weight),
+        ("data/sample_inputs/model.pt", ((torch.zeros(3, 8, 8),), {})),
+    ):
         buffer = io.BytesIO()
         torch.save(value, buffer)
         changes[member_name] = buffer.getvalue()
@@ -173,11 +184,20 @@ def test_opaque_constants_are_refused(exported, tmp_path):
     marker = tmp_path / "code_ran"
     config_name = "data/constants/model_constants_config.json"
     config = json.loads(read_members(exported)[config_name])
-    config["config"]["evil"] = {"path_name": "opaque_obj_0", "is_param": False,
-                                "use_pickle": True, "tensor_meta": None}
-    crafted = rewrite(exported, tmp_path / "model.pt2", {
-        config_name: json.dumps(config).encode(),
-        "data/constants/opaque_obj_0": payload(marker, 2)})
+    config["config"]["evil"] = {
+        "path_name": "opaque_obj_0",
+        "is_param": False,
+        "use_pickle": True,
+        "tensor_meta": None,
+    }
+    crafted = rewrite(
+        exported,
+        tmp_path / "model.pt2",
+        {
+            config_name: json.dumps(config).encode(),
+            "data/constants/opaque_obj_0": payload(marker, 2),
+        },
+    )
     with pytest.raises(ValueError, match="names data/constants/opaque_obj_0, not a tensor_N"):
         ExportedModel(crafted)
     assert not marker.exists()
@@ -211,8 +231,11 @@ def test_program_strings_that_torch_evaluates_are_checked(where, exported, tmp_p
         program = json.loads(text.replace('"image"', json.dumps(f"image={code}")))
     changes["models/model.json"] = json.dumps(program).encode()
     crafted = rewrite(exported, tmp_path / "model.pt2", changes)
-    message = r"has the \w+ .* not a name" if where == "name" else \
-        f"its {where} .* is not an expression of sizes"
+    message = (
+        r"has the \w+ .* not a name"
+        if where == "name"
+        else f"its {where} .* is not an expression of sizes"
+    )
     with pytest.raises(ValueError, match=message):
         ExportedModel(crafted)
     assert not marker.exists()
@@ -220,22 +243,46 @@ def test_program_strings_that_torch_evaluates_are_checked(where, exported, tmp_p
 
 
 LAYOUTS = {
-    "AOTInductor build": ({"data/aotinductor/model/model.so": b"\x7fELF"},
-                          "member data/aotinductor/model/model.so is not one of"),
-    "legacy weights": ({"data/weights/model.pt": b"\x80\x02K\x01."},
-                       "member data/weights/model.pt is not one of"),
-    "unreferenced pickle": ({"data/weights/weight_99": b"\x80\x02K\x01."},
-                            "member data/weights/weight_99 is not one of"),
+    "AOTInductor build": (
+        {"data/aotinductor/model/model.so": b"\x7fELF"},
+        "member data/aotinductor/model/model.so is not one of",
+    ),
+    "legacy weights": (
+        {"data/weights/model.pt": b"\x80\x02K\x01."},
+        "member data/weights/model.pt is not one of",
+    ),
+    "unreferenced pickle": (
+        {"data/weights/weight_99": b"\x80\x02K\x01."},
+        "member data/weights/weight_99 is not one of",
+    ),
     "other version": ({"archive_version": b"1"}, "archive version is '1'"),
-    "missing config": ({"data/weights/model_weights_config.json": None},
-                       "it has no data/weights/model_weights_config.json"),
+    "missing config": (
+        {"data/weights/model_weights_config.json": None},
+        "it has no data/weights/model_weights_config.json",
+    ),
     "names equal but for case": ({"Models/model.json": b"{}"}, "same name but for case"),
-    "unknown constant kind": ({"data/constants/model_constants_config.json": json.dumps(
-        {"config": {"x": {"path_name": "custom_obj_0", "is_param": False, "use_pickle": True,
-                          "tensor_meta": None}}}).encode(), "data/constants/custom_obj_0": b""},
-        "names data/constants/custom_obj_0, not a tensor_N"),
-    "config not JSON": ({"data/weights/model_weights_config.json": b"\x80\x02"},
-                        "model_weights_config.json is not a payload config"),
+    "unknown constant kind": (
+        {
+            "data/constants/model_constants_config.json": json.dumps(
+                {
+                    "config": {
+                        "x": {
+                            "path_name": "custom_obj_0",
+                            "is_param": False,
+                            "use_pickle": True,
+                            "tensor_meta": None,
+                        }
+                    }
+                }
+            ).encode(),
+            "data/constants/custom_obj_0": b"",
+        },
+        "names data/constants/custom_obj_0, not a tensor_N",
+    ),
+    "config not JSON": (
+        {"data/weights/model_weights_config.json": b"\x80\x02"},
+        "model_weights_config.json is not a payload config",
+    ),
 }
 
 
@@ -254,14 +301,19 @@ def test_files_that_are_no_exported_model_are_named(case, tmp_path):
     if case == "checkpoint":
         torch.save({"model": {"weight": torch.zeros(2)}, "iteration": 3}, path)
     elif case == "random bytes":
-        path.write_bytes(torch.randint(0, 256, (2000,), dtype=torch.uint8,
-                                       generator=torch.Generator().manual_seed(0)).numpy())
+        path.write_bytes(
+            torch.randint(
+                0, 256, (2000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+            ).numpy()
+        )
     else:
         with zipfile.ZipFile(path, "w") as archive:
             archive.writestr("notes/readme.txt", "hello")
-    message = {"checkpoint": "is a PyTorch checkpoint .* MODEL.WEIGHTS .*model_final.pth",
-               "random bytes": "is not an exported model: it is not a zip archive",
-               "other zip": "neither a TorchScript nor a torch.export file"}[case]
+    message = {
+        "checkpoint": "is a PyTorch checkpoint .* MODEL.WEIGHTS .*model_final.pth",
+        "random bytes": "is not an exported model: it is not a zip archive",
+        "other zip": "neither a TorchScript nor a torch.export file",
+    }[case]
     with pytest.raises(ValueError, match=message) as error:
         ExportedModel(path)
     assert "\n" not in str(error.value) and str(path) in str(error.value)
@@ -278,18 +330,34 @@ GOOD_EXPRESSIONS = [
     "Symbol('s62', positive=True, integer=True)",
     "Mul(Integer(64), Max(Integer(1), Mul(Integer(2), FloorDiv(Add(Symbol('s62', positive=True, "
     "integer=True), Integer(31)), Integer(32)))))",
-    "Add(Symbol('u0', integer=True), Integer(-1))", "Float('1.5', precision=53)", "oo",
+    "Add(Symbol('u0', integer=True), Integer(-1))",
+    "Float('1.5', precision=53)",
+    "oo",
 ]
 BAD_GUARDS = [
-    "__import__('os').system('true')", "L['image'].size()[1] > 0 or open('x')",
-    "L['image'].__class__", "torch.save(L['image'], 'x') is None", "getattr(L, 'x')",
-    "L['image'].size()[1] # comment", "L['a\"b'].size()[0] > 0", "(1\n)",
-    "math.floor(L['image'].size()[1]).__class__", "[c for c in ()]", "lambda: 1",
+    "__import__('os').system('true')",
+    "L['image'].size()[1] > 0 or open('x')",
+    "L['image'].__class__",
+    "torch.save(L['image'], 'x') is None",
+    "getattr(L, 'x')",
+    "L['image'].size()[1] # comment",
+    "L['a\"b'].size()[0] > 0",
+    "(1\n)",
+    "math.floor(L['image'].size()[1]).__class__",
+    "[c for c in ()]",
+    "lambda: 1",
 ]
 BAD_EXPRESSIONS = [
-    "__import__('os')", "Symbol('x; import os')", "Max(Integer(1), '__import__(\"os\")')",
-    "lambdify(Symbol('s0'), Integer(1))", "sympify('1')", "Integer(1).__class__",
-    "Symbol('s0', **{})", "Float('1e5; x')", "Function('f')(Integer(1))", "1 + 1",
+    "__import__('os')",
+    "Symbol('x; import os')",
+    "Max(Integer(1), '__import__(\"os\")')",
+    "lambdify(Symbol('s0'), Integer(1))",
+    "sympify('1')",
+    "Integer(1).__class__",
+    "Symbol('s0', **{})",
+    "Float('1e5; x')",
+    "Function('f')(Integer(1))",
+    "1 + 1",
 ]
 
 

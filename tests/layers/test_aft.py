@@ -1,4 +1,5 @@
 """The AFT mixers against a loop transcription of the paper's formula, and their properties."""
+
 import copy
 import itertools
 import math
@@ -38,8 +39,11 @@ def reference_position_bias(layer, spatial):
                 offset = [c - q for c, q in zip(context, query)]
                 if all(abs(o) <= radius for o in offset):
                     index = tuple(o + radius for o in offset)
-                    row.append(torch.stack([kernels[c // per_head][index]
-                                            for c in range(layer.hidden_dim)]))
+                    row.append(
+                        torch.stack(
+                            [kernels[c // per_head][index] for c in range(layer.hidden_dim)]
+                        )
+                    )
                 else:
                     row.append(zero)
             bias.append(row)
@@ -55,10 +59,14 @@ def reference_position_bias(layer, spatial):
     for query in positions:
         row = []
         for context in positions:
-            inside = (not isinstance(layer, AFTLocal)
-                      or all(abs(c - q) < layer.window_size for c, q in zip(context, query)))
-            row.append(layer.position_u[row_of(query)] @ layer.position_v[row_of(context)]
-                       if inside else zero)
+            inside = not isinstance(layer, AFTLocal) or all(
+                abs(c - q) < layer.window_size for c, q in zip(context, query)
+            )
+            row.append(
+                layer.position_u[row_of(query)] @ layer.position_v[row_of(context)]
+                if inside
+                else zero
+            )
         bias.append(row)
     return bias
 
@@ -123,23 +131,38 @@ def make(cls, dtype=torch.float64, **kwargs):
 
 CASES = {
     # name: (class, kwargs, input shape)
-    "full_sequence": (AFTFull, dict(out_channels=6, hidden_dim=5, max_size=9, position_dim=3,
-                                    spatial_dims=1), (2, 4, 7)),
-    "full_sequence_causal": (AFTFull, dict(max_size=8, position_dim=2, causal=True,
-                                           spatial_dims=1), (2, 4, 6)),
+    "full_sequence": (
+        AFTFull,
+        dict(out_channels=6, hidden_dim=5, max_size=9, position_dim=3, spatial_dims=1),
+        (2, 4, 7),
+    ),
+    "full_sequence_causal": (
+        AFTFull,
+        dict(max_size=8, position_dim=2, causal=True, spatial_dims=1),
+        (2, 4, 6),
+    ),
     "full_map_HneW": (AFTFull, dict(max_size=6, position_dim=3), (2, 4, 3, 5)),
     "full_map_stride2": (AFTFull, dict(max_size=5, position_dim=2, stride=2), (1, 4, 5, 4)),
-    "local_sequence": (AFTLocal, dict(window_size=2, max_size=8, position_dim=3,
-                                      spatial_dims=1), (2, 4, 7)),
-    "local_sequence_causal": (AFTLocal, dict(window_size=3, max_size=8, position_dim=3,
-                                             causal=True, spatial_dims=1), (2, 4, 8)),
+    "local_sequence": (
+        AFTLocal,
+        dict(window_size=2, max_size=8, position_dim=3, spatial_dims=1),
+        (2, 4, 7),
+    ),
+    "local_sequence_causal": (
+        AFTLocal,
+        dict(window_size=3, max_size=8, position_dim=3, causal=True, spatial_dims=1),
+        (2, 4, 8),
+    ),
     "local_map_HneW": (AFTLocal, dict(window_size=2, max_size=5, position_dim=3), (2, 4, 5, 3)),
     "simple_sequence": (AFTSimple, dict(hidden_dim=3, spatial_dims=1), (2, 4, 6)),
     "simple_sequence_causal": (AFTSimple, dict(causal=True, spatial_dims=1), (2, 4, 6)),
     "simple_map": (AFTSimple, dict(out_channels=5), (2, 4, 3, 4)),
     "conv_map_HneW": (AFTConv, dict(heads=2, window_size=3), (2, 4, 5, 7)),
-    "conv_map_window_larger_than_input": (AFTConv, dict(heads=2, window_size=7, hidden_dim=6),
-                                          (2, 4, 3, 5)),
+    "conv_map_window_larger_than_input": (
+        AFTConv,
+        dict(heads=2, window_size=7, hidden_dim=6),
+        (2, 4, 3, 5),
+    ),
     "conv_map_1x1_stride2": (AFTConv, dict(heads=4, window_size=5, stride=2), (2, 4, 1, 1)),
     "conv_map_stride2": (AFTConv, dict(heads=1, window_size=3, stride=2), (1, 4, 5, 3)),
     "conv_sequence": (AFTConv, dict(heads=2, window_size=5, spatial_dims=1), (2, 4, 9)),
@@ -172,20 +195,24 @@ def dense_bias_from_kernel(kernel: torch.Tensor, spatial) -> torch.Tensor:
         for s, context in enumerate(positions):
             offset = [c - q for c, q in zip(context, query)]
             if all(abs(o) <= size // 2 for o, size in zip(offset, window)):
-                dense[:, t, s] = kernel[(slice(None),) + tuple(
-                    o + size // 2 for o, size in zip(offset, window))]
+                dense[:, t, s] = kernel[
+                    (slice(None),) + tuple(o + size // 2 for o, size in zip(offset, window))
+                ]
     return dense
 
 
-@pytest.mark.parametrize("window,spatial,offset", [
-    ((3, 3), (5, 7), 0.0),
-    ((5, 5), (5, 7), 0.0),
-    ((7, 3), (3, 5), 0.0),  # wider than the input along H: the kernel is cropped there
-    ((11, 11), (3, 5), 0.0),  # every window covers the whole input
-    ((5, 5), (5, 7), 100.0),  # e^w overflows fp32 unless the kernel is rescaled exactly
-    ((11, 11), (3, 5), -30.0),  # conv + sum would cancel to ~eps: the covering form avoids it
-    ((5,), (9,), 0.0),
-])
+@pytest.mark.parametrize(
+    "window,spatial,offset",
+    [
+        ((3, 3), (5, 7), 0.0),
+        ((5, 5), (5, 7), 0.0),
+        ((7, 3), (3, 5), 0.0),  # wider than the input along H: the kernel is cropped there
+        ((11, 11), (3, 5), 0.0),  # every window covers the whole input
+        ((5, 5), (5, 7), 100.0),  # e^w overflows fp32 unless the kernel is rescaled exactly
+        ((11, 11), (3, 5), -30.0),  # conv + sum would cancel to ~eps: the covering form avoids it
+        ((5,), (9,), 0.0),
+    ],
+)
 def test_conv_equals_full_with_translation_invariant_bias(window, spatial, offset):
     heads, channels, batch = 3, 2, 2
     generator = torch.Generator().manual_seed(7)
@@ -198,12 +225,15 @@ def test_conv_equals_full_with_translation_invariant_bias(window, spatial, offse
     dense = dense_bias_from_kernel(kernel, spatial)
     num_positions = math.prod(spatial)
     for head in range(heads):
-        expected = aft_mix(queries[:, head].reshape(batch, channels, num_positions),
-                           keys[:, head].reshape(batch, 1, num_positions).expand(-1, channels, -1),
-                           values[:, head].reshape(batch, channels, num_positions),
-                           dense[head])
-        torch.testing.assert_close(actual[:, head].reshape(batch, channels, num_positions),
-                                   expected, rtol=1e-9, atol=1e-11)
+        expected = aft_mix(
+            queries[:, head].reshape(batch, channels, num_positions),
+            keys[:, head].reshape(batch, 1, num_positions).expand(-1, channels, -1),
+            values[:, head].reshape(batch, channels, num_positions),
+            dense[head],
+        )
+        torch.testing.assert_close(
+            actual[:, head].reshape(batch, channels, num_positions), expected, rtol=1e-9, atol=1e-11
+        )
     # The same computed in float32: finite and close, also where e^w alone over- or underflows.
     single = aft_conv_mix(queries.float(), keys.float(), values.float(), kernel.float())
     assert torch.isfinite(single).all()
@@ -214,8 +244,9 @@ def test_zero_bias_is_simple_and_wide_local_window_is_full():
     x = torch.randn(2, 4, 3, 5, dtype=torch.float64)
     full = make(AFTFull, max_size=5, position_dim=3)
     simple = AFTSimple(4).double()
-    simple.load_state_dict({key: value for key, value in full.state_dict().items()
-                            if not key.startswith("position")})
+    simple.load_state_dict(
+        {key: value for key, value in full.state_dict().items() if not key.startswith("position")}
+    )
     assert not torch.allclose(full(x), simple(x))  # the bias matters, so the checks below can fail
     # AFT-local with s >= T (per axis) covers every pair: it is AFT-full.
     wide = AFTLocal(4, window_size=5, max_size=5, position_dim=3).double()
@@ -249,34 +280,57 @@ def test_conv_starts_as_simple():
 def test_invariant_to_per_channel_key_and_per_row_bias_constants(causal):
     generator = torch.Generator().manual_seed(3)
     batch, channels, length = 2, 3, 6
-    queries, keys, values = (torch.randn(batch, channels, length, dtype=torch.float64,
-                                         generator=generator) for _ in range(3))
+    queries, keys, values = (
+        torch.randn(batch, channels, length, dtype=torch.float64, generator=generator)
+        for _ in range(3)
+    )
     bias = torch.randn(length, length, dtype=torch.float64, generator=generator)
     expected = aft_mix(queries, keys, values, bias, causal=causal)
     # exp(+-800) over- or underflows even float64: only exact shifts can pass these.
     key_constants = torch.tensor([[800.0], [-800.0], [5.0]], dtype=torch.float64)  # c 1
     row_constants = torch.linspace(-800, 800, length, dtype=torch.float64)[:, None]  # t 1
-    torch.testing.assert_close(aft_mix(queries, keys + key_constants, values, bias, causal=causal),
-                               expected, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(aft_mix(queries, keys, values, bias + row_constants, causal=causal),
-                               expected, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(aft_mix(queries, keys + key_constants, values, None, causal=causal),
-                               aft_mix(queries, keys, values, None, causal=causal),
-                               rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(
+        aft_mix(queries, keys + key_constants, values, bias, causal=causal),
+        expected,
+        rtol=1e-9,
+        atol=1e-12,
+    )
+    torch.testing.assert_close(
+        aft_mix(queries, keys, values, bias + row_constants, causal=causal),
+        expected,
+        rtol=1e-9,
+        atol=1e-12,
+    )
+    torch.testing.assert_close(
+        aft_mix(queries, keys + key_constants, values, None, causal=causal),
+        aft_mix(queries, keys, values, None, causal=causal),
+        rtol=1e-9,
+        atol=1e-12,
+    )
     # The same in float32 with constants beyond its exp range (e^89 = inf).
-    single = aft_mix(queries.float(), (keys + key_constants / 8).float(), values.float(),
-                     (bias + row_constants / 8).float(), causal=causal)
+    single = aft_mix(
+        queries.float(),
+        (keys + key_constants / 8).float(),
+        values.float(),
+        (bias + row_constants / 8).float(),
+        causal=causal,
+    )
     torch.testing.assert_close(single.double(), expected, rtol=1e-4, atol=1e-5)
     # AFT-conv: a per-(batch, head) constant on K.
     conv_keys = torch.randn(batch, 2, 4, 5, dtype=torch.float64, generator=generator)
     conv_values = torch.randn(batch, 2, 3, 4, 5, dtype=torch.float64, generator=generator)
     conv_queries = torch.randn(batch, 2, 3, 4, 5, dtype=torch.float64, generator=generator)
     kernel = torch.randn(2, 3, 3, dtype=torch.float64, generator=generator)
-    shifted = conv_keys + torch.tensor([[800.0, -800.0], [-3.0, 900.0]],
-                                       dtype=torch.float64)[:, :, None, None]
-    torch.testing.assert_close(aft_conv_mix(conv_queries, shifted, conv_values, kernel),
-                               aft_conv_mix(conv_queries, conv_keys, conv_values, kernel),
-                               rtol=1e-9, atol=1e-12)
+    shifted = (
+        conv_keys
+        + torch.tensor([[800.0, -800.0], [-3.0, 900.0]], dtype=torch.float64)[:, :, None, None]
+    )
+    torch.testing.assert_close(
+        aft_conv_mix(conv_queries, shifted, conv_values, kernel),
+        aft_conv_mix(conv_queries, conv_keys, conv_values, kernel),
+        rtol=1e-9,
+        atol=1e-12,
+    )
 
 
 def scale_keys(layer, target: float = 30.0):
@@ -289,8 +343,11 @@ def scale_keys(layer, target: float = 30.0):
 
 AUTOCAST_CASES = {
     "full": (AFTFull, dict(max_size=12, position_dim=8), (2, 16, 12, 10)),
-    "local_causal": (AFTLocal, dict(window_size=4, max_size=40, position_dim=8, causal=True,
-                                    spatial_dims=1), (2, 16, 40)),
+    "local_causal": (
+        AFTLocal,
+        dict(window_size=4, max_size=40, position_dim=8, causal=True, spatial_dims=1),
+        (2, 16, 40),
+    ),
     "simple": (AFTSimple, dict(), (2, 16, 12, 10)),
     "conv": (AFTConv, dict(heads=4, window_size=5), (2, 16, 12, 10)),
 }
@@ -326,11 +383,14 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.double() - expected).norm() / expected.norm()).item()
 
 
-@pytest.mark.parametrize("cls,kwargs", [
-    (AFTFull, dict(max_size=10, position_dim=3)),
-    (AFTLocal, dict(window_size=2, max_size=10, position_dim=3)),
-    (AFTSimple, dict()),
-])
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (AFTFull, dict(max_size=10, position_dim=3)),
+        (AFTLocal, dict(window_size=2, max_size=10, position_dim=3)),
+        (AFTSimple, dict()),
+    ],
+)
 def test_causal_hides_the_future(cls, kwargs):
     layer = make(cls, causal=True, spatial_dims=1, **kwargs)
     length, cut = 10, 6
@@ -358,8 +418,9 @@ def test_factorized_bias_gets_gradients_and_the_optimizer_step_is_used():
     assert not torch.equal(layer.position_u, u_before)
     u = layer.position_u.detach()
     rows = (torch.arange(4)[:, None] * 6 + torch.arange(6)).flatten()
-    torch.testing.assert_close(layer.position_bias((4, 6)).detach(),
-                               u[rows] @ layer.position_v.detach()[rows].T)
+    torch.testing.assert_close(
+        layer.position_bias((4, 6)).detach(), u[rows] @ layer.position_v.detach()[rows].T
+    )
     assert not torch.allclose(layer(x), before)
 
 
@@ -402,7 +463,7 @@ def test_reset_parameters_undoes_an_init_loop():
             torch.nn.init.constant_(parameter, 0.3)
         layer.reset_parameters()
         for projection in (layer.to_queries, layer.to_keys, layer.to_values, layer.to_output):
-            assert projection.weight.std().item() == pytest.approx(64 ** -0.5, rel=0.1)
+            assert projection.weight.std().item() == pytest.approx(64**-0.5, rel=0.1)
             assert projection.bias is None or not projection.bias.any()
         assert layer.to_keys.bias is None  # a constant on K cancels out
     full, conv = layers
@@ -411,27 +472,40 @@ def test_reset_parameters_undoes_an_init_loop():
     assert not conv.position_gain.any() and not conv.position_shift.any()
 
 
-@pytest.mark.parametrize("factory,message", [
-    (lambda: AFTConv(8, window_size=4), "window_size must be an odd integer >= 1, got 4"),
-    (lambda: AFTConv(8, window_size=0), "window_size must be an odd integer >= 1, got 0"),
-    (lambda: AFTConv(8, heads=3), "hidden_dim=8 is not divisible by heads=3"),
-    (lambda: AFTConv(8, 12, heads=8, hidden_dim=20), "hidden_dim=20 is not divisible by heads=8"),
-    (lambda: AFTConv(8, heads=0), "heads must be an integer >= 1, got 0"),
-    (lambda: AFTConv(8, stride=3), "stride must be 1 or 2, got 3"),
-    (lambda: AFTFull(8, max_size=0), "max_size must be an integer >= 1, got 0"),
-    (lambda: AFTFull(8, position_dim=0), "position_dim must be an integer >= 1, got 0"),
-    (lambda: AFTFull(0), "in_channels must be an integer >= 1, got 0"),
-    (lambda: AFTFull(8, hidden_dim=2.5), "hidden_dim must be an integer >= 1, got 2.5"),
-    (lambda: AFTLocal(8, window_size=-1), "window_size must be an integer >= 0, got -1"),
-    (lambda: AFTSimple(8, spatial_dims=3), "spatial_dims must be 1 or 2, got 3"),
-    (lambda: AFTSimple(8, causal=True), r"causal=True needs sequences \(spatial_dims=1\), got "
-                                        r"spatial_dims=2"),
-    (lambda: AFTFull(8, causal=True, spatial_dims=1, stride=2),
-     "causal=True needs stride=1, got stride=2"),
-    (lambda: AFTConv(8, heads=2, causal=True, spatial_dims=1),
-     r"AFTConv has no causal form \(its window looks both ways\): use AFTLocal, AFTFull or "
-     r"AFTSimple"),
-])
+@pytest.mark.parametrize(
+    "factory,message",
+    [
+        (lambda: AFTConv(8, window_size=4), "window_size must be an odd integer >= 1, got 4"),
+        (lambda: AFTConv(8, window_size=0), "window_size must be an odd integer >= 1, got 0"),
+        (lambda: AFTConv(8, heads=3), "hidden_dim=8 is not divisible by heads=3"),
+        (
+            lambda: AFTConv(8, 12, heads=8, hidden_dim=20),
+            "hidden_dim=20 is not divisible by heads=8",
+        ),
+        (lambda: AFTConv(8, heads=0), "heads must be an integer >= 1, got 0"),
+        (lambda: AFTConv(8, stride=3), "stride must be 1 or 2, got 3"),
+        (lambda: AFTFull(8, max_size=0), "max_size must be an integer >= 1, got 0"),
+        (lambda: AFTFull(8, position_dim=0), "position_dim must be an integer >= 1, got 0"),
+        (lambda: AFTFull(0), "in_channels must be an integer >= 1, got 0"),
+        (lambda: AFTFull(8, hidden_dim=2.5), "hidden_dim must be an integer >= 1, got 2.5"),
+        (lambda: AFTLocal(8, window_size=-1), "window_size must be an integer >= 0, got -1"),
+        (lambda: AFTSimple(8, spatial_dims=3), "spatial_dims must be 1 or 2, got 3"),
+        (
+            lambda: AFTSimple(8, causal=True),
+            r"causal=True needs sequences \(spatial_dims=1\), got "
+            r"spatial_dims=2",
+        ),
+        (
+            lambda: AFTFull(8, causal=True, spatial_dims=1, stride=2),
+            "causal=True needs stride=1, got stride=2",
+        ),
+        (
+            lambda: AFTConv(8, heads=2, causal=True, spatial_dims=1),
+            r"AFTConv has no causal form \(its window looks both ways\): use AFTLocal, AFTFull or "
+            r"AFTSimple",
+        ),
+    ],
+)
 def test_bad_arguments_name_the_value(factory, message):
     with pytest.raises(ValueError, match=message):
         factory()
@@ -442,33 +516,60 @@ def test_bad_inputs_name_the_value():
         AFTFull(8, max_size=4)(torch.randn(1, 8, 5, 3))
     with pytest.raises(ValueError, match=r"input size \(9,\) exceeds max_size=8"):
         AFTLocal(8, window_size=2, max_size=8, spatial_dims=1)(torch.randn(1, 8, 9))
-    with pytest.raises(ValueError, match=r"AFTConv\(spatial_dims=2\) expects a \(B, C, H, W\) "
-                                         r"tensor, got shape \(8, 5, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"AFTConv\(spatial_dims=2\) expects a \(B, C, H, W\) "
+        r"tensor, got shape \(8, 5, 5\)",
+    ):
         AFTConv(8, heads=2)(torch.randn(8, 5, 5))
     with pytest.raises(ValueError, match="AFTSimple expects 8 input channels, got 6"):
         AFTSimple(8)(torch.randn(1, 6, 5, 5))
     with pytest.raises(ValueError, match=r"position_bias must have shape \(4, 4\) .* got \(4, 5\)"):
         aft_mix(*torch.randn(3, 1, 2, 4), torch.zeros(4, 5))
-    with pytest.raises(ValueError, match=r"kernel must have shape \(heads=2, s, ...\) with 2 odd "
-                                         r"window sizes, got \(2, 4, 3\)"):
-        aft_conv_mix(torch.randn(1, 2, 3, 5, 5), torch.randn(1, 2, 5, 5),
-                     torch.randn(1, 2, 3, 5, 5), torch.zeros(2, 4, 3))
-    with pytest.raises(ValueError, match=r"keys must have the values' shape \(B, C, T\) = "
-                                         r"\(1, 2, 4\), got \(1, 2, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"kernel must have shape \(heads=2, s, ...\) with 2 odd "
+        r"window sizes, got \(2, 4, 3\)",
+    ):
+        aft_conv_mix(
+            torch.randn(1, 2, 3, 5, 5),
+            torch.randn(1, 2, 5, 5),
+            torch.randn(1, 2, 3, 5, 5),
+            torch.zeros(2, 4, 3),
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"keys must have the values' shape \(B, C, T\) = "
+        r"\(1, 2, 4\), got \(1, 2, 5\)",
+    ):
         aft_mix(torch.randn(1, 2, 4), torch.randn(1, 2, 5), torch.randn(1, 2, 4))
-    with pytest.raises(ValueError, match=r"keys must have shape \(B, heads, ...\) = \(1, 2, 5, 5\) "
-                                         r"\(one channel per head\), got \(1, 3, 5, 5\)"):
-        aft_conv_mix(torch.randn(1, 2, 3, 5, 5), torch.randn(1, 3, 5, 5),
-                     torch.randn(1, 2, 3, 5, 5), torch.zeros(2, 3, 3))
+    with pytest.raises(
+        ValueError,
+        match=r"keys must have shape \(B, heads, ...\) = \(1, 2, 5, 5\) "
+        r"\(one channel per head\), got \(1, 3, 5, 5\)",
+    ):
+        aft_conv_mix(
+            torch.randn(1, 2, 3, 5, 5),
+            torch.randn(1, 3, 5, 5),
+            torch.randn(1, 2, 3, 5, 5),
+            torch.zeros(2, 3, 3),
+        )
     with pytest.raises(ValueError, match=r"queries must have the values' shape"):
-        aft_conv_mix(torch.randn(1, 2, 4, 5, 5), torch.randn(1, 2, 5, 5),
-                     torch.randn(1, 2, 3, 5, 5), torch.zeros(2, 3, 3))
+        aft_conv_mix(
+            torch.randn(1, 2, 4, 5, 5),
+            torch.randn(1, 2, 5, 5),
+            torch.randn(1, 2, 3, 5, 5),
+            torch.zeros(2, 3, 3),
+        )
 
 
-@pytest.mark.parametrize("cls,kwargs", [
-    (AFTConv, dict(heads=2, window_size=3)),
-    (AFTFull, dict(max_size=8, position_dim=4)),
-])
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (AFTConv, dict(heads=2, window_size=3)),
+        (AFTFull, dict(max_size=8, position_dim=4)),
+    ],
+)
 def test_jit_trace_matches_eager(cls, kwargs):
     layer = randomize(cls(8, **kwargs)).eval()
     x = torch.randn(1, 8, 6, 5)
@@ -477,12 +578,18 @@ def test_jit_trace_matches_eager(cls, kwargs):
 
 
 def test_each_variant_shows_its_options():
-    assert [layer.extra_repr() for layer in (
-        AFTFull(8), AFTLocal(8, 4, window_size=3), AFTSimple(8, causal=True, spatial_dims=1),
-        AFTConv(8, heads=2, stride=2))] == [
-        "8, 8, hidden_dim=8, max_size=64, position_dim=128, causal=False, stride=1, "
-        "spatial_dims=2",
+    assert [
+        layer.extra_repr()
+        for layer in (
+            AFTFull(8),
+            AFTLocal(8, 4, window_size=3),
+            AFTSimple(8, causal=True, spatial_dims=1),
+            AFTConv(8, heads=2, stride=2),
+        )
+    ] == [
+        "8, 8, hidden_dim=8, max_size=64, position_dim=128, causal=False, stride=1, spatial_dims=2",
         "8, 4, hidden_dim=4, window_size=3, max_size=64, position_dim=128, causal=False, "
         "stride=1, spatial_dims=2",
         "8, 8, hidden_dim=8, causal=True, stride=1, spatial_dims=1",
-        "8, 8, hidden_dim=8, heads=2, window_size=7, stride=2, spatial_dims=2"]
+        "8, 8, hidden_dim=8, heads=2, window_size=7, stride=2, spatial_dims=2",
+    ]

@@ -1,5 +1,6 @@
 """fvcore counts every layer, in every implementation, as its analytic cost: no op skipped, no
 module left uncalled, the total equal to the formula of the form the trace runs."""
+
 import importlib
 import logging
 import math
@@ -8,8 +9,16 @@ import pytest
 import torch
 from fvcore.nn import FlopCountAnalysis
 
-from lambda_det.layers import (AFTConv, AFTFull, AFTLocal, AFTSimple, LambdaLayer, eager_impls,
-                               flop_handles, register_flop_handles)
+from lambda_det.layers import (
+    AFTConv,
+    AFTFull,
+    AFTLocal,
+    AFTSimple,
+    LambdaLayer,
+    eager_impls,
+    flop_handles,
+    register_flop_handles,
+)
 from lambda_det.layers.lambda_conv import DEFAULT_TILE, POOLED_TILE
 
 fvcore_flop_count = importlib.import_module("fvcore.nn.flop_count")
@@ -38,15 +47,16 @@ def lambda_layer_flops(layer: LambdaLayer, shape, impl: str, masked: bool = Fals
     limit = layer.position_embedding.radius if layer.scope is None else layer.scope // 2
     radii = [min(limit, size - 1) for size in spatial]
     pooled = [(size + 1) // 2 for size in spatial] if layer.stride == 2 else spatial
-    window = 3 ** dims
+    window = 3**dims
     flops = batch * n * d_in * (heads * dim_k + dim_k * dim_u + dim_v * dim_u)
     flops += 2 * batch * n * (heads * dim_k + dim_v * dim_u)
     if masked:
         flops += 2 * batch * n * n * dim_k * dim_u * dim_v + batch * n * heads * dim_k * dim_v
     else:
         flops += batch * n * dim_k * dim_u * dim_v  # content lambda
-        content_output = batch * heads * dim_v * dim_k * math.prod(pooled if impl == "tiled"
-                                                                    else spatial)
+        content_output = (
+            batch * heads * dim_v * dim_k * math.prod(pooled if impl == "tiled" else spatial)
+        )
         flops += content_output
     if impl == "einsum" and not masked:
         flops += batch * n * n * dim_k * dim_u * dim_v + batch * n * heads * dim_k * dim_v
@@ -78,7 +88,7 @@ def aft_flops(layer, shape) -> int:
     keys = layer.heads if isinstance(layer, AFTConv) else hidden
     flops = batch * positions * (d_in * (2 * hidden + keys) + hidden * layer.out_channels)
     if isinstance(layer, (AFTFull, AFTLocal)):
-        flops += positions ** 2 * layer.position_dim + 2 * batch * hidden * positions ** 2
+        flops += positions**2 * layer.position_dim + 2 * batch * hidden * positions**2
     if isinstance(layer, AFTConv):
         kernel = math.prod(2 * min(layer.window_size // 2, size - 1) + 1 for size in spatial)
         flops += batch * (hidden + layer.heads) * positions * kernel
@@ -105,11 +115,22 @@ SHAPES = {2: (2, 16, 7, 9), 1: (2, 16, 19)}
 @pytest.mark.parametrize("scope", [5, None])
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("impl", ["einsum", "conv", "tiled"])
-def test_lambda_layer_count_is_its_analytic_cost(one_torch_thread, caplog, impl, stride, scope,
-                                                   dims):
+def test_lambda_layer_count_is_its_analytic_cost(
+    one_torch_thread, caplog, impl, stride, scope, dims
+):
     torch.manual_seed(0)
-    layer = LambdaLayer(16, 32, heads=4, dim_k=4, dim_u=2, scope=scope, stride=stride, impl=impl,
-                        max_size=20, spatial_dims=dims)
+    layer = LambdaLayer(
+        16,
+        32,
+        heads=4,
+        dim_k=4,
+        dim_u=2,
+        scope=scope,
+        stride=stride,
+        impl=impl,
+        max_size=20,
+        spatial_dims=dims,
+    )
     shape = SHAPES[dims]
     total = counted(layer, torch.randn(shape), caplog=caplog)
     assert total == pytest.approx(lambda_layer_flops(layer, shape, impl), rel=0.01)
@@ -123,8 +144,7 @@ def test_masked_lambda_layer_count_is_its_analytic_cost(one_torch_thread, caplog
     mask = torch.rand(20, 20) < 0.5
     mask.fill_diagonal_(True)
     total = counted(layer, torch.randn(shape), mask, caplog=caplog)
-    assert total == pytest.approx(lambda_layer_flops(layer, shape, "einsum", masked=True),
-                                  rel=0.01)
+    assert total == pytest.approx(lambda_layer_flops(layer, shape, "einsum", masked=True), rel=0.01)
 
 
 def test_a_trace_counts_auto_as_conv_and_eager_impls_as_eager_runs_it(one_torch_thread, caplog):
@@ -141,14 +161,25 @@ def test_a_trace_counts_auto_as_conv_and_eager_impls_as_eager_runs_it(one_torch_
 
 
 AFT_LAYERS = {
-    "full": lambda dims, stride: AFTFull(16, 24, hidden_dim=8, max_size=20, position_dim=6,
-                                         stride=stride, spatial_dims=dims),
-    "local": lambda dims, stride: AFTLocal(16, 24, hidden_dim=8, max_size=20, position_dim=6,
-                                           window_size=3, stride=stride, spatial_dims=dims),
-    "simple": lambda dims, stride: AFTSimple(16, 24, hidden_dim=8, stride=stride,
-                                             spatial_dims=dims),
-    "conv": lambda dims, stride: AFTConv(16, 24, hidden_dim=8, heads=2, window_size=5,
-                                         stride=stride, spatial_dims=dims),
+    "full": lambda dims, stride: AFTFull(
+        16, 24, hidden_dim=8, max_size=20, position_dim=6, stride=stride, spatial_dims=dims
+    ),
+    "local": lambda dims, stride: AFTLocal(
+        16,
+        24,
+        hidden_dim=8,
+        max_size=20,
+        position_dim=6,
+        window_size=3,
+        stride=stride,
+        spatial_dims=dims,
+    ),
+    "simple": lambda dims, stride: AFTSimple(
+        16, 24, hidden_dim=8, stride=stride, spatial_dims=dims
+    ),
+    "conv": lambda dims, stride: AFTConv(
+        16, 24, hidden_dim=8, heads=2, window_size=5, stride=stride, spatial_dims=dims
+    ),
 }
 
 
@@ -160,21 +191,32 @@ def test_aft_count_is_its_analytic_cost(one_torch_thread, caplog, name, stride, 
     layer = AFT_LAYERS[name](dims, stride)
     shape = SHAPES[dims]
     assert counted(layer, torch.randn(shape), caplog=caplog) == pytest.approx(
-        aft_flops(layer, shape), rel=0.01)
+        aft_flops(layer, shape), rel=0.01
+    )
 
 
 @pytest.mark.parametrize("cls", [AFTFull, AFTLocal, AFTSimple])
 def test_causal_aft_count_is_its_analytic_cost(one_torch_thread, caplog, cls):
-    layer = cls(16, 24, hidden_dim=8, causal=True, spatial_dims=1,
-                **({} if cls is AFTSimple else {"max_size": 20, "position_dim": 6}))
+    layer = cls(
+        16,
+        24,
+        hidden_dim=8,
+        causal=True,
+        spatial_dims=1,
+        **({} if cls is AFTSimple else {"max_size": 20, "position_dim": 6}),
+    )
     shape = SHAPES[1]
     assert counted(layer, torch.randn(shape), caplog=caplog) == pytest.approx(
-        aft_flops(layer, shape), rel=0.01)
+        aft_flops(layer, shape), rel=0.01
+    )
 
 
 def test_registered_handles_become_fvcores_defaults(monkeypatch, caplog):
-    defaults = {name: handle for name, handle in fvcore_flop_count._DEFAULT_SUPPORTED_OPS.items()
-                if name not in flop_handles()}
+    defaults = {
+        name: handle
+        for name, handle in fvcore_flop_count._DEFAULT_SUPPORTED_OPS.items()
+        if name not in flop_handles()
+    }
     monkeypatch.setattr(fvcore_flop_count, "_DEFAULT_SUPPORTED_OPS", defaults)
     layer = LambdaLayer(16, 32, heads=4, dim_k=4, scope=5, stride=2, impl="conv").eval()
     x = torch.randn(2, 16, 7, 9)

@@ -4,6 +4,7 @@ tests/layers/test_lambda_layer.py runs every implementation through the paper's 
 layers; these tests cover what only the tiled kernel has: chunking, tile shapes, the two ways of
 folding halo gradients, what it keeps for backward, and torch.compile with a backward pass.
 """
+
 import math
 
 import pytest
@@ -25,16 +26,18 @@ def conv_form(queries, values, window, spatial):
     return torch.einsum("bhkn,bvkn->bhvn", queries, lambdas.reshape(batch, dim_v, dim_k, n))
 
 
-def random_inputs(spatial, radii, heads=3, dim_k=4, dim_v=5, dim_u=1, batch=2,
-                  dtype=torch.float64):
+def random_inputs(spatial, radii, heads=3, dim_k=4, dim_v=5, dim_u=1, batch=2, dtype=torch.float64):
     generator = torch.Generator().manual_seed(1)
     n = math.prod(spatial)
 
     def normal(*shape):
         return torch.randn(*shape, generator=generator, dtype=dtype).requires_grad_()
 
-    return (normal(batch, heads, dim_k, n), normal(batch, dim_v, dim_u, n),
-            normal(dim_k, dim_u, *[2 * radius + 1 for radius in radii]))
+    return (
+        normal(batch, heads, dim_k, n),
+        normal(batch, dim_v, dim_u, n),
+        normal(dim_k, dim_u, *[2 * radius + 1 for radius in radii]),
+    )
 
 
 def pooled_conv_form(queries, values, window, spatial):
@@ -45,19 +48,27 @@ def pooled_conv_form(queries, values, window, spatial):
     return pool(output, 3, 2, 1).reshape(batch, heads, dim_v, -1)
 
 
-def assert_matches_conv_form(spatial, radii, dim_u=1, tile=(), chunk_elements=0, stride=1,
-                             fold_in_groups=None, **tolerance):
+def assert_matches_conv_form(
+    spatial, radii, dim_u=1, tile=(), chunk_elements=0, stride=1, fold_in_groups=None, **tolerance
+):
     queries, values, window = random_inputs(spatial, radii, dim_u=dim_u)
     expected = (conv_form if stride == 1 else pooled_conv_form)(queries, values, window, spatial)
-    tuning = TiledTuning(tile=tile if stride == 1 else (), pooled_tile=tile if stride == 2 else (),
-                         chunk_elements=chunk_elements, fold_in_groups=fold_in_groups)
+    tuning = TiledTuning(
+        tile=tile if stride == 1 else (),
+        pooled_tile=tile if stride == 2 else (),
+        chunk_elements=chunk_elements,
+        fold_in_groups=fold_in_groups,
+    )
     actual = tiled_position_output(queries, values, window, spatial, stride, tuning)
     torch.testing.assert_close(actual, expected, **tolerance)
-    weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(2),
-                          dtype=expected.dtype)
+    weights = torch.randn(
+        expected.shape, generator=torch.Generator().manual_seed(2), dtype=expected.dtype
+    )
     inputs = (queries, values, window)
-    for got, want in zip(torch.autograd.grad((actual * weights).sum(), inputs),
-                         torch.autograd.grad((expected * weights).sum(), inputs)):
+    for got, want in zip(
+        torch.autograd.grad((actual * weights).sum(), inputs),
+        torch.autograd.grad((expected * weights).sum(), inputs),
+    ):
         torch.testing.assert_close(got, want, **tolerance)
 
 
@@ -89,16 +100,33 @@ POOLED_GEOMETRIES = {
 def test_tiled_equals_conv_form(name, fold_in_groups):
     # The GPU folds halo gradients with unfold_backward; the CPU adds groups of tiles. Both here.
     spatial, radii, dim_u, tile, chunk_elements = GEOMETRIES[name]
-    assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements,
-                             fold_in_groups=fold_in_groups, rtol=1e-10, atol=1e-10)
+    assert_matches_conv_form(
+        spatial,
+        radii,
+        dim_u,
+        tile,
+        chunk_elements,
+        fold_in_groups=fold_in_groups,
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 @pytest.mark.parametrize("fold_in_groups", [True, False], ids=["grouped_fold", "unfold_backward"])
 @pytest.mark.parametrize("name", sorted(POOLED_GEOMETRIES))
 def test_pooled_tiles_equal_conv_form_then_average_pool(name, fold_in_groups):
     spatial, radii, dim_u, tile, chunk_elements = POOLED_GEOMETRIES[name]
-    assert_matches_conv_form(spatial, radii, dim_u, tile, chunk_elements, stride=2,
-                             fold_in_groups=fold_in_groups, rtol=1e-10, atol=1e-10)
+    assert_matches_conv_form(
+        spatial,
+        radii,
+        dim_u,
+        tile,
+        chunk_elements,
+        stride=2,
+        fold_in_groups=fold_in_groups,
+        rtol=1e-10,
+        atol=1e-10,
+    )
 
 
 def test_float32_stays_within_1e4_of_float64_at_detection_depths():
@@ -110,9 +138,10 @@ def test_float32_stays_within_1e4_of_float64_at_detection_depths():
     actual = tiled_position_output(*inputs32, spatial)
     assert ((actual.double() - expected).norm() / expected.norm()) < 1e-4
     weights = torch.randn(expected.shape, dtype=torch.float64)
-    for got, want in zip(torch.autograd.grad((actual * weights.float()).sum(), inputs32),
-                         torch.autograd.grad((expected * weights).sum(),
-                                             (queries, values, window))):
+    for got, want in zip(
+        torch.autograd.grad((actual * weights.float()).sum(), inputs32),
+        torch.autograd.grad((expected * weights).sum(), (queries, values, window)),
+    ):
         assert ((got.double() - want).norm() / want.norm()) < 1e-4
 
 
@@ -138,9 +167,14 @@ def test_backward_keeps_inputs_not_logits():
     assert sum(saved.values()) < logits / 10
 
 
-@pytest.mark.parametrize("kwargs,shape", [(dict(scope=5), (2, 8, 9, 7)),
-                                          (dict(scope=5, stride=2), (2, 8, 9, 6)),
-                                          (dict(scope=7, dim_u=2, spatial_dims=1), (2, 8, 19))])
+@pytest.mark.parametrize(
+    "kwargs,shape",
+    [
+        (dict(scope=5), (2, 8, 9, 7)),
+        (dict(scope=5, stride=2), (2, 8, 9, 6)),
+        (dict(scope=7, dim_u=2, spatial_dims=1), (2, 8, 19)),
+    ],
+)
 def test_jit_trace_is_differentiable(kwargs, shape):
     # Traces build the halos with a gather instead of unfold (ONNX export needs that).
     layer = LambdaLayer(8, heads=2, dim_k=4, impl="tiled", **kwargs).double().eval()
@@ -187,17 +221,26 @@ def test_index_cached_under_inference_mode_still_trains():
 def _bad_tiled_arguments():
     queries, values, window = random_inputs((5, 4), (1, 1), heads=2, dim_k=3, dim_u=2)
     return {
-        "even window": (dict(window=torch.randn(3, 2, 4, 3)), r"window must be \(k=3, u=2\) "
-                        r"followed by 2 odd sizes, got \(3, 2, 4, 3\)"),
+        "even window": (
+            dict(window=torch.randn(3, 2, 4, 3)),
+            r"window must be \(k=3, u=2\) "
+            r"followed by 2 odd sizes, got \(3, 2, 4, 3\)",
+        ),
         "window's u": (dict(window=torch.randn(3, 1, 3, 3)), r"got \(3, 1, 3, 3\)"),
         "spatial vs n": (dict(spatial=(5, 5)), r"queries must be \(b, h, k, n\) with n = 25"),
         "values' batch": (dict(values=values[:1]), r"values must be \(b, v, u, n\) with b = 2"),
-        "zero tile": (dict(tuning=TiledTuning(tile=(0, 2))),
-                      r"tile must be 2 integers >= 1, got \(0, 2\)"),
-        "pooled tile's axes": (dict(stride=2, tuning=TiledTuning(pooled_tile=(2,))),
-                               r"pooled_tile must be 2 integers >= 1, got \(2,\)"),
-        "negative chunk": (dict(tuning=TiledTuning(chunk_elements=-5)),
-                           "chunk_elements must be an integer >= 0, got -5"),
+        "zero tile": (
+            dict(tuning=TiledTuning(tile=(0, 2))),
+            r"tile must be 2 integers >= 1, got \(0, 2\)",
+        ),
+        "pooled tile's axes": (
+            dict(stride=2, tuning=TiledTuning(pooled_tile=(2,))),
+            r"pooled_tile must be 2 integers >= 1, got \(2,\)",
+        ),
+        "negative chunk": (
+            dict(tuning=TiledTuning(chunk_elements=-5)),
+            "chunk_elements must be an integer >= 0, got -5",
+        ),
         "stride": (dict(stride=3), "stride must be 1 or 2, got 3"),
     }, dict(queries=queries, values=values, window=window, spatial=(5, 4))
 
@@ -216,16 +259,19 @@ def test_the_layer_runs_its_tuning():
     default = LambdaLayer(8, heads=2, dim_k=4, scope=5, impl="tiled").double()
     expected = default(x)
     # The GPU's chunks and halo folding, on the CPU: the same function.
-    gpu = LambdaLayer(8, heads=2, dim_k=4, scope=5, impl="tiled",
-                      tuning=TiledTuning.for_device("cuda")).double()
+    gpu = LambdaLayer(
+        8, heads=2, dim_k=4, scope=5, impl="tiled", tuning=TiledTuning.for_device("cuda")
+    ).double()
     gpu.load_state_dict(default.state_dict())
     torch.testing.assert_close(gpu(x), expected, rtol=1e-12, atol=1e-12)
-    broken = LambdaLayer(8, heads=2, dim_k=4, scope=5, impl="tiled",
-                         tuning=TiledTuning(tile=(0, 2))).double()
+    broken = LambdaLayer(
+        8, heads=2, dim_k=4, scope=5, impl="tiled", tuning=TiledTuning(tile=(0, 2))
+    ).double()
     with pytest.raises(ValueError, match=r"tile must be 2 integers >= 1, got \(0, 2\)"):
         broken(x)
     # The "auto" rule's halo size C follows the tile: 15 x 15 = 225 positions <= C / 3 with 4 x 4
     # tiles (C = 26^2 at r = 23) choose "einsum", not with 1 x 1 tiles (C = 23^2).
     assert LambdaLayer(8, heads=2).resolve_impl((15, 15)) == "einsum"
-    assert LambdaLayer(8, heads=2, tuning=TiledTuning(tile=(1, 1))).resolve_impl((15, 15)) == \
-        "tiled"
+    assert (
+        LambdaLayer(8, heads=2, tuning=TiledTuning(tile=(1, 1))).resolve_impl((15, 15)) == "tiled"
+    )

@@ -1,4 +1,5 @@
 """The lambda layer against a direct transcription of the paper's equations, and its properties."""
+
 import itertools
 import math
 
@@ -34,10 +35,13 @@ def reference_lambda_layer(layer: LambdaLayer, x: torch.Tensor, context_mask=Non
                 lambda_n = lambda_n + normalized_keys[:, :, j] @ values[b][:, :, m].T
                 offset = [pm - pq for pm, pq in zip(positions[m], query_position)]
                 if all(abs(o) <= reach for o in offset):
-                    embedding = table[(slice(None), slice(None)) + tuple(o + radius for o in offset)]
+                    embedding = table[
+                        (slice(None), slice(None)) + tuple(o + radius for o in offset)
+                    ]
                     lambda_n = lambda_n + embedding @ values[b][:, :, m].T  # (k u) @ (u v)
-            per_query.append(torch.stack([lambda_n.T @ queries[b, head, :, query]
-                                          for head in range(h)]))  # h v
+            per_query.append(
+                torch.stack([lambda_n.T @ queries[b, head, :, query] for head in range(h)])
+            )  # h v
         outputs.append(torch.stack(per_query, dim=-1))  # h v n
     output = torch.stack(outputs).reshape(batch, h * v, *spatial)
     return layer.pool(output)
@@ -65,8 +69,9 @@ CASES = {
 
 def make_layer(impl: str, dtype=torch.float64, **kwargs) -> LambdaLayer:
     torch.manual_seed(0)
-    layer = LambdaLayer(kwargs.pop("in_channels", 4), kwargs.pop("out_channels", None),
-                        impl=impl, **kwargs).to(dtype)
+    layer = LambdaLayer(
+        kwargs.pop("in_channels", 4), kwargs.pop("out_channels", None), impl=impl, **kwargs
+    ).to(dtype)
     # Non-trivial BN affine parameters, so a mix-up of queries and values would show.
     with torch.no_grad():
         for norm in (layer.query_norm, layer.value_norm):
@@ -132,14 +137,18 @@ def test_lambda_convolution_equals_global_form_with_zeroed_embeddings(shape):
     local = make_layer("conv", heads=2, dim_k=2, dim_u=2, scope=3)
     size = max(shape[2:])
     global_layer = make_layer("einsum", heads=2, dim_k=2, dim_u=2, scope=None, max_size=size)
-    state = {key: value for key, value in local.state_dict().items()
-             if not key.startswith("position_embedding")}
+    state = {
+        key: value
+        for key, value in local.state_dict().items()
+        if not key.startswith("position_embedding")
+    }
     global_layer.load_state_dict(state, strict=False)
     radius = size - 1
     with torch.no_grad():
         global_layer.position_embedding.weight.zero_()
-        global_layer.position_embedding.weight[:, :, radius - 1:radius + 2, radius - 1:radius + 2] = \
-            local.position_embedding.weight
+        global_layer.position_embedding.weight[
+            :, :, radius - 1 : radius + 2, radius - 1 : radius + 2
+        ] = local.position_embedding.weight
     x = torch.randn(shape, dtype=torch.float64)
     torch.testing.assert_close(local(x), global_layer(x), rtol=1e-12, atol=1e-12)
 
@@ -157,8 +166,9 @@ def test_position_term_is_translation_equivariant(impl):
     second[..., 8:11, 9:12] = pattern  # the same pattern moved by (5, 5)
     # Same content lambda for both inputs, so any difference would come from the position term.
     out_first, out_second = layer(first), layer(second)
-    torch.testing.assert_close(out_first[..., 1:8, 2:9], out_second[..., 6:13, 7:14],
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        out_first[..., 1:8, 2:9], out_second[..., 6:13, 7:14], rtol=1e-12, atol=1e-12
+    )
     assert not torch.allclose(out_first[..., 1:8, 2:9], out_second[..., 1:8, 2:9])
 
 
@@ -178,8 +188,9 @@ def test_content_term_alone(impl):
     # Permuting the context permutes the queries with it but leaves the lambda unchanged.
     permutation = torch.randperm(n)
     shuffled = x.flatten(2)[..., permutation].reshape(x.shape)
-    torch.testing.assert_close(layer(shuffled).flatten(2), layer(x).flatten(2)[..., permutation],
-                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(
+        layer(shuffled).flatten(2), layer(x).flatten(2)[..., permutation], rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
@@ -237,34 +248,45 @@ def test_state_dict_moves_between_implementations():
 
 def test_shared_embedding_is_one_parameter():
     shared = RelativePositionEmbedding(dim_k=4, dim_u=1, radius=2)
-    model = torch.nn.Sequential(LambdaLayer(8, heads=2, dim_k=4, scope=5, position_embedding=shared),
-                                LambdaLayer(8, heads=2, dim_k=4, scope=5, position_embedding=shared))
+    model = torch.nn.Sequential(
+        LambdaLayer(8, heads=2, dim_k=4, scope=5, position_embedding=shared),
+        LambdaLayer(8, heads=2, dim_k=4, scope=5, position_embedding=shared),
+    )
     assert model[0].position_embedding.weight is model[1].position_embedding.weight
-    unshared = torch.nn.Sequential(LambdaLayer(8, heads=2, dim_k=4, scope=5),
-                                   LambdaLayer(8, heads=2, dim_k=4, scope=5))
+    unshared = torch.nn.Sequential(
+        LambdaLayer(8, heads=2, dim_k=4, scope=5), LambdaLayer(8, heads=2, dim_k=4, scope=5)
+    )
     count = sum(p.numel() for p in model.parameters())
     assert count == sum(p.numel() for p in unshared.parameters()) - shared.weight.numel()
     model(torch.randn(2, 8, 6, 6)).sum().backward()
     assert shared.weight.grad is not None and shared.weight.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(scope=4), "scope must be an odd integer >= 1.*got 4"),
-    (dict(scope=0), "got 0"),
-    (dict(out_channels=10, heads=4), "out_channels=10 is not divisible by heads=4"),
-    (dict(dim_k=0), "dim_k must be an integer >= 1, got 0"),
-    (dict(dim_u=0), "dim_u must be an integer >= 1, got 0"),
-    (dict(stride=3), "stride must be 1 or 2, got 3"),
-    (dict(impl="fast"), "impl must be .* got 'fast'"),
-    (dict(position_embedding=RelativePositionEmbedding(8, 1, 11)), "dim_k=8, but .* dim_k=16"),
-    (dict(position_embedding=RelativePositionEmbedding(16, 2, 11)), "dim_u=2, but .* dim_u=1"),
-    (dict(position_embedding=RelativePositionEmbedding(16, 1, 3)), "radius=3, but .* radius=11"),
-    (dict(scope=None, max_size=64, position_embedding=RelativePositionEmbedding(16, 1, 3)),
-     "radius=3, but this global layer with max_size=64 needs offsets up to 63"),
-    (dict(scope=True), "scope must be an odd integer >= 1.*got True"),
-    (dict(stride=True), "stride must be 1 or 2, got True"),
-    (dict(heads=True), "heads must be an integer >= 1, got True"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(scope=4), "scope must be an odd integer >= 1.*got 4"),
+        (dict(scope=0), "got 0"),
+        (dict(out_channels=10, heads=4), "out_channels=10 is not divisible by heads=4"),
+        (dict(dim_k=0), "dim_k must be an integer >= 1, got 0"),
+        (dict(dim_u=0), "dim_u must be an integer >= 1, got 0"),
+        (dict(stride=3), "stride must be 1 or 2, got 3"),
+        (dict(impl="fast"), "impl must be .* got 'fast'"),
+        (dict(position_embedding=RelativePositionEmbedding(8, 1, 11)), "dim_k=8, but .* dim_k=16"),
+        (dict(position_embedding=RelativePositionEmbedding(16, 2, 11)), "dim_u=2, but .* dim_u=1"),
+        (
+            dict(position_embedding=RelativePositionEmbedding(16, 1, 3)),
+            "radius=3, but .* radius=11",
+        ),
+        (
+            dict(scope=None, max_size=64, position_embedding=RelativePositionEmbedding(16, 1, 3)),
+            "radius=3, but this global layer with max_size=64 needs offsets up to 63",
+        ),
+        (dict(scope=True), "scope must be an odd integer >= 1.*got True"),
+        (dict(stride=True), "stride must be 1 or 2, got True"),
+        (dict(heads=True), "heads must be an integer >= 1, got True"),
+    ],
+)
 def test_bad_arguments_name_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LambdaLayer(8, **kwargs)
@@ -291,18 +313,21 @@ def test_init_follows_the_paper():
     layer = LambdaLayer(256, 128, heads=4, dim_k=16, dim_u=2, scope=23)  # fan-in 256, not 128
     d = 256
     assert layer.to_queries.weight.std().item() == pytest.approx((16 * d) ** -0.5, rel=0.05)
-    assert layer.to_keys.weight.std().item() == pytest.approx(d ** -0.5, rel=0.05)
-    assert layer.to_values.weight.std().item() == pytest.approx(d ** -0.5, rel=0.05)
+    assert layer.to_keys.weight.std().item() == pytest.approx(d**-0.5, rel=0.05)
+    assert layer.to_values.weight.std().item() == pytest.approx(d**-0.5, rel=0.05)
     assert layer.position_embedding.weight.std().item() == pytest.approx(1.0, rel=0.05)
     assert layer.position_embedding.weight.mean().abs().item() < 0.05
-    assert not any(conv.bias is not None for conv in (layer.to_queries, layer.to_keys, layer.to_values))
+    assert not any(
+        conv.bias is not None for conv in (layer.to_queries, layer.to_keys, layer.to_values)
+    )
 
 
 @pytest.mark.parametrize("stride", [1, 2])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 def test_empty_batch_gives_an_empty_output(impl, stride):
-    layer = make_layer(impl, dtype=torch.float32, in_channels=8, heads=2, dim_k=4, scope=5,
-                       stride=stride)
+    layer = make_layer(
+        impl, dtype=torch.float32, in_channels=8, heads=2, dim_k=4, scope=5, stride=stride
+    )
     x = torch.randn(0, 8, 6, 5, requires_grad=True)
     out = layer(x)
     assert out.shape == ((0, 8, 6, 5) if stride == 1 else (0, 8, 3, 3))
@@ -331,8 +356,9 @@ def test_jit_trace_matches_eager(impl):
 def test_jit_trace_runs_at_other_sizes(impl, scope, stride):
     """Export traces once: the trace must hold at sizes it was not traced at, including axes
     shorter than the scope's radius in the example but not in the input, and the other way."""
-    layer = LambdaLayer(8, heads=2, dim_k=4, scope=scope, stride=stride, impl=impl,
-                        max_size=16).eval()
+    layer = LambdaLayer(
+        8, heads=2, dim_k=4, scope=scope, stride=stride, impl=impl, max_size=16
+    ).eval()
     traced = torch.jit.trace(layer, torch.randn(1, 8, 3, 6), check_trace=False)
     for shape in [(2, 8, 9, 7), (1, 8, 16, 4), (1, 8, 2, 2)]:
         x = torch.randn(shape)

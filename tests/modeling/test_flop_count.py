@@ -1,5 +1,6 @@
 """Detectron2's FlopCountAnalysis (what tools/analyze_model.py --tasks flop runs) counts every op
 and module of a LambdaResNet: lambda_det.modeling registers its layers' handles with fvcore."""
+
 import logging
 
 import pytest
@@ -9,8 +10,9 @@ from detectron2.utils.analysis import FlopCountAnalysis
 from lambda_det.modeling import eager_impls, lambda_resnet
 
 
-@pytest.mark.parametrize("options", [dict(scope=3), dict(scope=None, max_size=16),
-                                     dict(mixer="aft_conv")])
+@pytest.mark.parametrize(
+    "options", [dict(scope=3), dict(scope=None, max_size=16), dict(mixer="aft_conv")]
+)
 def test_detectron2_counts_every_op_and_module(one_torch_thread, caplog, options):
     torch.manual_seed(0)
     model = lambda_resnet(26, width_multiplier=0.25, **options).eval()
@@ -20,8 +22,9 @@ def test_detectron2_counts_every_op_and_module(one_torch_thread, caplog, options
     assert caplog.text == ""  # no "Unsupported operator", no "never called"
     assert analysis.by_operator("model.res3.0.shortcut.0") == {"avg_pool2d": 64 * 8 * 8 * 4}
     mixer = analysis.by_operator("model.res5.0.mixer")
-    expected = {"conv", "avg_pool2d"} | (set() if "mixer" in options else {
-        "batch_norm", "einsum", "baddbmm_"})
+    expected = {"conv", "avg_pool2d"} | (
+        set() if "mixer" in options else {"batch_norm", "einsum", "baddbmm_"}
+    )
     assert expected <= set(mixer) and sum(mixer.values()) < total
 
 

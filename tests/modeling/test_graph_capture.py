@@ -1,5 +1,6 @@
 """LambdaResNets (impl "auto") as one torch.compile graph, one torch.fx trace, TorchScript, and
 a lambda layer under torch.export."""
+
 import io
 
 import pytest
@@ -14,9 +15,18 @@ from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
-DETECTOR = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-            "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.LAMBDA_RESNET.NORM", "BN",
-            "MODEL.FPN.NORM", "BN"]
+DETECTOR = [
+    "MODEL.DEVICE",
+    "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "MODEL.LAMBDA_RESNET.NORM",
+    "BN",
+    "MODEL.FPN.NORM",
+    "BN",
+]
 
 
 def tiny_lambda_resnet(scope):
@@ -35,24 +45,29 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("scope, forms", [
-    (3, {(2, "tiled"), (1, "tiled"), (1, "einsum")}),
-    (None, {(2, "einsum"), (1, "einsum")}),
-])
+@pytest.mark.parametrize(
+    "scope, forms",
+    [
+        (3, {(2, "tiled"), (1, "tiled"), (1, "einsum")}),
+        (None, {(2, "einsum"), (1, "einsum")}),
+    ],
+)
 def test_tiny_model_runs_every_form_on_64_pixels(scope, forms):
     """What the graph tests below cover: (stride, implementation) of the lambda layers."""
     model, seen = tiny_lambda_resnet(scope), set()
     for layer in model.modules():
         if isinstance(layer, LambdaLayer):
-            layer.register_forward_pre_hook(lambda layer, args: seen.add(
-                (layer.stride, layer.resolve_impl(args[0].shape[2:]))))
+            layer.register_forward_pre_hook(
+                lambda layer, args: seen.add((layer.stride, layer.resolve_impl(args[0].shape[2:])))
+            )
     model(images())
     assert seen == forms
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scope, training, bfloat16", [
-    (3, True, False), (3, False, True), (None, True, True)])
+@pytest.mark.parametrize(
+    "scope, training, bfloat16", [(3, True, False), (3, False, True), (None, True, True)]
+)
 def test_lambda_resnet_is_one_graph(fresh_dynamo, scope, training, bfloat16):
     """No graph break: what torch.compile(fullgraph=True) needs (backward included: dynamo
     traces the tiled form's autograd Function whole)."""
@@ -76,8 +91,11 @@ def test_detector_backbone_under_compile_is_one_graph(fresh_dynamo):
 def test_compile_key_compiles_the_backbone_for_static_shapes(monkeypatch):
     """One graph per input size: automatic dynamic shapes stalled at a second size."""
     calls = []
-    monkeypatch.setattr(torch.nn.Module, "compile",
-                        lambda module, **options: calls.append((type(module).__name__, options)))
+    monkeypatch.setattr(
+        torch.nn.Module,
+        "compile",
+        lambda module, **options: calls.append((type(module).__name__, options)),
+    )
     cfg = load_config("lambda_r26_shapes", DETECTOR + ["MODEL.LAMBDA_RESNET.COMPILE", "True"])
     Trainer.build_model(cfg)
     assert calls == [("FPN", {"dynamic": False})]
@@ -87,8 +105,11 @@ def test_compile_key_compiles_the_backbone_for_static_shapes(monkeypatch):
 def test_fx_symbolic_trace_equals_eager(training):
     model = tiny_lambda_resnet(3).train(training)
     traced = torch.fx.symbolic_trace(model)
-    lambda_calls = [node.target for node in traced.graph.nodes if node.op == "call_module"
-                    and isinstance(traced.get_submodule(node.target), LambdaLayer)]
+    lambda_calls = [
+        node.target
+        for node in traced.graph.nodes
+        if node.op == "call_module" and isinstance(traced.get_submodule(node.target), LambdaLayer)
+    ]
     assert lambda_calls == ["res4.1.mixer", "res5.0.mixer", "res5.1.mixer"]  # one call each
     x = images()
     expected, actual = model(x), traced(x)
@@ -107,9 +128,15 @@ def test_fx_names_the_way_to_trace_a_lone_layer():
     assert torch.equal(torch.fx.symbolic_trace(model)(x), model(x))
 
 
-@pytest.mark.parametrize("options", [
-    dict(scope=5, stride=1, impl="auto"), dict(scope=5, stride=2, impl="tiled"),
-    dict(scope=None, stride=2, impl="einsum", max_size=12), dict(scope=3, spatial_dims=1)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(scope=5, stride=1, impl="auto"),
+        dict(scope=5, stride=2, impl="tiled"),
+        dict(scope=None, stride=2, impl="einsum", max_size=12),
+        dict(scope=3, spatial_dims=1),
+    ],
+)
 def test_torchscript_runs_the_conv_form(options):
     layer = LambdaLayer(8, heads=2, dim_k=4, dim_u=2, **options).eval()
     scripted = torch.jit.script(layer)
@@ -140,11 +167,15 @@ def test_torch_export_takes_the_conv_form_at_any_size(stride, monkeypatch):
     layer = LambdaLayer(8, heads=2, dim_k=4, dim_u=2, scope=5, stride=stride).eval()
     forms = []
     conv_form = LambdaLayer._position_output_conv
-    monkeypatch.setattr(LambdaLayer, "_position_output_conv",
-                        lambda self, *args: forms.append("conv") or conv_form(self, *args))
+    monkeypatch.setattr(
+        LambdaLayer,
+        "_position_output_conv",
+        lambda self, *args: forms.append("conv") or conv_form(self, *args),
+    )
     height, width = torch.export.Dim("height", min=3), torch.export.Dim("width", min=3)
-    program = torch.export.export(layer, (torch.randn(1, 8, 12, 10),),
-                                  dynamic_shapes=({2: height, 3: width},), strict=False)
+    program = torch.export.export(
+        layer, (torch.randn(1, 8, 12, 10),), dynamic_shapes=({2: height, 3: width},), strict=False
+    )
     assert forms == ["conv"]
     for size in [(12, 10), (9, 16), (16, 16), (5, 3)]:
         x = torch.randn(1, 8, *size)
@@ -159,6 +190,7 @@ def test_torchscript_backbone_and_fpn_equal_eager():
     import detectron2.export  # noqa: F401
     from detectron2.layers import ShapeSpec
     from detectron2.modeling import build_backbone
+
     torch.manual_seed(0)
     cfg = load_config("lambda_r26_shapes", ["MODEL.LAMBDA_RESNET.NORM", "BN", "MODEL.FPN.NORM", ""])
     x = torch.randn(1, 3, 64, 96)
@@ -179,8 +211,9 @@ def test_torch_export_of_the_backbone_takes_named_dim_ranges():
     torch.manual_seed(0)
     model = tiny_lambda_resnet(3).eval()
     height, width = torch.export.Dim("h", min=64, max=2048), torch.export.Dim("w", min=64, max=2048)
-    program = torch.export.export(model, (torch.randn(1, 3, 96, 128),),
-                                  dynamic_shapes=({2: height, 3: width},), strict=False)
+    program = torch.export.export(
+        model, (torch.randn(1, 3, 96, 128),), dynamic_shapes=({2: height, 3: width},), strict=False
+    )
     for size in [(64, 64), (97, 131)]:
         x = torch.randn(1, 3, *size)
         with torch.no_grad():
@@ -193,6 +226,7 @@ def test_torch_export_of_the_backbone_takes_named_dim_ranges():
 def test_shortcut_pool_under_export_is_eagers_pool_bit_for_bit(size, monkeypatch):
     """The padded form torch.export runs gives the same floats as ceil_mode pooling."""
     from lambda_det.modeling.blocks import ShortcutPool
+
     pool = ShortcutPool()
     x = torch.randn(2, 3, *size, requires_grad=True)
     eager = pool(x)
@@ -200,5 +234,6 @@ def test_shortcut_pool_under_export_is_eagers_pool_bit_for_bit(size, monkeypatch
     exported = pool(x)
     assert exported.shape == eager.shape and torch.equal(exported, eager)
     gradient = torch.randn_like(eager)
-    assert torch.equal(torch.autograd.grad(exported, x, gradient)[0],
-                       torch.autograd.grad(eager, x, gradient)[0])
+    assert torch.equal(
+        torch.autograd.grad(exported, x, gradient)[0], torch.autograd.grad(eager, x, gradient)[0]
+    )

@@ -1,18 +1,24 @@
 """LambdaResNet backbones: the paper's architecture, the detectron2 backbone over it, errors."""
+
 import pytest
 import torch
 import torchvision
-
-import lambda_det
 from conftest import CONFIGS, tiny_detection_batch
 from detectron2.config import get_cfg as get_detectron2_cfg
 from detectron2.layers import FrozenBatchNorm2d, ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, build_model
 from detectron2.utils.events import EventStorage
+
+import lambda_det
 from lambda_det.layers import LambdaLayer
 from lambda_det.modeling import (
-    BLOCKS_PER_STAGE, PAPER_PARAMETERS, LambdaResNet, LambdaResNetBackbone, lambda_resnet,
-    resolve_placement)
+    BLOCKS_PER_STAGE,
+    PAPER_PARAMETERS,
+    LambdaResNet,
+    LambdaResNetBackbone,
+    lambda_resnet,
+    resolve_placement,
+)
 
 
 def parameters_in_millions(model: torch.nn.Module) -> float:
@@ -27,16 +33,18 @@ TABLE_13 = sorted(key for key in PAPER_PARAMETERS if key[0] != 50)
 def test_parameter_counts_match_table_12(depth, placement, se):
     with torch.device("meta"):  # shapes only: the counts without drawing the weights
         model = lambda_resnet(depth, placement=placement, num_classes=1000)
-    assert parameters_in_millions(model) == pytest.approx(PAPER_PARAMETERS[depth, placement, se],
-                                                          rel=0.02)
+    assert parameters_in_millions(model) == pytest.approx(
+        PAPER_PARAMETERS[depth, placement, se], rel=0.02
+    )
 
 
 @pytest.mark.parametrize("depth,placement,se", TABLE_13)
 def test_parameter_counts_match_table_13(depth, placement, se):
     with torch.device("meta"):
         model = lambda_resnet(depth, placement=placement, se=se, num_classes=1000)
-    assert parameters_in_millions(model) == pytest.approx(PAPER_PARAMETERS[depth, placement, se],
-                                                          rel=0.05)
+    assert parameters_in_millions(model) == pytest.approx(
+        PAPER_PARAMETERS[depth, placement, se], rel=0.05
+    )
 
 
 def test_paper_placement_of_lambda_blocks():
@@ -79,8 +87,8 @@ def test_paper_init_holds_inside_a_built_lambda_resnet():
     layer = model.res5[1].mixer  # width 512
     width = 512
     assert layer.to_queries.weight.std().item() == pytest.approx((16 * width) ** -0.5, rel=0.05)
-    assert layer.to_keys.weight.std().item() == pytest.approx(width ** -0.5, rel=0.05)
-    assert layer.to_values.weight.std().item() == pytest.approx(width ** -0.5, rel=0.05)
+    assert layer.to_keys.weight.std().item() == pytest.approx(width**-0.5, rel=0.05)
+    assert layer.to_values.weight.std().item() == pytest.approx(width**-0.5, rel=0.05)
     assert layer.position_embedding.weight.std().item() == pytest.approx(1.0, rel=0.05)
     # The backbone's He init (fan-out) would have given the keys projection an 8x larger std.
     he_std = (2 / layer.to_keys.out_channels) ** 0.5
@@ -89,8 +97,9 @@ def test_paper_init_holds_inside_a_built_lambda_resnet():
 
 @pytest.mark.parametrize("depth", sorted(BLOCKS_PER_STAGE))
 def test_output_shape_matches_outputs_for_every_depth(depth):
-    model = LambdaResNetBackbone(depth, width_multiplier=0.25, scope=3,
-                                 out_features=["stem", "res2", "res3", "res4", "res5"]).eval()
+    model = LambdaResNetBackbone(
+        depth, width_multiplier=0.25, scope=3, out_features=["stem", "res2", "res3", "res4", "res5"]
+    ).eval()
     with torch.no_grad():
         outputs = model(torch.randn(1, 3, 64, 96))
     shapes = model.output_shape()
@@ -112,17 +121,26 @@ def test_aft_conv_blocks_go_where_the_placement_puts_lambda_blocks():
     assert torch.count_nonzero(model.res5[1].mixer.position_gain) == 0
     outputs = model(torch.randn(1, 3, 64, 64))
     outputs["res5"].sum().backward()
-    with pytest.raises(ValueError, match="res2 block 1 .'aft_conv' mixer, width 16.*"
-                                         "not divisible by heads=3"):
+    with pytest.raises(
+        ValueError, match="res2 block 1 .'aft_conv' mixer, width 16.*not divisible by heads=3"
+    ):
         lambda_resnet(50, placement="LLLL", mixer="aft_conv", width_multiplier=0.25, heads=3)
-    with pytest.raises(ValueError, match="unknown mixer 'mlp'; the registered mixers are "
-                                         "'aft_conv', 'conv', 'lambda'"):
+    with pytest.raises(
+        ValueError,
+        match="unknown mixer 'mlp'; the registered mixers are 'aft_conv', 'conv', 'lambda'",
+    ):
         lambda_resnet(50, mixer="mlp")
 
 
 def test_classifier_head_and_shared_embeddings():
-    model = lambda_resnet(26, placement="CCLL", num_classes=10, width_multiplier=0.25, scope=3,
-                          share_position_embeddings=True)
+    model = lambda_resnet(
+        26,
+        placement="CCLL",
+        num_classes=10,
+        width_multiplier=0.25,
+        scope=3,
+        share_position_embeddings=True,
+    )
     layers = [m for m in model.modules() if isinstance(m, LambdaLayer)]
     assert len(layers) == 4 and len({id(layer.position_embedding.weight) for layer in layers}) == 1
     logits = model(torch.randn(2, 3, 64, 64))["linear"]
@@ -169,12 +187,21 @@ def test_frozen_stages_freeze_their_batch_norms():
 
 
 def test_a_norm_callable_is_every_norm():
-    model = lambda_resnet(26, width_multiplier=0.25, scope=3, placement="CCCL",
-                          norm=lambda channels: torch.nn.GroupNorm(2, channels))
-    norms = [module for module in model.modules()
-             if isinstance(module, (torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase))]
-    assert norms and all(type(norm) is torch.nn.GroupNorm and norm.num_groups == 2
-                         for norm in norms)
+    model = lambda_resnet(
+        26,
+        width_multiplier=0.25,
+        scope=3,
+        placement="CCCL",
+        norm=lambda channels: torch.nn.GroupNorm(2, channels),
+    )
+    norms = [
+        module
+        for module in model.modules()
+        if isinstance(module, (torch.nn.GroupNorm, torch.nn.modules.batchnorm._NormBase))
+    ]
+    assert norms and all(
+        type(norm) is torch.nn.GroupNorm and norm.num_groups == 2 for norm in norms
+    )
     layer = model.res5[0].mixer  # the lambda layer's query and value norms too
     assert type(layer.query_norm) is torch.nn.GroupNorm
 
@@ -202,26 +229,53 @@ def test_empty_norm_from_a_config():
     assert backbone(torch.randn(1, 3, 64, 64))["res4"].shape == (1, 256, 4, 4)
 
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    (dict(depth=77), ValueError, "depth must be one of .* got 77"),
-    (dict(depth=50, placement="CCXL"), ValueError, "got 'CCXL'"),
-    (dict(depth=50, placement={"res4": [7]}), ValueError,
-     "placement block 7 is past the end of res4, which has 6"),
-    (dict(depth=50, placement="LLLL", width_multiplier=0.3), ValueError,
-     "res2 block 1 .'lambda' mixer, width 19, width_multiplier=0.3.: out_channels=19 is not "
-     "divisible by heads=4"),
-    (dict(depth=50, heads=3), ValueError, "res4 block 3 .* width 256.* not divisible by heads=3"),
-    (dict(depth=50, colour="red"), TypeError,
-     "unknown options \\['colour'\\] for mixer 'lambda'; its options are .'heads', 'dim_k'"),
-    (dict(depth=50, mixer="aft_conv", scope=5), TypeError,
-     "unknown options \\['scope'\\] for mixer 'aft_conv'; its options are "
-     ".'heads', 'window_size'.$"),
-    (dict(depth=50, heads=0), ValueError, "heads must be an integer >= 1, got 0"),
-    (dict(depth=50, mixer="aft_conv", heads=0), ValueError, "heads must be an integer >= 1, got 0"),
-    (dict(depth=50, norm="naiveSyncBN"), ValueError,
-     "norm must be one of \\['BN', 'SyncBN', 'FrozenBN', 'GN'\\], \"\" for none, or a callable .*"
-     "got 'naiveSyncBN' .LambdaResNetBackbone, the detectron2 backbone, takes detectron2's"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(depth=77), ValueError, "depth must be one of .* got 77"),
+        (dict(depth=50, placement="CCXL"), ValueError, "got 'CCXL'"),
+        (
+            dict(depth=50, placement={"res4": [7]}),
+            ValueError,
+            "placement block 7 is past the end of res4, which has 6",
+        ),
+        (
+            dict(depth=50, placement="LLLL", width_multiplier=0.3),
+            ValueError,
+            "res2 block 1 .'lambda' mixer, width 19, width_multiplier=0.3.: out_channels=19 is not "
+            "divisible by heads=4",
+        ),
+        (
+            dict(depth=50, heads=3),
+            ValueError,
+            "res4 block 3 .* width 256.* not divisible by heads=3",
+        ),
+        (
+            dict(depth=50, colour="red"),
+            TypeError,
+            "unknown options \\['colour'\\] for mixer 'lambda'; its options are .'heads', 'dim_k'",
+        ),
+        (
+            dict(depth=50, mixer="aft_conv", scope=5),
+            TypeError,
+            "unknown options \\['scope'\\] for mixer 'aft_conv'; its options are "
+            ".'heads', 'window_size'.$",
+        ),
+        (dict(depth=50, heads=0), ValueError, "heads must be an integer >= 1, got 0"),
+        (
+            dict(depth=50, mixer="aft_conv", heads=0),
+            ValueError,
+            "heads must be an integer >= 1, got 0",
+        ),
+        (
+            dict(depth=50, norm="naiveSyncBN"),
+            ValueError,
+            "norm must be one of \\['BN', 'SyncBN', 'FrozenBN', 'GN'\\], \"\" for none, "
+            "or a callable .*"
+            "got 'naiveSyncBN' .LambdaResNetBackbone, the detectron2 backbone, takes detectron2's",
+        ),
+    ],
+)
 def test_bad_arguments_name_the_value(kwargs, error, message):
     with pytest.raises(error, match=message):
         lambda_resnet(**kwargs)
@@ -288,18 +342,36 @@ def cascade(cfg):
 
 
 ARCHITECTURES = {
-    "mask_rcnn": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone",
-                  lambda cfg: cfg.merge_from_list(["MODEL.MASK_ON", "True"]) or cfg),
+    "mask_rcnn": (
+        "Base-RCNN-FPN.yaml",
+        "build_lambda_resnet_fpn_backbone",
+        lambda cfg: cfg.merge_from_list(["MODEL.MASK_ON", "True"]) or cfg,
+    ),
     "faster_rcnn": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone", lambda cfg: cfg),
     "cascade_rcnn": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone", cascade),
-    "retinanet": ("Base-RetinaNet.yaml", "build_retinanet_lambda_resnet_fpn_backbone",
-                  lambda cfg: cfg),
-    "panoptic_fpn": ("Base-Panoptic-FPN.yaml", "build_lambda_resnet_fpn_backbone",
-                     lambda cfg: cfg),
-    "mask_rcnn_aft_conv": ("Base-RCNN-FPN.yaml", "build_lambda_resnet_fpn_backbone",
-                           lambda cfg: cfg.merge_from_list([
-                               "MODEL.MASK_ON", "True", "MODEL.LAMBDA_RESNET.MIXER", "aft_conv",
-                               "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "4"]) or cfg),
+    "retinanet": (
+        "Base-RetinaNet.yaml",
+        "build_retinanet_lambda_resnet_fpn_backbone",
+        lambda cfg: cfg,
+    ),
+    "panoptic_fpn": ("Base-Panoptic-FPN.yaml", "build_lambda_resnet_fpn_backbone", lambda cfg: cfg),
+    "mask_rcnn_aft_conv": (
+        "Base-RCNN-FPN.yaml",
+        "build_lambda_resnet_fpn_backbone",
+        lambda cfg: (
+            cfg.merge_from_list(
+                [
+                    "MODEL.MASK_ON",
+                    "True",
+                    "MODEL.LAMBDA_RESNET.MIXER",
+                    "aft_conv",
+                    "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS",
+                    "4",
+                ]
+            )
+            or cfg
+        ),
+    ),
 }
 
 

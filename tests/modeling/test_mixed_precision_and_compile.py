@@ -1,4 +1,6 @@
-"""Mixed precision (float16 with a scaler, bfloat16 without) and the compiled backbone, on the CPU."""
+"""Mixed precision (float16 with a scaler, bfloat16 without) and the compiled backbone, on the
+CPU."""
+
 import pytest
 import torch
 
@@ -9,19 +11,48 @@ from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
-TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-        "MODEL.LAMBDA_RESNET.SCOPE", "3", "MODEL.LAMBDA_RESNET.NORM", "BN", "MODEL.FPN.NORM", "BN",
-        "MODEL.ROI_BOX_HEAD.NORM", "BN", "MODEL.ROI_MASK_HEAD.NORM", "BN",
-        "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "2", "SOLVER.WARMUP_ITERS", "1",
-        "SOLVER.STEPS", "(1,)", "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", "()",
-        "DATALOADER.DETERMINISTIC", "True", "SEED", "3"]
+TINY = [
+    "MODEL.DEVICE",
+    "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "MODEL.LAMBDA_RESNET.NORM",
+    "BN",
+    "MODEL.FPN.NORM",
+    "BN",
+    "MODEL.ROI_BOX_HEAD.NORM",
+    "BN",
+    "MODEL.ROI_MASK_HEAD.NORM",
+    "BN",
+    "SOLVER.IMS_PER_BATCH",
+    "2",
+    "SOLVER.MAX_ITER",
+    "2",
+    "SOLVER.WARMUP_ITERS",
+    "1",
+    "SOLVER.STEPS",
+    "(1,)",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "DATASETS.TEST",
+    "()",
+    "DATALOADER.DETERMINISTIC",
+    "True",
+    "SEED",
+    "3",
+]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, shapes):
-    cfg = load_config("lambda_r26_shapes", TINY + [
-        "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", dtype, "OUTPUT_DIR", str(tmp_path)])
+    cfg = load_config(
+        "lambda_r26_shapes",
+        TINY
+        + ["SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", dtype, "OUTPUT_DIR", str(tmp_path)],
+    )
     trainer = Trainer(cfg)
     assert isinstance(trainer._trainer, MixedPrecisionTrainer)
     assert (trainer._trainer.grad_scaler is None) == (dtype == "bfloat16")
@@ -32,14 +63,19 @@ def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, shapes):
 
 
 def test_unknown_amp_dtype_is_named(tmp_path, shapes):
-    cfg = load_config("lambda_r26_shapes", TINY + [
-        "SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "float8", "OUTPUT_DIR", str(tmp_path)])
+    cfg = load_config(
+        "lambda_r26_shapes",
+        TINY
+        + ["SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", "float8", "OUTPUT_DIR", str(tmp_path)],
+    )
     with pytest.raises(ValueError, match="SOLVER.AMP.DTYPE must be one of .* got 'float8'"):
         Trainer(cfg)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # inductor compiles the whole backbone, forward and backward, as one graph
+@pytest.mark.timeout(
+    1800
+)  # inductor compiles the whole backbone, forward and backward, as one graph
 def test_compiled_backbone_matches_eager():
     # In float64: the gradients of the first layers and of the FPN's top-down path sum many
     # cancelling terms (train-mode BN removes each channel's mean), so inductor's float32 order
@@ -47,8 +83,9 @@ def test_compiled_backbone_matches_eager():
     images = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     results = []
     for compiled in (False, True):
-        cfg = load_config("lambda_r26_shapes", TINY + [
-            "MODEL.LAMBDA_RESNET.COMPILE", str(compiled)])
+        cfg = load_config(
+            "lambda_r26_shapes", TINY + ["MODEL.LAMBDA_RESNET.COMPILE", str(compiled)]
+        )
         torch.manual_seed(0)
         backbone = Trainer.build_model(cfg).backbone.double()
         outputs = backbone(images)

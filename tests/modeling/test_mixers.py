@@ -1,4 +1,5 @@
 """The mixer registry: built-in mixers, a mixer added by registration, their config keys."""
+
 import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Optional
@@ -6,20 +7,30 @@ from typing import ClassVar, Optional
 import pytest
 import torch
 from conftest import CONFIGS
-from torch import nn
-import lambda_det
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_backbone
+from torch import nn
+
+import lambda_det
 from lambda_det import model_zoo
 from lambda_det.cli import train_net as cli
-from lambda_det.modeling import use_mixer
 from lambda_det.layers import AFTConv, LambdaLayer, constructor_defaults
-from lambda_det.run_config import config_differences, get_cfg
 from lambda_det.modeling import (
-    MIXERS, build_mixer_factory, lambda_resnet, register_mixer, unregister_mixer)
+    MIXERS,
+    build_mixer_factory,
+    lambda_resnet,
+    register_mixer,
+    unregister_mixer,
+    use_mixer,
+)
 from lambda_det.modeling.blocks import Bottleneck
 from lambda_det.modeling.mixers import (
-    NONE_IN_CONFIG, mixer_config_defaults, mixer_option_defaults, mixer_options_from_config)
+    NONE_IN_CONFIG,
+    mixer_config_defaults,
+    mixer_option_defaults,
+    mixer_options_from_config,
+)
+from lambda_det.run_config import config_differences, get_cfg
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,8 @@ class PoolMixer:
     def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
         return nn.Sequential(
             nn.AvgPool2d(self.kernel_size, stride, self.kernel_size // 2, count_include_pad=False),
-            nn.Conv2d(in_channels, out_channels, 1, bias=False))
+            nn.Conv2d(in_channels, out_channels, 1, bias=False),
+        )
 
 
 @pytest.fixture
@@ -57,8 +69,9 @@ def small_config(**lambda_resnet_keys):
 
 
 def test_a_registered_mixer_builds_into_a_lambda_resnet(pool_mixer):
-    model = lambda_resnet(26, placement="CCLL", width_multiplier=0.25, mixer=pool_mixer,
-                          kernel_size=5)
+    model = lambda_resnet(
+        26, placement="CCLL", width_multiplier=0.25, mixer=pool_mixer, kernel_size=5
+    )
     pools = [block.mixer[0] for stage in (model.res4, model.res5) for block in stage]
     assert len(pools) == 4 and all(pool.kernel_size == 5 for pool in pools)
     assert [pool.stride for pool in pools] == [2, 1, 2, 1]
@@ -66,20 +79,30 @@ def test_a_registered_mixer_builds_into_a_lambda_resnet(pool_mixer):
     assert "res5.1.mixer.1.weight" in model.state_dict()
     outputs = model(torch.randn(2, 3, 64, 64))
     assert {name: tuple(out.shape) for name, out in outputs.items()} == {
-        "res2": (2, 64, 16, 16), "res3": (2, 128, 8, 8), "res4": (2, 256, 4, 4),
-        "res5": (2, 512, 2, 2)}
+        "res2": (2, 64, 16, 16),
+        "res3": (2, 128, 8, 8),
+        "res4": (2, 256, 4, 4),
+        "res5": (2, 512, 2, 2),
+    }
     outputs["res5"].sum().backward()
     assert model.res5[1].mixer[1].weight.grad is not None
-    with pytest.raises(TypeError, match=r"unknown options \['heads'\] for mixer 'pool'; its "
-                                        r"options are \('kernel_size',\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"unknown options \['heads'\] for mixer 'pool'; its "
+        r"options are \('kernel_size',\)",
+    ):
         lambda_resnet(26, mixer=pool_mixer, heads=4)
 
 
 def test_a_registered_mixer_is_chosen_by_the_mixer_config_key(pool_mixer):
     backbone = build_backbone(small_config(MIXER=pool_mixer), ShapeSpec(channels=3))
     bottom_up = backbone.bottom_up
-    placed = [block for stage in (bottom_up.res4, bottom_up.res5) for block in stage
-              if isinstance(block.mixer, nn.Sequential)]
+    placed = [
+        block
+        for stage in (bottom_up.res4, bottom_up.res5)
+        for block in stage
+        if isinstance(block.mixer, nn.Sequential)
+    ]
     assert len(placed) == 3  # paper placement at depth 26: c4 block 2 and both c5 blocks
     assert all(block.mixer[0].kernel_size == 3 for block in placed)
     outputs = backbone(torch.randn(1, 3, 64, 64))
@@ -113,8 +136,15 @@ class DilatedMixer:
     dilation: Optional[int] = dataclasses.field(default=None, metadata={NONE_IN_CONFIG: 0})
 
     def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
-        return nn.Conv2d(in_channels, out_channels, 3, stride, padding=self.dilation or 1,
-                         dilation=self.dilation or 1, bias=False)
+        return nn.Conv2d(
+            in_channels,
+            out_channels,
+            3,
+            stride,
+            padding=self.dilation or 1,
+            dilation=self.dilation or 1,
+            bias=False,
+        )
 
 
 def test_a_mixer_declares_where_its_keys_live_and_what_stands_for_none():
@@ -141,8 +171,11 @@ def test_a_mixer_option_needs_a_default_a_config_can_hold():
 
     with pytest.raises(ValueError, match="option 'width' of mixer 'bad' has no default"):
         register_mixer("bad")(NoDefault)
-    with pytest.raises(ValueError, match="option 'layer' of mixer 'bad' defaults to <class "
-                                         ".*Conv2d'>, which a config cannot hold"):
+    with pytest.raises(
+        ValueError,
+        match="option 'layer' of mixer 'bad' defaults to <class "
+        ".*Conv2d'>, which a config cannot hold",
+    ):
         register_mixer("bad")(ObjectDefault)
     assert "bad" not in MIXERS
 
@@ -158,10 +191,22 @@ class PlacementMixer:
         return nn.Identity()
 
 
-@pytest.mark.parametrize("name, builder, clash", [
-    ("se", PoolMixer, "mixer 'se' puts its options under MODEL.LAMBDA_RESNET.SE, which is taken"),
-    ("placed", PlacementMixer, "mixer 'placed' option 'placement' would be "
-                               "MODEL.LAMBDA_RESNET.PLACEMENT, which is taken")])
+@pytest.mark.parametrize(
+    "name, builder, clash",
+    [
+        (
+            "se",
+            PoolMixer,
+            "mixer 'se' puts its options under MODEL.LAMBDA_RESNET.SE, which is taken",
+        ),
+        (
+            "placed",
+            PlacementMixer,
+            "mixer 'placed' option 'placement' would be "
+            "MODEL.LAMBDA_RESNET.PLACEMENT, which is taken",
+        ),
+    ],
+)
 def test_a_mixer_whose_keys_would_take_a_key_of_the_backbone_is_refused(name, builder, clash):
     register_mixer(name)(builder)
     try:
@@ -176,19 +221,26 @@ def test_a_mixer_registered_after_the_config_was_made_is_named(pool_mixer):
     cfg = small_config()
     register_mixer(pool_mixer)(PoolMixer)
     cfg.MODEL.LAMBDA_RESNET.MIXER = pool_mixer
-    with pytest.raises(ValueError, match=r"the config has no MODEL.LAMBDA_RESNET.POOL.KERNEL_SIZE "
-                                         r"for mixer 'pool': register the mixer before making "
-                                         r"the config"):
+    with pytest.raises(
+        ValueError,
+        match=r"the config has no MODEL.LAMBDA_RESNET.POOL.KERNEL_SIZE "
+        r"for mixer 'pool': register the mixer before making "
+        r"the config",
+    ):
         build_backbone(cfg, ShapeSpec(channels=3))
 
 
 def test_an_unknown_mixer_is_a_one_line_error_naming_the_registered_ones():
     with pytest.raises(ValueError) as error:
         build_backbone(small_config(MIXER="mlp"), ShapeSpec(channels=3))
-    assert str(error.value) == ("MODEL.LAMBDA_RESNET.MIXER 'mlp' is not a registered mixer; "
-                                "they are 'aft_conv', 'conv', 'lambda'")
-    with pytest.raises(ValueError, match="unknown mixer 'mlp'; the registered mixers are "
-                                         "'aft_conv', 'conv', 'lambda'$"):
+    assert str(error.value) == (
+        "MODEL.LAMBDA_RESNET.MIXER 'mlp' is not a registered mixer; "
+        "they are 'aft_conv', 'conv', 'lambda'"
+    )
+    with pytest.raises(
+        ValueError,
+        match="unknown mixer 'mlp'; the registered mixers are 'aft_conv', 'conv', 'lambda'$",
+    ):
         build_mixer_factory("mlp")
 
 
@@ -206,19 +258,27 @@ def test_mixer_config_and_lazy_defaults_are_the_layers_defaults():
     for option in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size"):
         assert getattr(lambda_mixer, option) == lambda_defaults[option]
     aft_mixer = build_mixer_factory("aft_conv")
-    assert (aft_mixer.heads, aft_mixer.window_size) == (aft_defaults["heads"],
-                                                        aft_defaults["window_size"])
+    assert (aft_mixer.heads, aft_mixer.window_size) == (
+        aft_defaults["heads"],
+        aft_defaults["window_size"],
+    )
     node = lambda_det.get_cfg().MODEL.LAMBDA_RESNET
     assert (node.HEADS, node.DIM_K, node.DIM_U, node.SCOPE, node.IMPL, node.MAX_SIZE) == tuple(
-        lambda_defaults[key] for key in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size"))
+        lambda_defaults[key] for key in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size")
+    )
     assert node.SHARE_POSITION_EMBEDDINGS is False
-    assert node.AFT_CONV == {"HEADS": aft_defaults["heads"],
-                             "WINDOW_SIZE": aft_defaults["window_size"]}
+    assert node.AFT_CONV == {
+        "HEADS": aft_defaults["heads"],
+        "WINDOW_SIZE": aft_defaults["window_size"],
+    }
     bottom_up = model_zoo.get_config("lambda_r101_mask_rcnn.py").model.backbone.bottom_up
     assert {option: bottom_up[option] for option in mixer_option_defaults("lambda")} == {
-        **{key: lambda_defaults[key] for key in ("heads", "dim_k", "dim_u", "scope", "impl",
-                                                 "max_size")},
-        "share_position_embeddings": False}
+        **{
+            key: lambda_defaults[key]
+            for key in ("heads", "dim_k", "dim_u", "scope", "impl", "max_size")
+        },
+        "share_position_embeddings": False,
+    }
 
 
 def test_scope_0_in_a_config_is_global_context():
@@ -228,17 +288,26 @@ def test_scope_0_in_a_config_is_global_context():
     assert mixer_options_from_config("lambda", node)["scope"] is None
 
 
-@pytest.mark.parametrize("old, new", [("AFT_HEADS", "AFT_CONV.HEADS"),
-                                      ("AFT_WINDOW_SIZE", "AFT_CONV.WINDOW_SIZE")])
+@pytest.mark.parametrize(
+    "old, new", [("AFT_HEADS", "AFT_CONV.HEADS"), ("AFT_WINDOW_SIZE", "AFT_CONV.WINDOW_SIZE")]
+)
 def test_an_old_flat_aft_key_is_one_error_line_naming_its_new_key(tmp_path, capsys, old, new):
-    renamed = (f"Key MODEL.LAMBDA_RESNET.{old} was renamed to MODEL.LAMBDA_RESNET.{new}; "
-               f"please update your config.")
+    renamed = (
+        f"Key MODEL.LAMBDA_RESNET.{old} was renamed to MODEL.LAMBDA_RESNET.{new}; "
+        f"please update your config."
+    )
     config = tmp_path / "old.yaml"
-    config.write_text(f"_BASE_: {CONFIGS / 'Demo/lambda_r26_shapes.yaml'}\n"
-                      f"MODEL:\n  LAMBDA_RESNET:\n    MIXER: aft_conv\n    {old}: 3\n")
-    for argv, where in ((["--config", "lambda_r26_shapes", f"MODEL.LAMBDA_RESNET.{old}", "3"],
-                         "in the command-line overrides"),
-                        (["--config", str(config)], f"in config file {config}")):
+    config.write_text(
+        f"_BASE_: {CONFIGS / 'Demo/lambda_r26_shapes.yaml'}\n"
+        f"MODEL:\n  LAMBDA_RESNET:\n    MIXER: aft_conv\n    {old}: 3\n"
+    )
+    for argv, where in (
+        (
+            ["--config", "lambda_r26_shapes", f"MODEL.LAMBDA_RESNET.{old}", "3"],
+            "in the command-line overrides",
+        ),
+        (["--config", str(config)], f"in config file {config}"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             cli.main([*argv, "OUTPUT_DIR", str(tmp_path / "run")])
         assert exit_info.value.code == 2
@@ -246,40 +315,70 @@ def test_an_old_flat_aft_key_is_one_error_line_naming_its_new_key(tmp_path, caps
 
 
 def test_config_keys_reach_the_mixers():
-    cfg = small_config(PLACEMENT="CCCL", HEADS=2, DIM_K=8, DIM_U=2, SCOPE=0, MAX_SIZE=8,
-                       IMPL="einsum", SHARE_POSITION_EMBEDDINGS=True, NORM="GN")
+    cfg = small_config(
+        PLACEMENT="CCCL",
+        HEADS=2,
+        DIM_K=8,
+        DIM_U=2,
+        SCOPE=0,
+        MAX_SIZE=8,
+        IMPL="einsum",
+        SHARE_POSITION_EMBEDDINGS=True,
+        NORM="GN",
+    )
     layers = [block.mixer for block in build_backbone(cfg, ShapeSpec(channels=3)).bottom_up.res5]
-    assert [(layer.heads, layer.dim_k, layer.dim_u, layer.scope, layer.max_size, layer.impl)
-            for layer in layers] == [(2, 8, 2, None, 8, "einsum")] * 2
+    assert [
+        (layer.heads, layer.dim_k, layer.dim_u, layer.scope, layer.max_size, layer.impl)
+        for layer in layers
+    ] == [(2, 8, 2, None, 8, "einsum")] * 2
     assert layers[0].position_embedding is layers[1].position_embedding
     assert layers[0].position_embedding.radius == 7  # global context: offsets up to max_size - 1
     assert isinstance(layers[0].query_norm, nn.GroupNorm)  # the backbone's norm
     cfg = small_config(PLACEMENT="CCCL", MIXER="aft_conv")
-    cfg.merge_from_list(["MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "2",
-                         "MODEL.LAMBDA_RESNET.AFT_CONV.WINDOW_SIZE", "3"])
+    cfg.merge_from_list(
+        ["MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "2", "MODEL.LAMBDA_RESNET.AFT_CONV.WINDOW_SIZE", "3"]
+    )
     layers = [block.mixer for block in build_backbone(cfg, ShapeSpec(channels=3)).bottom_up.res5]
     assert [(layer.heads, layer.window_size) for layer in layers] == [(2, 3)] * 2
 
 
 def norm_keys(prefix: str) -> set:
-    return {f"{prefix}.{name}"
-            for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}
+    return {
+        f"{prefix}.{name}"
+        for name in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
+    }
 
 
 def test_lambda_and_conv_blocks_keep_their_state_dict_keys():
     # Checkpoints load by these names.
     model = lambda_resnet(26, placement="CCCL", width_multiplier=0.25, scope=3)
-    lambda_block = {key[len("res5.0."):] for key in model.state_dict() if key.startswith("res5.0.")}
+    lambda_block = {
+        key[len("res5.0.") :] for key in model.state_dict() if key.startswith("res5.0.")
+    }
     assert lambda_block == {
-        "shortcut.1.weight", *norm_keys("shortcut.1.norm"),
-        "conv1.weight", *norm_keys("conv1.norm"),
-        "mixer.to_queries.weight", "mixer.to_keys.weight", "mixer.to_values.weight",
-        *norm_keys("mixer.query_norm"), *norm_keys("mixer.value_norm"),
-        "mixer.position_embedding.weight", *norm_keys("mixer_norm"), "conv3.weight",
-        *norm_keys("conv3.norm")}
-    conv_block = {key[len("res4.1."):] for key in model.state_dict() if key.startswith("res4.1.")}
-    assert conv_block == {"conv1.weight", *norm_keys("conv1.norm"), "mixer.weight",
-                          *norm_keys("mixer_norm"), "conv3.weight", *norm_keys("conv3.norm")}
+        "shortcut.1.weight",
+        *norm_keys("shortcut.1.norm"),
+        "conv1.weight",
+        *norm_keys("conv1.norm"),
+        "mixer.to_queries.weight",
+        "mixer.to_keys.weight",
+        "mixer.to_values.weight",
+        *norm_keys("mixer.query_norm"),
+        *norm_keys("mixer.value_norm"),
+        "mixer.position_embedding.weight",
+        *norm_keys("mixer_norm"),
+        "conv3.weight",
+        *norm_keys("conv3.norm"),
+    }
+    conv_block = {key[len("res4.1.") :] for key in model.state_dict() if key.startswith("res4.1.")}
+    assert conv_block == {
+        "conv1.weight",
+        *norm_keys("conv1.norm"),
+        "mixer.weight",
+        *norm_keys("mixer_norm"),
+        "conv3.weight",
+        *norm_keys("conv3.norm"),
+    }
 
 
 def test_a_block_inits_its_last_norm_and_its_mixer_but_not_a_conv_mixer():
@@ -300,9 +399,11 @@ def test_a_block_inits_its_last_norm_and_its_mixer_but_not_a_conv_mixer():
 def test_a_saved_config_with_an_old_flat_aft_key_compares_as_its_new_key():
     saved = "MODEL:\n  LAMBDA_RESNET:\n    MIXER: aft_conv\n    AFT_HEADS: 4\n"
     wanted = get_cfg()
-    wanted.merge_from_list(["MODEL.LAMBDA_RESNET.MIXER", "aft_conv",
-                            "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "4"])
+    wanted.merge_from_list(
+        ["MODEL.LAMBDA_RESNET.MIXER", "aft_conv", "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "4"]
+    )
     assert config_differences(saved, wanted.dump()) == []
     wanted.MODEL.LAMBDA_RESNET.AFT_CONV.HEADS = 8
     assert config_differences(saved, wanted.dump()) == [
-        "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS: 4 -> 8"]
+        "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS: 4 -> 8"
+    ]

@@ -1,5 +1,6 @@
 """Stochastic depth in the bottlenecks: the linear rule over blocks, per-image drops with the
 1 / (1 - p) scale in training, the identity in evaluation, and nothing at all at rate 0."""
+
 import pytest
 import torch
 from torchvision.ops import StochasticDepth
@@ -44,21 +45,21 @@ def test_rate_zero_adds_nothing_and_evaluation_ignores_the_rate():
 def test_training_drops_or_scales_each_images_residual_branch():
     torch.manual_seed(0)
     # No norm: each image's output depends on that image only.
-    block = Bottleneck(16, 16, width=4, mixer=build_mixer_factory("conv"), norm="",
-                       drop_path=0.5)
+    block = Bottleneck(16, 16, width=4, mixer=build_mixer_factory("conv"), norm="", drop_path=0.5)
     block.init_weights()
     x = torch.randn(32, 16, 6, 6)
     branch_block = Bottleneck(16, 16, width=4, mixer=build_mixer_factory("conv"), norm="")
     branch_block.load_state_dict(block.state_dict())
     with torch.no_grad():
-        full = branch_block(x)                      # relu(branch + x)
-        branch = branch_block.conv3(torch.relu(branch_block.mixer(
-            torch.relu(branch_block.conv1(x)))))
+        full = branch_block(x)  # relu(branch + x)
+        branch = branch_block.conv3(
+            torch.relu(branch_block.mixer(torch.relu(branch_block.conv1(x))))
+        )
         assert torch.allclose(full, torch.relu(branch + x))
-        assert torch.equal(block.eval()(x), full)   # evaluation: the identity
+        assert torch.equal(block.eval()(x), full)  # evaluation: the identity
         out = block.train()(x)
     dropped = torch.relu(x)
-    kept = torch.relu(2 * branch + x)               # scaled by 1 / (1 - 0.5)
+    kept = torch.relu(2 * branch + x)  # scaled by 1 / (1 - 0.5)
     is_dropped = [torch.allclose(out[i], dropped[i]) for i in range(len(x))]
     is_kept = [torch.allclose(out[i], kept[i], atol=1e-6) for i in range(len(x))]
     assert all(d != k for d, k in zip(is_dropped, is_kept))
@@ -66,8 +67,9 @@ def test_training_drops_or_scales_each_images_residual_branch():
 
 
 def test_the_config_key_and_timm_reach_the_blocks():
-    cfg = load_config("lambda_r26_shapes", ["MODEL.DEVICE", "cpu",
-                                            "MODEL.LAMBDA_RESNET.DROP_PATH_RATE", "0.1"])
+    cfg = load_config(
+        "lambda_r26_shapes", ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.DROP_PATH_RATE", "0.1"]
+    )
     from detectron2.modeling import build_backbone
 
     backbone = build_backbone(cfg).bottom_up
@@ -77,8 +79,10 @@ def test_the_config_key_and_timm_reach_the_blocks():
 
     model = timm.create_model("lambda_resnet26_det", num_classes=2, drop_path_rate=0.1, **SMALL)
     assert blocks(model)[0].drop_path.p == pytest.approx(0.1 / 8)
-    assert all(block.drop_path is None
-               for block in blocks(timm.create_model("lambda_resnet26_det", **SMALL)))
+    assert all(
+        block.drop_path is None
+        for block in blocks(timm.create_model("lambda_resnet26_det", **SMALL))
+    )
 
 
 @pytest.mark.parametrize("rate", [-0.1, 1.0])

@@ -1,5 +1,6 @@
 """A stock detectron2 config with only MODEL.BACKBONE.NAME changed builds the LambdaResNet the
 stock config describes (depth, norm, outputs), and refuses stock ImageNet ResNet weights."""
+
 import logging
 import re
 import subprocess
@@ -7,14 +8,14 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO_ROOT, subprocess_env
 from detectron2 import model_zoo
 from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling import build_model
-from lambda_det.modeling import LambdaResNet
+
 from lambda_det.engine.preflight import check_training_recipe
 from lambda_det.engine.run_settings import yaml_training_settings
+from lambda_det.modeling import LambdaResNet
 from lambda_det.run_config import load_config
 
 # detectron2's own model-zoo files, as the installed detectron2 ships them (with their _BASE_).
@@ -24,8 +25,10 @@ STOCK = {
     "panoptic_fpn": "COCO-PanopticSegmentation/panoptic_fpn_R_{depth}_3x.yaml",
     "retinanet": "COCO-Detection/retinanet_R_{depth}_FPN_3x.yaml",
 }
-SWAP = {"build_resnet_fpn_backbone": "build_lambda_resnet_fpn_backbone",
-        "build_retinanet_resnet_fpn_backbone": "build_retinanet_lambda_resnet_fpn_backbone"}
+SWAP = {
+    "build_resnet_fpn_backbone": "build_lambda_resnet_fpn_backbone",
+    "build_retinanet_resnet_fpn_backbone": "build_retinanet_lambda_resnet_fpn_backbone",
+}
 
 
 def stock_config(kind: str, depth: int) -> str:
@@ -36,10 +39,12 @@ def stock_config(kind: str, depth: int) -> str:
 
 def swapped(kind: str, depth: int, *overrides):
     """The stock config with only MODEL.BACKBONE.NAME changed (as the README says)."""
-    overrides = ["MODEL.RESNETS.DEPTH", str(depth), *overrides] if "{depth}" not in STOCK[kind] \
+    overrides = (
+        ["MODEL.RESNETS.DEPTH", str(depth), *overrides]
+        if "{depth}" not in STOCK[kind]
         else list(overrides)
-    cfg = load_config(stock_config(kind, depth), ["MODEL.DEVICE", "meta", *overrides],
-                      freeze=False)
+    )
+    cfg = load_config(stock_config(kind, depth), ["MODEL.DEVICE", "meta", *overrides], freeze=False)
     cfg.MODEL.BACKBONE.NAME = SWAP[cfg.MODEL.BACKBONE.NAME]
     return cfg
 
@@ -52,14 +57,19 @@ def test_a_stock_config_keeps_its_depth_norm_and_outputs(kind, depth):
         model = build_model(cfg)
     backbone = model.backbone.bottom_up
     assert isinstance(backbone, LambdaResNet) and backbone.depth == depth
-    norms = [m for m in backbone.modules() if isinstance(m, (FrozenBatchNorm2d, torch.nn.BatchNorm2d))]
+    norms = [
+        m for m in backbone.modules() if isinstance(m, (FrozenBatchNorm2d, torch.nn.BatchNorm2d))
+    ]
     assert norms and all(isinstance(m, FrozenBatchNorm2d) for m in norms)  # RESNETS.NORM
     expected = ["res3", "res4", "res5"] if kind == "retinanet" else ["res2", "res3", "res4", "res5"]
     assert list(backbone.output_shape()) == expected
     # Training it as it stands is refused in one line that says what to do.
     assert cfg.MODEL.WEIGHTS.startswith("detectron2://ImageNetPretrained/MSRA/R-")
-    with pytest.raises(ValueError, match=rf"MODEL.WEIGHTS '{re.escape(cfg.MODEL.WEIGHTS)}' is a "
-                                         r"detectron2 ImageNet ResNet.*MODEL.WEIGHTS \"\""):
+    with pytest.raises(
+        ValueError,
+        match=rf"MODEL.WEIGHTS '{re.escape(cfg.MODEL.WEIGHTS)}' is a "
+        r"detectron2 ImageNet ResNet.*MODEL.WEIGHTS \"\"",
+    ):
         check_training_recipe(yaml_training_settings(cfg))
     cfg.MODEL.WEIGHTS = ""
     with pytest.raises(ValueError, match="MODEL.RESNETS.NORM 'FrozenBN' freezes randomly"):
@@ -73,8 +83,16 @@ def test_a_stock_config_keeps_its_depth_norm_and_outputs(kind, depth):
 
 def test_lambda_resnet_keys_win_over_resnets(caplog):
     caplog.set_level(logging.INFO, logger="lambda_det")
-    cfg = swapped("mask_rcnn", 101, "MODEL.LAMBDA_RESNET.DEPTH", "152",
-                  "MODEL.LAMBDA_RESNET.NORM", "GN", "MODEL.RESNETS.NUM_GROUPS", "32")
+    cfg = swapped(
+        "mask_rcnn",
+        101,
+        "MODEL.LAMBDA_RESNET.DEPTH",
+        "152",
+        "MODEL.LAMBDA_RESNET.NORM",
+        "GN",
+        "MODEL.RESNETS.NUM_GROUPS",
+        "32",
+    )
     with torch.device("meta"):
         model = build_model(cfg)
     assert model.backbone.bottom_up.depth == 152
@@ -93,11 +111,24 @@ def test_train_net_refuses_stock_weights_in_one_line(tmp_path, datasets_root, ki
     env = subprocess_env()  # the stock config trains on the shapes dataset: the shared copy
     env["DETECTRON2_DATASETS"] = str(datasets_root)  # (by default it would go to ./datasets)
     result = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--config-file", str(config),
-         "MODEL.BACKBONE.NAME", SWAP[load_config(config).MODEL.BACKBONE.NAME], "MODEL.DEVICE",
-         "cpu",
-         "OUTPUT_DIR", str(tmp_path / "run")],
-        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600)
+        [
+            sys.executable,
+            str(REPO_ROOT / "tools/train_net.py"),
+            "--config-file",
+            str(config),
+            "MODEL.BACKBONE.NAME",
+            SWAP[load_config(config).MODEL.BACKBONE.NAME],
+            "MODEL.DEVICE",
+            "cpu",
+            "OUTPUT_DIR",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=600,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "error: MODEL.WEIGHTS 'detectron2://ImageNetPretrained/MSRA/R-50.pkl'" in result.stderr
     assert not (tmp_path / "run").exists()

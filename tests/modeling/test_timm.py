@@ -1,4 +1,5 @@
 """The LambdaResNet family in timm: build, train a few steps, convert, fine-tune a detector."""
+
 import argparse
 import re
 import subprocess
@@ -10,14 +11,21 @@ import torch
 timm = pytest.importorskip("timm")
 
 from conftest import REPO_ROOT, subprocess_env  # noqa: E402
-import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
 from detectron2.modeling import build_model  # noqa: E402
+
+import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
 from lambda_det.checkpoint import load_weights  # noqa: E402
 from lambda_det.run_config import load_config  # noqa: E402
 
 SMALL = {"width_multiplier": 0.25, "scope": 3}
-DETECTOR = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-            "MODEL.LAMBDA_RESNET.SCOPE", "3"]
+DETECTOR = [
+    "MODEL.DEVICE",
+    "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+]
 
 
 def test_every_variant_is_registered_and_builds():
@@ -57,9 +65,16 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
     write_image_folder(tmp_path / "images")
     torch.manual_seed(0)
     model = timm.create_model("lambda_resnet26_det", num_classes=2, **SMALL)
-    loader = create_loader(create_dataset("", root=str(tmp_path / "images")),
-                           input_size=(3, 48, 48), batch_size=4, is_training=True, no_aug=True,
-                           num_workers=0, use_prefetcher=False, device=torch.device("cpu"))
+    loader = create_loader(
+        create_dataset("", root=str(tmp_path / "images")),
+        input_size=(3, 48, 48),
+        batch_size=4,
+        is_training=True,
+        no_aug=True,
+        num_workers=0,
+        use_prefetcher=False,
+        device=torch.device("cpu"),
+    )
     optimizer = create_optimizer_v2(model, "sgd", lr=0.05, momentum=0.9)
     losses = []
     for _ in range(2):
@@ -71,21 +86,40 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
             losses.append(loss.item())
     assert len(losses) == 4 and all(map(lambda value: value == value, losses))
     classifier = tmp_path / "model_best.pth.tar"  # the layout of timm's CheckpointSaver
-    torch.save({"epoch": 1, "arch": "lambda_resnet26_det", "state_dict": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "version": 2,
-                "args": argparse.Namespace(model="lambda_resnet26_det", lr=0.05)}, classifier)
+    torch.save(
+        {
+            "epoch": 1,
+            "arch": "lambda_resnet26_det",
+            "state_dict": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "version": 2,
+            "args": argparse.Namespace(model="lambda_resnet26_det", lr=0.05),
+        },
+        classifier,
+    )
 
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
 
     def tool(script, *args):
-        return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / script),
-                               *map(str, args)], capture_output=True, text=True, env=env,
-                              cwd=REPO_ROOT, timeout=600)
+        return subprocess.run(
+            [sys.executable, str(REPO_ROOT / "tools" / script), *map(str, args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+            timeout=600,
+        )
 
     converted = tmp_path / "detector_init.pth"
-    conversion = tool("convert_timm_checkpoint.py", "--config", "lambda_r26_shapes", classifier,
-                      converted, *DETECTOR)
+    conversion = tool(
+        "convert_timm_checkpoint.py",
+        "--config",
+        "lambda_r26_shapes",
+        classifier,
+        converted,
+        *DETECTOR,
+    )
     assert conversion.returncode == 0, conversion.stderr[-3000:]
     # Every backbone weight loads, equal to the classifier's; the classifier is gone.
     detector = build_model(load_config("lambda_r26_shapes", DETECTOR))
@@ -96,18 +130,40 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
     for name, value in backbone.items():
         assert torch.equal(value, trained[name]), name
     # A detection training step starts from it.
-    result = tool("train_net.py", "--config", "lambda_r26_shapes", *DETECTOR,
-                  "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "1", "DATALOADER.NUM_WORKERS",
-                  "0", "DATASETS.TEST", "()", "MODEL.WEIGHTS", converted,
-                  "OUTPUT_DIR", tmp_path / "detector")
+    result = tool(
+        "train_net.py",
+        "--config",
+        "lambda_r26_shapes",
+        *DETECTOR,
+        "SOLVER.IMS_PER_BATCH",
+        "2",
+        "SOLVER.MAX_ITER",
+        "1",
+        "DATALOADER.NUM_WORKERS",
+        "0",
+        "DATASETS.TEST",
+        "()",
+        "MODEL.WEIGHTS",
+        converted,
+        "OUTPUT_DIR",
+        tmp_path / "detector",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "detector/model_final.pth").is_file()
     # The converter and the training count the same weights.
     written = re.search(r"wrote .*: (\d+) backbone weights", conversion.stdout).group(1)
     assert f"loaded {written} of {written} backbone weights" in result.stdout + result.stderr
     # A classifier of another depth is refused in one line, and nothing is written.
-    result = tool("convert_timm_checkpoint.py", "--config", "lambda_r26_shapes", classifier,
-                  tmp_path / "other.pth", *DETECTOR, "MODEL.LAMBDA_RESNET.DEPTH", "50")
+    result = tool(
+        "convert_timm_checkpoint.py",
+        "--config",
+        "lambda_r26_shapes",
+        classifier,
+        tmp_path / "other.pth",
+        *DETECTOR,
+        "MODEL.LAMBDA_RESNET.DEPTH",
+        "50",
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "error: the classifier is not the config's backbone" in result.stderr
     assert not (tmp_path / "other.pth").exists()

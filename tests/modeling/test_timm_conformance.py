@@ -1,6 +1,7 @@
 """lambda_det's timm models keep timm's model contract (what timm's own tests/test_models.py
 checks, on tiny models): pretrained cfgs, heads, features, intermediates, grad checkpointing,
 TorchScript, fx feature extraction, and errors for unknown arguments."""
+
 import io
 
 import pytest
@@ -9,8 +10,7 @@ import torch
 timm = pytest.importorskip("timm")
 
 from lambda_det.modeling import DEPTHS, timm_models  # noqa: E402
-from lambda_det.modeling.timm_models import (  # noqa: E402
-    PRETRAINED_CFG, TIMM_VARIANTS, TimmLambdaResNet)
+from lambda_det.modeling.timm_models import PRETRAINED_CFG, TIMM_VARIANTS, TimmLambdaResNet  # noqa: E402
 
 TINY = {"width_multiplier": 0.25, "scope": 3}
 NAMES = timm.list_models("*_det", name_matches_cfg=True)
@@ -26,8 +26,12 @@ def test_every_model_has_a_pretrained_cfg():
         cfg = timm.get_pretrained_cfg(name)
         assert cfg.architecture == name and not cfg.has_weights
         assert (cfg.input_size, cfg.mean, cfg.interpolation, cfg.first_conv, cfg.classifier) == (
-            PRETRAINED_CFG["input_size"], PRETRAINED_CFG["mean"], "bicubic", "stem.convs.0",
-            "linear")
+            PRETRAINED_CFG["input_size"],
+            PRETRAINED_CFG["mean"],
+            "bicubic",
+            "stem.convs.0",
+            "linear",
+        )
     assert not timm.list_models("*_det", pretrained=True)  # no weights to download
 
 
@@ -35,10 +39,16 @@ def test_each_name_builds_its_depth_and_variant(monkeypatch):
     """The 32 entrypoints, written out one by one: each is TIMM_VARIANTS' pattern at a depth of
     DEPTHS, builds that depth with that variant's arguments, and a caller's arguments win."""
     built = {}
-    monkeypatch.setattr(timm_models, "build_model_with_cfg",
-                        lambda cls, name, pretrained, **kwargs: built.setdefault(name, kwargs))
-    expected = {pattern.format(depth): {"depth": depth, **variant}
-                for pattern, variant in TIMM_VARIANTS.items() for depth in DEPTHS}
+    monkeypatch.setattr(
+        timm_models,
+        "build_model_with_cfg",
+        lambda cls, name, pretrained, **kwargs: built.setdefault(name, kwargs),
+    )
+    expected = {
+        pattern.format(depth): {"depth": depth, **variant}
+        for pattern, variant in TIMM_VARIANTS.items()
+        for depth in DEPTHS
+    }
     assert sorted(NAMES) == sorted(expected) and len(NAMES) == 32
     for name in NAMES:
         # timm's entrypoint is the module's attribute of that name (`import *` needs it).
@@ -95,7 +105,9 @@ def test_every_global_pool_timm_takes(pool):
     x = images()
     multiple = 2 if pool.endswith("catavgmax") else 1
     assert model.forward_head(model.forward_features(x), pre_logits=True).shape == (
-        2, multiple * model.num_features)
+        2,
+        multiple * model.num_features,
+    )
     assert model(x).shape == (2, 5) and model.get_classifier().in_features == multiple * 512
     model.reset_classifier(3, "catavgmax")
     assert model(x).shape == (2, 3) and model.get_classifier().in_features == 2 * 512
@@ -106,6 +118,7 @@ def test_every_global_pool_timm_takes(pool):
 def test_group_matcher_groups_for_layer_decay():
     """timm's layer-wise learning rate decay groups the stem, then each block in order."""
     from timm.optim import create_optimizer_v2
+
     model = timm.create_model("lambda_resnet26_det", num_classes=5, **TINY)
     fine = model.group_matcher()
     assert fine == {"stem": r"^stem", "blocks": r"^res(\d+)\.(\d+)"}
@@ -131,13 +144,16 @@ def test_features_only_and_intermediates(name):
     assert info.channels() == [16, 64, 128, 256, 512] and info.reduction() == [4, 4, 8, 16, 32]
     assert [tuple(t.shape[1:]) for t in intermediates] == [
         (channels, 64 // reduction, 64 // reduction)
-        for channels, reduction in zip(info.channels(), info.reduction())]
+        for channels, reduction in zip(info.channels(), info.reduction())
+    ]
     assert model.forward_intermediates(x, indices=[1, -1], intermediates_only=True)[0].equal(
-        intermediates[1])
+        intermediates[1]
+    )
     for feature_cls in ("list", "getter", "fx"):
         torch.manual_seed(0)
-        extractor = timm.create_model(name, features_only=True, out_indices=(1, 3),
-                                      feature_cls=feature_cls, **TINY).eval()
+        extractor = timm.create_model(
+            name, features_only=True, out_indices=(1, 3), feature_cls=feature_cls, **TINY
+        ).eval()
         assert extractor.feature_info.channels() == [64, 256]
         outputs = extractor(x)
         assert [out.equal(want) for out, want in zip(outputs, intermediates[1::2])] == [True, True]
@@ -180,8 +196,11 @@ def test_torchscript_saves_and_runs(name):
 
 
 def test_unknown_arguments_are_named_with_where_they_are_valid():
-    with pytest.raises(TypeError, match=r"\['bn_momentum'\] .* 'bn_momentum' is not an option "
-                                        r"of these models. They take timm's \('num_classes'"):
+    with pytest.raises(
+        TypeError,
+        match=r"\['bn_momentum'\] .* 'bn_momentum' is not an option "
+        r"of these models. They take timm's \('num_classes'",
+    ):
         timm.create_model("resnetrs26_det", bn_momentum=0.01)
     with pytest.raises(TypeError, match="'features_only' is an option of timm.create_model"):
         TimmLambdaResNet(26, features_only=True)

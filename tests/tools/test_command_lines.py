@@ -1,11 +1,14 @@
 """The tools' command lines: options after the KEY VALUE overrides, "did you mean" for a
 misspelt config key (yaml configs and LazyConfig recipes alike), the LazyConfig tool naming
 its own keys, and a user's mistake in one line where a bug keeps its traceback."""
+
 import cv2
 import numpy as np
 import pytest
 from conftest import TINY_OVERRIDES
-from lambda_det.cli import lazyconfig_train_net, predict, train_net as cli
+
+from lambda_det.cli import lazyconfig_train_net, predict
+from lambda_det.cli import train_net as cli
 from lambda_det.cli.output_dir import OutputDirLock, prepare_output_dir
 from lambda_det.config import did_you_mean
 from lambda_det.run_config import load_config
@@ -15,8 +18,19 @@ SHAPES = "configs/Demo/lambda_r26_shapes.yaml"
 
 
 def test_options_after_the_overrides_are_parsed_as_options():
-    argv = ["--config", "X", "SOLVER.MAX_ITER", "5", "--coco-dataset", "a", "b", "c", "SEED",
-            "3", "--debug"]
+    argv = [
+        "--config",
+        "X",
+        "SOLVER.MAX_ITER",
+        "5",
+        "--coco-dataset",
+        "a",
+        "b",
+        "c",
+        "SEED",
+        "3",
+        "--debug",
+    ]
     assert "--coco-dataset" in cli.argument_parser().parse_args(argv).opts  # argparse alone
     args = cli.parse_command_line(cli.argument_parser(), argv)
     assert args.coco_dataset == [["a", "b", "c"]] and args.debug
@@ -25,14 +39,17 @@ def test_options_after_the_overrides_are_parsed_as_options():
     assert plain.opts == ["SEED", "3"] and plain.coco_dataset == [] and not plain.debug
 
 
-@pytest.mark.parametrize("words,meaning", [(["x", "a.json", "OUTPUT_DIR"], "IMAGE_DIR"),
-                                           (["x", "SOLVER.MAX_ITER", "images"], "JSON")])
+@pytest.mark.parametrize(
+    "words,meaning",
+    [(["x", "a.json", "OUTPUT_DIR"], "IMAGE_DIR"), (["x", "SOLVER.MAX_ITER", "images"], "JSON")],
+)
 def test_a_coco_dataset_short_of_a_word_does_not_take_an_override(words, meaning, capsys):
     """``--coco-dataset x a.json OUTPUT_DIR out``: the image folder left out, argparse would
     take the override's key for it and leave the overrides a word short."""
     with pytest.raises(SystemExit) as stop:
-        cli.parse_command_line(cli.argument_parser(),
-                               ["--config", "X", "--coco-dataset", *words, "out"])
+        cli.parse_command_line(
+            cli.argument_parser(), ["--config", "X", "--coco-dataset", *words, "out"]
+        )
     assert stop.value.code == 2
     error = capsys.readouterr().err.splitlines()[-1]
     key = words[2] if meaning == "IMAGE_DIR" else words[1]
@@ -43,11 +60,23 @@ def test_a_coco_dataset_short_of_a_word_does_not_take_an_override(words, meaning
 def test_train_net_takes_debug_after_a_misspelt_override(tmp_path):
     """--debug after the overrides is --debug (the traceback), not a config key; the key gets
     its closest spelling."""
-    with pytest.raises(ValueError, match=r"config key SOLVER.MAX_ITR \(in the command-line "
-                                         r"overrides\) does not exist: did you mean "
-                                         r"SOLVER.MAX_ITER\?"):
-        cli.main(["--config", "lambda_r26_shapes", "OUTPUT_DIR", str(tmp_path),
-                  "SOLVER.MAX_ITR", "5", "--debug"])
+    with pytest.raises(
+        ValueError,
+        match=r"config key SOLVER.MAX_ITR \(in the command-line "
+        r"overrides\) does not exist: did you mean "
+        r"SOLVER.MAX_ITER\?",
+    ):
+        cli.main(
+            [
+                "--config",
+                "lambda_r26_shapes",
+                "OUTPUT_DIR",
+                str(tmp_path),
+                "SOLVER.MAX_ITR",
+                "5",
+                "--debug",
+            ]
+        )
 
 
 def test_the_lazy_tool_takes_debug_after_a_misspelt_override():
@@ -59,25 +88,40 @@ def test_predict_takes_its_required_options_after_the_overrides(tmp_path):
     image = tmp_path / "photo.png"
     cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
     with pytest.raises(ValueError, match=r"did you mean MODEL.WEIGHTS\?"):
-        predict.main(["--config", SHAPES, "MODEL.WEIGTHS", "x.pth", "--input",
-                      str(image), "--output", str(tmp_path / "out"), "--debug"])
+        predict.main(
+            [
+                "--config",
+                SHAPES,
+                "MODEL.WEIGTHS",
+                "x.pth",
+                "--input",
+                str(image),
+                "--output",
+                str(tmp_path / "out"),
+                "--debug",
+            ]
+        )
 
 
 def broken(error: Exception):
     def raising(*args, **kwargs):
         raise error
+
     return raising
 
 
 # (tool, the function of its guarded block that the case makes raise, its command line)
-GUARDED = [(predict, "collect_inputs", ["--config", SHAPES, "--input", "a.png", "--output", "out"]),
-           (cli, "check_launch_arguments", ["--config", SHAPES, "MODEL.DEVICE", "cpu"])]
+GUARDED = [
+    (predict, "collect_inputs", ["--config", SHAPES, "--input", "a.png", "--output", "out"]),
+    (cli, "check_launch_arguments", ["--config", SHAPES, "MODEL.DEVICE", "cpu"]),
+]
 
 
 @pytest.mark.parametrize("error", [ValueError("an internal value"), KeyError("an internal key")])
 @pytest.mark.parametrize("tool, function, argv", GUARDED)
-def test_a_bug_in_a_guarded_block_keeps_its_traceback(tool, function, argv, error, monkeypatch,
-                                                      tmp_path, capsys):
+def test_a_bug_in_a_guarded_block_keeps_its_traceback(
+    tool, function, argv, error, monkeypatch, tmp_path, capsys
+):
     """A ValueError or KeyError that is no UserError is a bug: it leaves main() as it is (the
     traceback), not as an ``error:`` line."""
     monkeypatch.chdir(tmp_path)
@@ -88,8 +132,9 @@ def test_a_bug_in_a_guarded_block_keeps_its_traceback(tool, function, argv, erro
 
 
 @pytest.mark.parametrize("tool, function, argv", GUARDED)
-def test_a_user_error_in_the_same_block_is_one_line(tool, function, argv, monkeypatch, tmp_path,
-                                                     capsys):
+def test_a_user_error_in_the_same_block_is_one_line(
+    tool, function, argv, monkeypatch, tmp_path, capsys
+):
     """The control of the case above: the block does report a UserError in one line."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tool, function, broken(UserError("a mistake: the fix")))
@@ -101,27 +146,42 @@ def test_a_user_error_in_the_same_block_is_one_line(tool, function, argv, monkey
 
 def test_a_name_that_detectron2s_registries_lack_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["--config", SHAPES, "MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME",
-                  "build_lambda_resnet_fpn_backbon", "OUTPUT_DIR", str(tmp_path / "run")])
+        cli.main(
+            [
+                "--config",
+                SHAPES,
+                "MODEL.DEVICE",
+                "cpu",
+                "MODEL.BACKBONE.NAME",
+                "build_lambda_resnet_fpn_backbon",
+                "OUTPUT_DIR",
+                str(tmp_path / "run"),
+            ]
+        )
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        "error: No object named 'build_lambda_resnet_fpn_backbon' found in 'BACKBONE' registry!")
+        "error: No object named 'build_lambda_resnet_fpn_backbon' found in 'BACKBONE' registry!"
+    )
     assert not (tmp_path / "run").exists()
 
 
 def test_a_missing_required_option_is_still_refused(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        cli.parse_command_line(predict.argument_parser(),
-                               ["--config", SHAPES, "--input", "a.png", "SEED", "3"])
+        cli.parse_command_line(
+            predict.argument_parser(), ["--config", SHAPES, "--input", "a.png", "SEED", "3"]
+        )
     assert exit_info.value.code == 2 and "--output" in capsys.readouterr().err
 
 
 def test_a_misspelt_key_in_a_config_file_gets_the_closest_key(tmp_path):
     config = tmp_path / "mine.yaml"
     config.write_text("MODEL:\n  LAMBDA_RESNET:\n    WIDTH_MULTIPLER: 0.5\n")
-    with pytest.raises(ValueError, match=rf"config key MODEL.LAMBDA_RESNET.WIDTH_MULTIPLER \(in "
-                                         rf"config file {config}\) does not exist: did you mean "
-                                         rf"MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER\? check"):
+    with pytest.raises(
+        ValueError,
+        match=rf"config key MODEL.LAMBDA_RESNET.WIDTH_MULTIPLER \(in "
+        rf"config file {config}\) does not exist: did you mean "
+        rf"MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER\? check",
+    ):
         load_config(str(config))
 
 
@@ -169,13 +229,15 @@ def counting(function, calls: list):
     def counted(*args, **kwargs):
         calls.append(function.__name__)
         return function(*args, **kwargs)
+
     return counted
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_run_in_one_process_loads_its_config_once_and_builds_the_model_once(
-        tmp_path, monkeypatch, shapes):
+    tmp_path, monkeypatch, shapes
+):
     """The config that the checks before launch read is the run's; the model they build is on
     the meta device (no memory, no random numbers), the run's is built once."""
     from lambda_det.cli import checks
@@ -185,8 +247,11 @@ def test_a_run_in_one_process_loads_its_config_once_and_builds_the_model_once(
     for module in (checks, trainer):
         monkeypatch.setattr(module, "load_config", counting(module.load_config, loads))
     monkeypatch.setattr(checks, "build_model", counting(checks.build_model, meta_builds))
-    monkeypatch.setattr(trainer.Trainer, "build_model", classmethod(
-        counting(trainer.Trainer.build_model.__func__, builds)))
+    monkeypatch.setattr(
+        trainer.Trainer,
+        "build_model",
+        classmethod(counting(trainer.Trainer.build_model.__func__, builds)),
+    )
     assert cli.main(["--config", SHAPES, *TINY_OVERRIDES, "OUTPUT_DIR", str(tmp_path)]) == 0
     assert (len(loads), len(meta_builds), len(builds)) == (1, 1, 1)
     assert (tmp_path / "model_final.pth").is_file()

@@ -1,5 +1,6 @@
 """tools/compare_backbones.py: variants, the aggregation over seeds, the report files, reuse of
 finished runs and continuation of interrupted ones."""
+
 import json
 import math
 import os
@@ -14,13 +15,28 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT, subprocess_env
+
 from lambda_det.cli import compare_backbones
 from lambda_det.cli.compare import (
-    RECIPE_FILE, RunFailedError, RunInterrupted, Variant, parse_variant, plan_comparison,
-    run_comparison, train_command, variant_presets)
-from lambda_det.run_config import load_config
+    RECIPE_FILE,
+    RunFailedError,
+    RunInterrupted,
+    Variant,
+    parse_variant,
+    plan_comparison,
+    run_comparison,
+    train_command,
+    variant_presets,
+)
 from lambda_det.evaluation.compare_report import (
-    format_comparison, mean_std, median_iteration_time, read_difference, summarize, write_report)
+    format_comparison,
+    mean_std,
+    median_iteration_time,
+    read_difference,
+    summarize,
+    write_report,
+)
+from lambda_det.run_config import load_config
 
 METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -31,8 +47,9 @@ def fake_run(folder: Path, bbox: dict, segm: dict, times=()) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     record = {"config": "", "results": {"bbox": bbox, "segm": segm}}
     (folder / "eval_results.json").write_text(json.dumps(record))
-    lines = [json.dumps({"iteration": i, "time": t, "total_loss": 1.0})
-             for i, t in enumerate(times)]
+    lines = [
+        json.dumps({"iteration": i, "time": t, "total_loss": 1.0}) for i, t in enumerate(times)
+    ]
     (folder / "metrics.json").write_text("\n".join(lines + [json.dumps(bbox)[:20]]) + "\n")
     return str(folder)
 
@@ -44,33 +61,52 @@ def metrics(ap: float) -> dict:
 
 def fabricated_comparison(tmp_path):
     runs = {
-        "conv": {0: fake_run(tmp_path / "conv/seed0", metrics(40.0), metrics(30.0),
-                             [1.0, 3.0, 2.0]),
-                 1: fake_run(tmp_path / "conv/seed1", metrics(42.0), metrics(34.0), [4.0, 6.0])},
-        "lambda": {0: fake_run(tmp_path / "lambda/seed0", metrics(43.0), metrics(31.0), [2.0]),
-                   1: fake_run(tmp_path / "lambda/seed1", metrics(44.0), metrics(33.0), [2.0])},
+        "conv": {
+            0: fake_run(tmp_path / "conv/seed0", metrics(40.0), metrics(30.0), [1.0, 3.0, 2.0]),
+            1: fake_run(tmp_path / "conv/seed1", metrics(42.0), metrics(34.0), [4.0, 6.0]),
+        },
+        "lambda": {
+            0: fake_run(tmp_path / "lambda/seed0", metrics(43.0), metrics(31.0), [2.0]),
+            1: fake_run(tmp_path / "lambda/seed1", metrics(44.0), metrics(33.0), [2.0]),
+        },
     }
-    parameters = {"conv": {"parameters": 2_000_000, "backbone_parameters": 1_500_000},
-                  "lambda": {"parameters": 1_800_000, "backbone_parameters": 1_300_000}}
+    parameters = {
+        "conv": {"parameters": 2_000_000, "backbone_parameters": 1_500_000},
+        "lambda": {"parameters": 1_800_000, "backbone_parameters": 1_300_000},
+    }
     presets = variant_presets()
     overrides = {"conv": presets["conv"], "lambda": presets["lambda"]}
-    return summarize(runs, "conv", parameters, overrides,
-                     recipe={"config": "lambda_r26_shapes.yaml", "overrides": []})
+    return summarize(
+        runs,
+        "conv",
+        parameters,
+        overrides,
+        recipe={"config": "lambda_r26_shapes.yaml", "overrides": []},
+    )
 
 
 def test_parse_variant_presets_and_definitions():
     assert parse_variant("conv") == Variant("conv", ("MODEL.LAMBDA_RESNET.PLACEMENT", "none"))
-    assert parse_variant("se").overrides == ("MODEL.LAMBDA_RESNET.PLACEMENT", "none",
-                                             "MODEL.LAMBDA_RESNET.SE", "True")
+    assert parse_variant("se").overrides == (
+        "MODEL.LAMBDA_RESNET.PLACEMENT",
+        "none",
+        "MODEL.LAMBDA_RESNET.SE",
+        "True",
+    )
     assert parse_variant("aft_conv").overrides == ("MODEL.LAMBDA_RESNET.MIXER", "aft_conv")
     # Short and full keys; a list value keeps its commas.
-    assert parse_variant("k8:DIM_K=8,MODEL.LAMBDA_RESNET.OUT_FEATURES=['res4', 'res5']") == \
-        Variant("k8", ("MODEL.LAMBDA_RESNET.DIM_K", "8",
-                       "MODEL.LAMBDA_RESNET.OUT_FEATURES", "['res4', 'res5']"))
+    assert parse_variant("k8:DIM_K=8,MODEL.LAMBDA_RESNET.OUT_FEATURES=['res4', 'res5']") == Variant(
+        "k8",
+        ("MODEL.LAMBDA_RESNET.DIM_K", "8", "MODEL.LAMBDA_RESNET.OUT_FEATURES", "['res4', 'res5']"),
+    )
     assert parse_variant("base:") == Variant("base", ())
     # A key of a mixer's node is short too.
     assert parse_variant("h4:MIXER=aft_conv,AFT_CONV.HEADS=4").overrides == (
-        "MODEL.LAMBDA_RESNET.MIXER", "aft_conv", "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS", "4")
+        "MODEL.LAMBDA_RESNET.MIXER",
+        "aft_conv",
+        "MODEL.LAMBDA_RESNET.AFT_CONV.HEADS",
+        "4",
+    )
 
 
 def test_every_registered_mixer_is_a_variant_and_the_conv_baselines_come_first():
@@ -83,17 +119,22 @@ def test_every_registered_mixer_is_a_variant_and_the_conv_baselines_come_first()
         assert parse_variant("conv2") == Variant("conv2", ("MODEL.LAMBDA_RESNET.MIXER", "conv2"))
     finally:
         unregister_mixer("conv2")
-    with pytest.raises(ValueError, match="unknown variant 'conv2': name one of conv, se, lambda, "
-                                         "aft_conv, or define it"):
+    with pytest.raises(
+        ValueError,
+        match="unknown variant 'conv2': name one of conv, se, lambda, aft_conv, or define it",
+    ):
         parse_variant("conv2")
 
 
-@pytest.mark.parametrize("spec, words", [
-    ("nope", "unknown variant 'nope'"),
-    ("lr:SOLVER.BASE_LR=0.1", "only MODEL.LAMBDA_RESNET.* keys"),
-    ("k8:DIM_K", "is not KEY=VALUE"),
-    ("a/b:DIM_K=8", "names a folder"),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("nope", "unknown variant 'nope'"),
+        ("lr:SOLVER.BASE_LR=0.1", "only MODEL.LAMBDA_RESNET.* keys"),
+        ("k8:DIM_K", "is not KEY=VALUE"),
+        ("a/b:DIM_K=8", "names a folder"),
+    ],
+)
 def test_parse_variant_rejects_bad_specs(spec, words):
     with pytest.raises(ValueError, match=words.replace("*", r"\*").replace("(", r"\(")):
         parse_variant(spec)
@@ -135,8 +176,10 @@ def test_aggregation_matches_hand_computed_means_spreads_and_differences(tmp_pat
 
 
 def test_one_seed_is_not_a_ranking(tmp_path):
-    runs = {"conv": {3: fake_run(tmp_path / "c", metrics(40.0), metrics(30.0))},
-            "lambda": {3: fake_run(tmp_path / "l", metrics(45.0), metrics(35.0))}}
+    runs = {
+        "conv": {3: fake_run(tmp_path / "c", metrics(40.0), metrics(30.0))},
+        "lambda": {3: fake_run(tmp_path / "l", metrics(45.0), metrics(35.0))},
+    }
     summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
     difference = summary["variants"]["lambda"]["difference"]["bbox"]["AP"]
     assert difference["std"] is None
@@ -148,10 +191,16 @@ def test_one_seed_is_not_a_ranking(tmp_path):
 
 
 def test_every_difference_within_the_spread_says_so(tmp_path):
-    runs = {"conv": {0: fake_run(tmp_path / "c0", metrics(40.0), metrics(30.0)),
-                     1: fake_run(tmp_path / "c1", metrics(42.0), metrics(32.0))},
-            "se": {0: fake_run(tmp_path / "s0", metrics(41.0), metrics(31.0)),
-                   1: fake_run(tmp_path / "s1", metrics(41.0), metrics(31.0))}}
+    runs = {
+        "conv": {
+            0: fake_run(tmp_path / "c0", metrics(40.0), metrics(30.0)),
+            1: fake_run(tmp_path / "c1", metrics(42.0), metrics(32.0)),
+        },
+        "se": {
+            0: fake_run(tmp_path / "s0", metrics(41.0), metrics(31.0)),
+            1: fake_run(tmp_path / "s1", metrics(41.0), metrics(31.0)),
+        },
+    }
     markdown = format_comparison(summarize(runs, "conv", {}, {}, recipe={"config": "x"}))
     assert "Every difference is within the seed-to-seed spread" in markdown
     assert "do not rank se and conv" in markdown
@@ -161,20 +210,27 @@ NO_PREDICTIONS = {metric: math.nan for metric in METRICS}  # detectron2's box re
 
 
 def test_a_run_without_predictions_is_named_and_left_out_of_the_means(tmp_path):
-    runs = {"conv": {s: fake_run(tmp_path / f"c{s}", metrics(40.0 + s), metrics(30.0 + s))
-                     for s in (0, 1, 2)},
-            "lambda": {0: fake_run(tmp_path / "l0", metrics(43.0), metrics(31.0)),
-                       2: fake_run(tmp_path / "l2", metrics(47.0), metrics(35.0))}}
+    runs = {
+        "conv": {
+            s: fake_run(tmp_path / f"c{s}", metrics(40.0 + s), metrics(30.0 + s)) for s in (0, 1, 2)
+        },
+        "lambda": {
+            0: fake_run(tmp_path / "l0", metrics(43.0), metrics(31.0)),
+            2: fake_run(tmp_path / "l2", metrics(47.0), metrics(35.0)),
+        },
+    }
     folder = tmp_path / "l1"
     folder.mkdir()
-    (folder / "eval_results.json").write_text(json.dumps(
-        {"config": "", "results": {"bbox": NO_PREDICTIONS}}))
+    (folder / "eval_results.json").write_text(
+        json.dumps({"config": "", "results": {"bbox": NO_PREDICTIONS}})
+    )
     runs["lambda"][1] = str(folder)
     summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
     assert summary["tasks"] == ["bbox", "segm"]  # the run without masks keeps every section
     assert summary["left_out"] == [
         {"variant": "lambda", "seed": 1, "task": "bbox", "run": str(folder)},
-        {"variant": "lambda", "seed": 1, "task": "segm", "run": str(folder)}]
+        {"variant": "lambda", "seed": 1, "task": "segm", "run": str(folder)},
+    ]
     lam = summary["variants"]["lambda"]
     box = lam["results"]["bbox"]["AP"]  # 43 and 47: the NaN run does not turn it into NaN
     assert (box["mean"], box["n"], box["of"]) == (45.0, 2, 3)
@@ -198,9 +254,13 @@ def test_a_run_without_predictions_is_named_and_left_out_of_the_means(tmp_path):
 
 def readings(tmp_path, conv: dict, other: dict) -> str:
     """The reading sentence of ``other`` vs ``conv``: seed -> (box results, mask results)."""
-    runs = {name: {seed: fake_run(tmp_path / f"{name}{seed}", *results)
-                   for seed, results in by_seed.items()}
-            for name, by_seed in (("conv", conv), ("other", other))}
+    runs = {
+        name: {
+            seed: fake_run(tmp_path / f"{name}{seed}", *results)
+            for seed, results in by_seed.items()
+        }
+        for name, by_seed in (("conv", conv), ("other", other))
+    }
     markdown = format_comparison(summarize(runs, "conv", {}, {}, recipe={"config": "x"}))
     return markdown.split("## Reading\n\n")[1].splitlines()[0]
 
@@ -209,25 +269,28 @@ def test_the_reading_says_within_the_spread_only_when_each_difference_is(tmp_pat
     conv = {0: (metrics(40.0), metrics(30.0)), 1: (metrics(42.0), metrics(32.0))}
     other = {0: (metrics(41.0), metrics(31.0)), 1: (metrics(41.0), metrics(31.0))}
     assert "Every difference is within the seed-to-seed spread" in readings(
-        tmp_path / "a", conv, other)
+        tmp_path / "a", conv, other
+    )
     # The same numbers with APs NaN everywhere (no small objects): 10 within, 2 no value.
     conv_nan = {s: ({**b, "APs": math.nan}, {**m, "APs": math.nan}) for s, (b, m) in conv.items()}
-    other_nan = {s: ({**b, "APs": math.nan}, {**m, "APs": math.nan})
-                 for s, (b, m) in other.items()}
+    other_nan = {s: ({**b, "APs": math.nan}, {**m, "APs": math.nan}) for s, (b, m) in other.items()}
     sentence = readings(tmp_path / "b", conv_nan, other_nan)
     assert "Every difference" not in sentence
-    assert ("No difference is beyond the spread: 10 are within the seed-to-seed spread; 2 have "
-            "no value, no seed having both runs' AP: box APs, mask APs; these runs do not rank "
-            "other and conv.") in sentence
+    assert (
+        "No difference is beyond the spread: 10 are within the seed-to-seed spread; 2 have "
+        "no value, no seed having both runs' AP: box APs, mask APs; these runs do not rank "
+        "other and conv."
+    ) in sentence
     # Three seeds, two of them without predictions: one pair left, no spread.
     conv3 = {**conv, 2: (metrics(41.0), metrics(31.0))}
-    other3 = {0: (metrics(45.0), metrics(35.0)), 1: (NO_PREDICTIONS, {}),
-              2: (NO_PREDICTIONS, {})}
+    other3 = {0: (metrics(45.0), metrics(35.0)), 1: (NO_PREDICTIONS, {}), 2: (NO_PREDICTIONS, {})}
     sentence = readings(tmp_path / "c", conv3, other3)
     assert "Every difference" not in sentence
     assert "box AP +5.0 (n=1 of 3), mask AP +5.0 (n=1 of 3)" in sentence
-    assert "No difference is beyond the spread: all 12 rest on one seed pair (no spread); " \
-           "these runs do not rank other and conv." in sentence
+    assert (
+        "No difference is beyond the spread: all 12 rest on one seed pair (no spread); "
+        "these runs do not rank other and conv." in sentence
+    )
 
 
 def test_mean_std_leaves_out_values_that_are_not_numbers():
@@ -251,16 +314,22 @@ def test_report_files(tmp_path):
     markdown, data, chart = map(Path, write_report(summary, str(tmp_path / "report")))
     assert markdown.read_text() == format_comparison(summary)
     assert json.loads(data.read_text())["variants"]["lambda"]["difference"]["bbox"]["AP"][
-        "mean"] == pytest.approx(2.5)
+        "mean"
+    ] == pytest.approx(2.5)
     assert chart.read_bytes().startswith(PNG_MAGIC) and chart.stat().st_size > 10_000
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
-        "comparison.json", "comparison.md", "comparison.png"]  # no temporary files left
+        "comparison.json",
+        "comparison.md",
+        "comparison.png",
+    ]  # no temporary files left
 
 
 def test_nan_is_null_in_the_json_file(tmp_path):
     nan_small = {**metrics(40.0), "APs": math.nan}
-    runs = {"conv": {0: fake_run(tmp_path / "c", nan_small, nan_small)},
-            "lambda": {0: fake_run(tmp_path / "l", nan_small, nan_small)}}
+    runs = {
+        "conv": {0: fake_run(tmp_path / "c", nan_small, nan_small)},
+        "lambda": {0: fake_run(tmp_path / "l", nan_small, nan_small)},
+    }
     summary = summarize(runs, "conv", {}, {}, recipe={"config": "x"})
     _, data, _ = write_report(summary, str(tmp_path / "report"))
     loaded = json.loads(Path(data).read_text(), parse_constant=pytest.fail)
@@ -269,27 +338,42 @@ def test_nan_is_null_in_the_json_file(tmp_path):
 
 
 def test_summary_needs_the_same_seeds_for_every_variant(tmp_path):
-    runs = {"conv": {0: fake_run(tmp_path / "c", metrics(1.0), metrics(1.0))},
-            "lambda": {1: fake_run(tmp_path / "l", metrics(1.0), metrics(1.0))}}
+    runs = {
+        "conv": {0: fake_run(tmp_path / "c", metrics(1.0), metrics(1.0))},
+        "lambda": {1: fake_run(tmp_path / "l", metrics(1.0), metrics(1.0))},
+    }
     with pytest.raises(ValueError, match="every variant needs the same seeds"):
         summarize(runs, "conv", {}, {}, recipe={})
 
 
 # Planning: everything checked before a run starts.
 
+
 def plan(tmp_path, variants=("conv", "lambda"), seeds=(0, 1), opts=(), config="lambda_r26_shapes"):
-    return plan_comparison(config, list(opts), [parse_variant(v) for v in variants],
-                           list(seeds), str(tmp_path / "cmp"))
+    return plan_comparison(
+        config, list(opts), [parse_variant(v) for v in variants], list(seeds), str(tmp_path / "cmp")
+    )
 
 
 def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
     comparison = plan(tmp_path, variants=("conv", "se", "lambda"))
-    assert [(r.variant.name, r.seed, r.folder.relative_to(tmp_path / "cmp").as_posix())
-            for r in comparison.runs] == [
-        ("conv", 0, "conv/seed0"), ("conv", 1, "conv/seed1"), ("se", 0, "se/seed0"),
-        ("se", 1, "se/seed1"), ("lambda", 0, "lambda/seed0"), ("lambda", 1, "lambda/seed1")]
-    assert comparison.runs[1].opts[-4:] == ("SEED", "1", "OUTPUT_DIR",
-                                            str(tmp_path / "cmp/conv/seed1"))
+    assert [
+        (r.variant.name, r.seed, r.folder.relative_to(tmp_path / "cmp").as_posix())
+        for r in comparison.runs
+    ] == [
+        ("conv", 0, "conv/seed0"),
+        ("conv", 1, "conv/seed1"),
+        ("se", 0, "se/seed0"),
+        ("se", 1, "se/seed1"),
+        ("lambda", 0, "lambda/seed0"),
+        ("lambda", 1, "lambda/seed1"),
+    ]
+    assert comparison.runs[1].opts[-4:] == (
+        "SEED",
+        "1",
+        "OUTPUT_DIR",
+        str(tmp_path / "cmp/conv/seed1"),
+    )
     counts = comparison.parameters
     # SE adds parameters to the conv twin; the lambda backbone has fewer than the conv twin.
     assert counts["se"]["backbone_parameters"] > counts["conv"]["backbone_parameters"]
@@ -302,32 +386,62 @@ def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datas
     shapes = datasets_root / "lambda_det_shapes_v1"
     triple = ["OWN_SHAPES", str(shapes / "train.json"), str(shapes / "train")]
     options, opts = compare_backbones.split_overrides(
-        ["--config", "lambda_r26_shapes", "--coco-dataset", *triple, "--seeds", "0", "1",
-         "DATASETS.TRAIN", "('OWN_SHAPES',)", "DATASETS.TEST", "('OWN_SHAPES',)"])
-    assert options == ["--config", "lambda_r26_shapes", "--coco-dataset", *triple,
-                       "--seeds", "0", "1"]  # the upper-case NAME is not a config key
-    comparison = plan_comparison("lambda_r26_shapes", opts, [parse_variant("conv"),
-                                 parse_variant("lambda")], [0, 1], str(tmp_path / "cmp"),
-                                 coco_datasets=[triple])
+        [
+            "--config",
+            "lambda_r26_shapes",
+            "--coco-dataset",
+            *triple,
+            "--seeds",
+            "0",
+            "1",
+            "DATASETS.TRAIN",
+            "('OWN_SHAPES',)",
+            "DATASETS.TEST",
+            "('OWN_SHAPES',)",
+        ]
+    )
+    assert options == [
+        "--config",
+        "lambda_r26_shapes",
+        "--coco-dataset",
+        *triple,
+        "--seeds",
+        "0",
+        "1",
+    ]  # the upper-case NAME is not a config key
+    comparison = plan_comparison(
+        "lambda_r26_shapes",
+        opts,
+        [parse_variant("conv"), parse_variant("lambda")],
+        [0, 1],
+        str(tmp_path / "cmp"),
+        coco_datasets=[triple],
+    )
     for run in comparison.runs:
         cfg = load_config("lambda_r26_shapes", run.opts)
         assert [list(entry) for entry in cfg.DATASETS.COCO_INSTANCES] == [triple]
         assert tuple(cfg.DATASETS.TEST) == ("OWN_SHAPES",)
         command = train_command("train_net.py", comparison, run)
         assert "DATASETS.COCO_INSTANCES" in command and str(shapes / "train.json") in " ".join(
-            command)
+            command
+        )
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(config="r101_mask_rcnn"), "variants 'conv' and 'lambda' train the same model"),
-    (dict(opts=["SEED", "3"]), "SEED is set per run"),
-    (dict(seeds=(1, 1)), "seeds repeat"),
-    (dict(seeds=(-1,)), "seed -1 is not an integer >= 0"),
-    (dict(opts=["DATASETS.TEST", "()"]), "DATASETS.TEST is empty"),
-    (dict(opts=["MODEL.LAMBDA_RESNET.DEPTH", "27"]), "depth must be one of"),
-    (dict(opts=["MODEL.LAMBDA_RESNET.DEPHT", "26"]),
-     "MODEL.LAMBDA_RESNET.DEPHT .* did you mean MODEL.LAMBDA_RESNET.DEPTH?"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(config="r101_mask_rcnn"), "variants 'conv' and 'lambda' train the same model"),
+        (dict(opts=["SEED", "3"]), "SEED is set per run"),
+        (dict(seeds=(1, 1)), "seeds repeat"),
+        (dict(seeds=(-1,)), "seed -1 is not an integer >= 0"),
+        (dict(opts=["DATASETS.TEST", "()"]), "DATASETS.TEST is empty"),
+        (dict(opts=["MODEL.LAMBDA_RESNET.DEPTH", "27"]), "depth must be one of"),
+        (
+            dict(opts=["MODEL.LAMBDA_RESNET.DEPHT", "26"]),
+            "MODEL.LAMBDA_RESNET.DEPHT .* did you mean MODEL.LAMBDA_RESNET.DEPTH?",
+        ),
+    ],
+)
 def test_plan_rejects_bad_input(tmp_path, kwargs, words):
     with pytest.raises(ValueError, match=words):
         plan(tmp_path, **kwargs)
@@ -340,8 +454,11 @@ def test_plan_refuses_a_folder_of_another_recipe_or_not_made_by_it(tmp_path):
     (run.folder / RECIPE_FILE).write_text(run.recipe)
     (run.folder / "model_final.pth").write_text("the user's weights")
     plan(tmp_path)  # the same recipe: fine
-    with pytest.raises(ValueError, match=r"holds a conv run of another config \(SOLVER.BASE_LR: "
-                                         r"0.04 -> 0.02\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds a conv run of another config \(SOLVER.BASE_LR: "
+        r"0.04 -> 0.02\)",
+    ):
         plan(tmp_path, opts=["SOLVER.BASE_LR", "0.02"])
     (run.folder / RECIPE_FILE).unlink()
     with pytest.raises(FileExistsError, match="not a run of this comparison"):
@@ -365,7 +482,8 @@ FAKE_TRAIN_NET = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_ones(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     calls, train_net = tmp_path / "calls.jsonl", tmp_path / "train_net.py"
     train_net.write_text(FAKE_TRAIN_NET)
     monkeypatch.setenv("CALLS", str(calls))
@@ -380,12 +498,14 @@ def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_one
     lines = []
     run_comparison(plan(tmp_path), str(train_net), num_gpus=2, log=lines.append)
     assert lines[0] == f"[1/4] conv seed 0: finished, reusing {finished.folder}"
-    assert lines[1].startswith(f"[2/4] conv seed 1: continuing from its last checkpoint in "
-                               f"{interrupted.folder}")
+    assert lines[1].startswith(
+        f"[2/4] conv seed 1: continuing from its last checkpoint in {interrupted.folder}"
+    )
     assert lines[2].startswith("[3/4] lambda seed 0: training in")
     called = [json.loads(line) for line in calls.read_text().splitlines()]
     assert [c[c.index("OUTPUT_DIR") + 1] for c in called] == [
-        str(r.folder) for r in comparison.runs[1:]]
+        str(r.folder) for r in comparison.runs[1:]
+    ]
     for args, start in zip(called, ["--resume", "--restart", "--restart"]):
         # --resume continues the interrupted run; new ones start with --restart, which also
         # moves aside what a run killed before its first checkpoint left.
@@ -411,12 +531,22 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == "error: bad dataset\n"  # the child's own line, shown
     # The CLI: a mistake in the input is one line and status 2, before anything trains.
     with pytest.raises(SystemExit) as exit_info:
-        compare.main(["--config", "lambda_r26_shapes", "--variant", "conv", "lamda",
-                      "--output", str(tmp_path / "cli")])
+        compare.main(
+            [
+                "--config",
+                "lambda_r26_shapes",
+                "--variant",
+                "conv",
+                "lamda",
+                "--output",
+                str(tmp_path / "cli"),
+            ]
+        )
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: unknown variant 'lamda': name one of conv, se, lambda, aft_conv, or define it as "
-        "NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)"]
+        "NAME:KEY=VALUE,KEY=VALUE (e.g. k8:DIM_K=8)"
+    ]
     assert not (tmp_path / "cli").exists()
 
 
@@ -470,7 +600,8 @@ def _ctrl_c_names_the_run(tmp_path, capfd):
     presser.join()
     assert str(info.value) == (
         f"conv seed 0 in {comparison.runs[0].folder}: the same command continues the "
-        f"comparison (it resumes from model_0000001.pth; finished runs are reused)")
+        f"comparison (it resumes from model_0000001.pth; finished runs are reused)"
+    )
     with pytest.raises(ProcessLookupError):  # the child has ended
         os.kill(int(pid_file.read_text()), 0)
     err = capfd.readouterr().err
@@ -485,29 +616,95 @@ def test_the_tool_reports_an_interrupted_run_in_one_line(tmp_path, monkeypatch, 
         raise RunInterrupted("conv seed 0 in OUT: the same command continues the comparison")
 
     monkeypatch.setattr(compare, "run_comparison", interrupted)
-    assert compare.main(["--config", "lambda_r26_shapes", "--variant", "conv", "lambda",
-                         "--seeds", "0", "--output", str(tmp_path / "cmp")]) == 130
+    assert (
+        compare.main(
+            [
+                "--config",
+                "lambda_r26_shapes",
+                "--variant",
+                "conv",
+                "lambda",
+                "--seeds",
+                "0",
+                "--output",
+                str(tmp_path / "cmp"),
+            ]
+        )
+        == 130
+    )
     assert capsys.readouterr().err.splitlines() == [
-        "interrupted conv seed 0 in OUT: the same command continues the comparison"]
+        "interrupted conv seed 0 in OUT: the same command continues the comparison"
+    ]
 
 
 def test_overrides_may_follow_list_options():
     compare = compare_backbones
     assert compare.split_overrides(
-        ["--config", "x", "--seeds", "0", "1", "MODEL.DEVICE", "cpu", "--output", "OUT",
-         "SOLVER.MAX_ITER", "4", "--variant", "conv", "k8:DIM_K=8"]) == (
-        ["--config", "x", "--seeds", "0", "1", "--output", "OUT", "--variant", "conv",
-         "k8:DIM_K=8"], ["MODEL.DEVICE", "cpu", "SOLVER.MAX_ITER", "4"])
+        [
+            "--config",
+            "x",
+            "--seeds",
+            "0",
+            "1",
+            "MODEL.DEVICE",
+            "cpu",
+            "--output",
+            "OUT",
+            "SOLVER.MAX_ITER",
+            "4",
+            "--variant",
+            "conv",
+            "k8:DIM_K=8",
+        ]
+    ) == (
+        [
+            "--config",
+            "x",
+            "--seeds",
+            "0",
+            "1",
+            "--output",
+            "OUT",
+            "--variant",
+            "conv",
+            "k8:DIM_K=8",
+        ],
+        ["MODEL.DEVICE", "cpu", "SOLVER.MAX_ITER", "4"],
+    )
 
 
 # End to end, with real trainings (tiny: 4 iterations, 8 validation images at 128 px).
 
-TINY = ["MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25", "MODEL.LAMBDA_RESNET.SCOPE", "3",
-        "SOLVER.IMS_PER_BATCH", "2", "SOLVER.MAX_ITER", "4", "SOLVER.STEPS", "(2, 3)",
-        "SOLVER.WARMUP_ITERS", "1", "SOLVER.CHECKPOINT_PERIOD", "1", "SOLVER.LOG_PERIOD", "1",
-        "DATALOADER.NUM_WORKERS", "0", "INPUT.LSJ.IMAGE_SIZE", "128", "INPUT.MIN_SIZE_TEST",
-        "128", "INPUT.MAX_SIZE_TEST", "128", "MODEL.RPN.POST_NMS_TOPK_TEST", "50",
-        "TEST.DETECTIONS_PER_IMAGE", "20"]
+TINY = [
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "SOLVER.IMS_PER_BATCH",
+    "2",
+    "SOLVER.MAX_ITER",
+    "4",
+    "SOLVER.STEPS",
+    "(2, 3)",
+    "SOLVER.WARMUP_ITERS",
+    "1",
+    "SOLVER.CHECKPOINT_PERIOD",
+    "1",
+    "SOLVER.LOG_PERIOD",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "INPUT.LSJ.IMAGE_SIZE",
+    "128",
+    "INPUT.MIN_SIZE_TEST",
+    "128",
+    "INPUT.MAX_SIZE_TEST",
+    "128",
+    "MODEL.RPN.POST_NMS_TOPK_TEST",
+    "50",
+    "TEST.DETECTIONS_PER_IMAGE",
+    "20",
+]
 
 
 @pytest.fixture
@@ -530,12 +727,33 @@ def compare_command(output: Path, datasets_root: Path):
     """The comparison of the small shapes data, named on the command line as a user's own
     COCO-format dataset."""
     data = datasets_root / "lambda_det_shapes_v1"
-    return [sys.executable, str(REPO_ROOT / "tools/compare_backbones.py"), "--config",
-            "lambda_r26_shapes", "--variant", "conv", "lambda", "--seeds", "0", "1", *TINY,
-            "--coco-dataset", "own_train", str(data / "train.json"), str(data / "train"),
-            "--coco-dataset", "own_val", str(data / "val.json"), str(data / "val"),
-            "DATASETS.TRAIN", "('own_train',)", "DATASETS.TEST", "('own_val',)",
-            "--output", str(output)]
+    return [
+        sys.executable,
+        str(REPO_ROOT / "tools/compare_backbones.py"),
+        "--config",
+        "lambda_r26_shapes",
+        "--variant",
+        "conv",
+        "lambda",
+        "--seeds",
+        "0",
+        "1",
+        *TINY,
+        "--coco-dataset",
+        "own_train",
+        str(data / "train.json"),
+        str(data / "train"),
+        "--coco-dataset",
+        "own_val",
+        str(data / "val.json"),
+        str(data / "val"),
+        "DATASETS.TRAIN",
+        "('own_train',)",
+        "DATASETS.TEST",
+        "('own_val',)",
+        "--output",
+        str(output),
+    ]
 
 
 @pytest.mark.slow
@@ -548,9 +766,14 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
     command = compare_command(output, small_datasets_root)
     first = output / "conv/seed0"
     # Interrupt the first pair after its first checkpoint (iteration 1 of 4).
-    process = subprocess.Popen(command, env=env, cwd=REPO_ROOT,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        env=env,
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
     while not (first / "last_checkpoint").is_file() and process.poll() is None:
         assert time.monotonic() < deadline, "the first run wrote no checkpoint"
@@ -560,26 +783,34 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
     assert not (first / "eval_results.json").exists(), "the run ended before the kill"
     assert not (output / "lambda").exists()
 
-    result = subprocess.run(command, env=env, cwd=REPO_ROOT,
-                            capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[1/4] conv seed 0: continuing from its last checkpoint" in result.stdout
-    starts = [line.rsplit(" ", 1)[1] for line in (first / "log.txt").read_text().splitlines()
-              if "Starting training from iteration" in line]
+    starts = [
+        line.rsplit(" ", 1)[1]
+        for line in (first / "log.txt").read_text().splitlines()
+        if "Starting training from iteration" in line
+    ]
     assert starts[0] == "0" and len(starts) == 2 and int(starts[1]) > 0, starts
 
     # The report agrees with the runs' own eval_results.json.
     summary = json.loads((output / "comparison.json").read_text())
     assert summary["seeds"] == [0, 1] and list(summary["variants"]) == ["conv", "lambda"]
-    per_run = {(v, s): json.loads((output / v / f"seed{s}/eval_results.json").read_text())[
-        "results"] for v in ("conv", "lambda") for s in (0, 1)}
+    per_run = {
+        (v, s): json.loads((output / v / f"seed{s}/eval_results.json").read_text())["results"]
+        for v in ("conv", "lambda")
+        for s in (0, 1)
+    }
     for task in ("bbox", "segm"):
         for metric in METRICS:
             values = {v: [per_run[v, s][task][metric] for s in (0, 1)] for v in ("conv", "lambda")}
             conv = summary["variants"]["conv"]["results"][task][metric]
             assert conv["mean"] == pytest.approx(sum(values["conv"]) / 2)
-            assert conv["std"] == pytest.approx(abs(values["conv"][0] - values["conv"][1])
-                                                / math.sqrt(2))
+            assert conv["std"] == pytest.approx(
+                abs(values["conv"][0] - values["conv"][1]) / math.sqrt(2)
+            )
             difference = summary["variants"]["lambda"]["difference"][task][metric]
             diffs = [a - b for a, b in zip(values["lambda"], values["conv"])]
             assert difference["mean"] == pytest.approx(sum(diffs) / 2)
@@ -594,8 +825,9 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
 
     # A second invocation reuses every finished pair: no training, the same report.
     stamps = {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
-    again = subprocess.run(command, env=env, cwd=REPO_ROOT,
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("finished, reusing") == 4 and "train_net.py" not in again.stdout
     assert stamps == {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}

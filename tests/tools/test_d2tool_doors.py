@@ -2,6 +2,7 @@
 checkpointers read weights through lambda_det's safe loader, ``LazyConfig.load`` reads a yaml
 with the safe loader; what detectron2 loads still loads, bit for bit; a refused or missing file
 is one ``error:`` line with exit status 2."""
+
 import copy
 import json
 import pickle
@@ -9,18 +10,24 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from conftest import DEMO_CONFIG, REPO_ROOT, tiny_model, write_payload
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.config import LazyConfig
 from fvcore.common.checkpoint import Checkpointer
+from torch import nn
+
 from lambda_det.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
 from lambda_det.d2tool import detectron2_tool_path, lambda_det_in_detectron2, main
 
 # The demo config at a quarter width, on the CPU (its test set stays: analyze_model reads it).
-TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-        "MODEL.LAMBDA_RESNET.SCOPE", "3"]
+TINY = [
+    "MODEL.DEVICE",
+    "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+]
 LAZY_DEMO = str(REPO_ROOT / "configs/LazyConfigs/Demo/lambda_r26_shapes.py")
 # torch >= 2.6 loads with weights_only=True by default; this restores the unsafe default, so
 # that a .pth payload fires in detectron2's own loader (fvcore's torch.load(f)).
@@ -51,12 +58,21 @@ def one_error_line(capsys, exit_status, *fragments: str) -> str:
 
 # ---- the checkpointers, patched ----
 
+
 @pytest.mark.filterwarnings(f"ignore:Environment variable {UNSAFE_TORCH_DEFAULT}")
-@pytest.mark.parametrize("checkpointer, kind", [
-    (DetectionCheckpointer, "pkl"), (DetectionCheckpointer, "pth"),
-    (DetectionCheckpointer, "pth-legacy"), (Checkpointer, "pth"), (Checkpointer, "pth-legacy")])
+@pytest.mark.parametrize(
+    "checkpointer, kind",
+    [
+        (DetectionCheckpointer, "pkl"),
+        (DetectionCheckpointer, "pth"),
+        (DetectionCheckpointer, "pth-legacy"),
+        (Checkpointer, "pth"),
+        (Checkpointer, "pth-legacy"),
+    ],
+)
 def test_a_payload_fires_in_detectron2s_checkpointer_and_is_refused_in_d2tools(
-        checkpointer, kind, tmp_path, monkeypatch):
+    checkpointer, kind, tmp_path, monkeypatch
+):
     monkeypatch.setenv(UNSAFE_TORCH_DEFAULT, "1")
     marker = tmp_path / "marker"
     payload = write_payload(tmp_path / f"evil.{kind.split('-')[0]}", kind, marker)
@@ -80,8 +96,9 @@ def zeroed(model: nn.Module) -> nn.Module:
 def write_weights(path, layout: str, model: nn.Module):
     weights = {key: value.numpy() for key, value in model.state_dict().items()}
     if layout == "model zoo .pkl":  # as detectron2's model zoo stores them
-        path.write_bytes(pickle.dumps({"model": weights, "__author__": "Detectron2 Model Zoo"},
-                                      protocol=2))
+        path.write_bytes(
+            pickle.dumps({"model": weights, "__author__": "Detectron2 Model Zoo"}, protocol=2)
+        )
     elif layout == "caffe2 .pkl":  # read with detectron2's name matching
         path.write_bytes(pickle.dumps({"blobs": weights}, protocol=2))
     else:
@@ -97,8 +114,9 @@ def test_what_detectron2_loads_loads_the_same_through_d2tool(layout, model, tmp_
     with lambda_det_in_detectron2():
         our_extra = DetectionCheckpointer(ours).load(path)
     assert our_extra.keys() == their_extra.keys()
-    for (key, their_value), our_value in zip(theirs.state_dict().items(),
-                                             ours.state_dict().values()):
+    for (key, their_value), our_value in zip(
+        theirs.state_dict().items(), ours.state_dict().values()
+    ):
         assert torch.equal(their_value, our_value), key
     if layout != "caffe2 .pkl":  # (name matching renames detectron2's own names)
         for key, value in model.state_dict().items():
@@ -106,14 +124,17 @@ def test_what_detectron2_loads_loads_the_same_through_d2tool(layout, model, tmp_
 
 
 def test_a_missing_checkpoint_is_named(tmp_path):
-    with lambda_det_in_detectron2(), \
-            pytest.raises(FileNotFoundError, match=f"checkpoint '{tmp_path}/none.pth' does not"):
+    with (
+        lambda_det_in_detectron2(),
+        pytest.raises(FileNotFoundError, match=f"checkpoint '{tmp_path}/none.pth' does not"),
+    ):
         DetectionCheckpointer(nn.Module()).load(str(tmp_path / "none.pth"))
     with pytest.raises(AssertionError):  # detectron2's own
         DetectionCheckpointer(nn.Module()).load(str(tmp_path / "none.pth"))
 
 
 # ---- the doors: detectron2's scripts given a payload ----
+
 
 def fire_unguarded(payload) -> None:
     """The negative control: detectron2's own checkpointer runs the payload."""
@@ -126,11 +147,12 @@ def loaded_unguarded(self, checkpoint):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.parametrize("script", ["train_net.py", "analyze_model.py", "benchmark.py",
-                                    "lazyconfig_train_net.py"])
-def test_a_payload_given_to_a_detectron2_script_is_one_error_line(script, tmp_path, capsys,
-                                                                 monkeypatch, shapes,
-                                                                 one_torch_thread):
+@pytest.mark.parametrize(
+    "script", ["train_net.py", "analyze_model.py", "benchmark.py", "lazyconfig_train_net.py"]
+)
+def test_a_payload_given_to_a_detectron2_script_is_one_error_line(
+    script, tmp_path, capsys, monkeypatch, shapes, one_torch_thread
+):
     script_or_skip(script)
     if script == "benchmark.py":
         pytest.importorskip("psutil", reason="detectron2's benchmark.py imports psutil")
@@ -145,8 +167,13 @@ def test_a_payload_given_to_a_detectron2_script_is_one_error_line(script, tmp_pa
         "analyze_model.py": ["--tasks", "flop", *yaml_config],
         "benchmark.py": ["--task", "eval", *yaml_config],
         "lazyconfig_train_net.py": [
-            "--eval-only", "--config-file", LAZY_DEMO, f"train.init_checkpoint={payload}",
-            f"train.output_dir={tmp_path / 'out'}", "model.backbone.bottom_up.norm=BN"],
+            "--eval-only",
+            "--config-file",
+            LAZY_DEMO,
+            f"train.init_checkpoint={payload}",
+            f"train.output_dir={tmp_path / 'out'}",
+            "model.backbone.bottom_up.norm=BN",
+        ],
     }[script]
     # Without the guard the file would load and the script go on with its work: stop it there.
     monkeypatch.setattr(DetectionCheckpointer, "_load_model", loaded_unguarded)
@@ -167,8 +194,11 @@ def test_a_lazyconfig_yaml_is_read_without_its_tags(tmp_path, capsys):
     marker.unlink()
     with pytest.raises(SystemExit) as exit_status:
         main(["lazyconfig_train_net.py", "--config-file", str(config), "--eval-only"])
-    one_error_line(capsys, exit_status, f"LazyConfig {config}, line 1: the yaml tag "
-                                        f"!!python/object/apply:builtins.exec is refused")
+    one_error_line(
+        capsys,
+        exit_status,
+        f"LazyConfig {config}, line 1: the yaml tag !!python/object/apply:builtins.exec is refused",
+    )
     assert not marker.exists()
 
 
@@ -177,34 +207,54 @@ def test_a_plain_lazyconfig_yaml_loads_as_detectron2_loads_it(tmp_path):
     config.write_text("train: {max_iter: 5, device: cpu}\nmodel: {_target_: torch.nn.Identity}\n")
     with lambda_det_in_detectron2():
         ours = LazyConfig.load(str(config))
-        our_train, = LazyConfig.load(str(config), keys=("train",))
+        (our_train,) = LazyConfig.load(str(config), keys=("train",))
         recipe = LazyConfig.load(LAZY_DEMO)  # a .py recipe: detectron2's own loading
     assert ours == LazyConfig.load(str(config))
-    assert our_train == LazyConfig.load(str(config), keys="train") == {"max_iter": 5,
-                                                                       "device": "cpu"}
+    assert (
+        our_train == LazyConfig.load(str(config), keys="train") == {"max_iter": 5, "device": "cpu"}
+    )
     assert recipe.train.max_iter == 600
     assert LazyConfig.load.__module__.startswith("detectron2")  # only within
 
 
 # ---- errors: one line for the input's, a traceback for the script's own ----
 
+
 def test_a_yaml_tag_or_a_missing_config_is_one_error_line(tmp_path, capsys):
     script_or_skip("train_net.py")
     marker = tmp_path / "marker"
     config = tmp_path / "evil.yaml"
-    config.write_text(f"SEED: !!python/object/apply:os.system [\"touch {marker}\"]\n")
+    config.write_text(f'SEED: !!python/object/apply:os.system ["touch {marker}"]\n')
     with pytest.raises(SystemExit) as exit_status:
         main(["train_net.py", "--eval-only", "--config-file", str(config)])
-    one_error_line(capsys, exit_status, f"config file {config}, line 1: the yaml tag "
-                                        f"!!python/object/apply:os.system is refused")
+    one_error_line(
+        capsys,
+        exit_status,
+        f"config file {config}, line 1: the yaml tag !!python/object/apply:os.system is refused",
+    )
     assert not marker.exists()
     with pytest.raises(SystemExit) as exit_status:
-        main(["analyze_model.py", "--tasks", "parameter", "--config-file",
-              str(tmp_path / "none.yaml")])
+        main(
+            [
+                "analyze_model.py",
+                "--tasks",
+                "parameter",
+                "--config-file",
+                str(tmp_path / "none.yaml"),
+            ]
+        )
     one_error_line(capsys, exit_status, f"config file {tmp_path / 'none.yaml'} does not exist")
     with pytest.raises(FileNotFoundError):  # --debug: the traceback
-        main(["--debug", "analyze_model.py", "--tasks", "parameter", "--config-file",
-              str(tmp_path / "none.yaml")])
+        main(
+            [
+                "--debug",
+                "analyze_model.py",
+                "--tasks",
+                "parameter",
+                "--config-file",
+                str(tmp_path / "none.yaml"),
+            ]
+        )
 
 
 @pytest.mark.slow
@@ -213,8 +263,19 @@ def test_missing_weights_are_one_error_line(tmp_path, capsys, one_torch_thread):
     script_or_skip("train_net.py")
     missing = tmp_path / "none.pth"
     with pytest.raises(SystemExit) as exit_status:
-        main(["train_net.py", "--eval-only", "--config-file", DEMO_CONFIG, *TINY,
-              "MODEL.WEIGHTS", str(missing), "OUTPUT_DIR", str(tmp_path / "out")])
+        main(
+            [
+                "train_net.py",
+                "--eval-only",
+                "--config-file",
+                DEMO_CONFIG,
+                *TINY,
+                "MODEL.WEIGHTS",
+                str(missing),
+                "OUTPUT_DIR",
+                str(tmp_path / "out"),
+            ]
+        )
     one_error_line(capsys, exit_status, f"checkpoint '{missing}' does not exist")
 
 
@@ -233,7 +294,12 @@ def test_a_pkl_of_another_layout_is_one_line_naming_it(tmp_path):
     path.write_bytes(pickle.dumps({"model": weights}, protocol=2))
     with pytest.raises(ValueError, match="Unsupported type"):  # detectron2's own
         DetectionCheckpointer(nn.Module()).load(str(path))
-    with lambda_det_in_detectron2(), pytest.raises(
-            CorruptCheckpointError, match=f"checkpoint {path}: 'model' is of type dict, not a "
-                                          f"numpy array \\(without '__author__' .* add"):
+    with (
+        lambda_det_in_detectron2(),
+        pytest.raises(
+            CorruptCheckpointError,
+            match=f"checkpoint {path}: 'model' is of type dict, not a "
+            f"numpy array \\(without '__author__' .* add",
+        ),
+    ):
         DetectionCheckpointer(nn.Module()).load(str(path))

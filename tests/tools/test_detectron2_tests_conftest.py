@@ -1,10 +1,10 @@
 """tools/detectron2_tests_conftest.py: with it, detectron2's ResNet builders (registry names and
 imported functions) build a LambdaResNet from a stock config, yacs or OmegaConf."""
+
 import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO_ROOT, subprocess_env
 
 CHECK = """
@@ -39,8 +39,13 @@ print(type(build_backbone(OmegaConf.create(cfg.dump()))).__name__)
 @pytest.mark.slow
 def test_the_conftest_swaps_each_resnet_builder_for_a_lambda_resnet():
     conftest = str(REPO_ROOT / "tools" / "detectron2_tests_conftest.py")
-    result = subprocess.run([sys.executable, "-c", CHECK.format(conftest=conftest)],
-                            capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK.format(conftest=conftest)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     # detectron2's ResNet before, a LambdaResNet (its detectron2 Backbone) from each builder after
     before, *after = result.stdout.split()

@@ -1,5 +1,6 @@
 """The pictures of predict and the demo say the score a detection needed, and say so when an
 image had none (an empty picture is otherwise indistinguishable from a broken model)."""
+
 import numpy as np
 import torch
 from detectron2.data import MetadataCatalog
@@ -30,8 +31,9 @@ def test_no_caption_without_a_threshold():
 
 
 def test_the_caption_names_the_threshold_and_an_image_without_detections():
-    with_detection = caption_columns(draw(IMAGE, predictions(1), METADATA, "BGR",
-                                          score_threshold=0.5))
+    with_detection = caption_columns(
+        draw(IMAGE, predictions(1), METADATA, "BGR", score_threshold=0.5)
+    )
     without = caption_columns(draw(IMAGE, predictions(0), METADATA, "BGR", score_threshold=0.5))
     assert with_detection > 0
     assert without > with_detection  # "score >= 0.5: no detection" is the longer caption

@@ -4,6 +4,7 @@ tools/predict.py, tools/export_model.py, tools/ap_table.py, tools/convert_timm_c
 the command reads is never replaced, another existing file only with --overwrite, and a link is
 replaced rather than written through. Each case hashes every file of the folders concerned
 before and after the command."""
+
 import contextlib
 import hashlib
 import importlib
@@ -18,15 +19,21 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_model
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from detectron2.config import instantiate
 from detectron2.modeling import build_model
+
+import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.checkpoint import AtomicCheckpointer
-from lambda_det.cli import (
-    ap_table as ap_table_tool, convert_timm_checkpoint, export_model, lazyconfig_train_net,
-    predict as predict_tool)
+from lambda_det.cli import ap_table as ap_table_tool
+from lambda_det.cli import convert_timm_checkpoint, export_model, lazyconfig_train_net
+from lambda_det.cli import predict as predict_tool
 from lambda_det.cli.output_dir import (
-    EVALUATION_PREFIX, LOCK_FILE, OutputDirLock, evaluation_output_dir, prepare_output_dir)
+    EVALUATION_PREFIX,
+    LOCK_FILE,
+    OutputDirLock,
+    evaluation_output_dir,
+    prepare_output_dir,
+)
 from lambda_det.cli.train_net import main as train_net_main
 from lambda_det.config import resolve_config_file
 from lambda_det.config.lazy import load_lazy_config
@@ -35,13 +42,34 @@ from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import OutputWriteError
 
 CONFIG = "lambda_r26_shapes"
-TINY = ["MODEL.DEVICE", "cpu", "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER", "0.25",
-        "MODEL.LAMBDA_RESNET.SCOPE", "3", "INPUT.MIN_SIZE_TEST", "64", "INPUT.MAX_SIZE_TEST", "64",
-        "MODEL.RPN.POST_NMS_TOPK_TEST", "50", "TEST.DETECTIONS_PER_IMAGE", "5",
-        "DATALOADER.NUM_WORKERS", "0", "DATASETS.TEST", "()"]
-LAZY_TINY = ["model.backbone.bottom_up.width_multiplier=0.25", "model.backbone.bottom_up.scope=3",
-             "dataloader.test.num_workers=0", "model.proposal_generator.post_nms_topk=[250,50]",
-             "model.roi_heads.box_predictor.test_topk_per_image=5", "train.device=cpu"]
+TINY = [
+    "MODEL.DEVICE",
+    "cpu",
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "INPUT.MIN_SIZE_TEST",
+    "64",
+    "INPUT.MAX_SIZE_TEST",
+    "64",
+    "MODEL.RPN.POST_NMS_TOPK_TEST",
+    "50",
+    "TEST.DETECTIONS_PER_IMAGE",
+    "5",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "DATASETS.TEST",
+    "()",
+]
+LAZY_TINY = [
+    "model.backbone.bottom_up.width_multiplier=0.25",
+    "model.backbone.bottom_up.scope=3",
+    "dataloader.test.num_workers=0",
+    "model.proposal_generator.post_nms_topk=[250,50]",
+    "model.roi_heads.box_predictor.test_topk_per_image=5",
+    "train.device=cpu",
+]
 DATASET = "no_overwrite_val"  # a COCO-format dataset of two images (fixture `dataset`)
 
 
@@ -57,9 +85,13 @@ def _one_thread():
 def hashes(folder: Path) -> Dict[str, str]:
     """Every file under ``folder``: its path relative to ``folder`` -> sha256 of its bytes (a
     link: ``-> target``)."""
-    return {str(path.relative_to(folder)): f"-> {os.readlink(path)}" if path.is_symlink() else
-            hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(folder.rglob("*")) if path.is_file() or path.is_symlink()}
+    return {
+        str(path.relative_to(folder)): f"-> {os.readlink(path)}"
+        if path.is_symlink()
+        else hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() or path.is_symlink()
+    }
 
 
 def write_image(path: Path, value: int) -> Path:
@@ -92,17 +124,20 @@ def model_not_loaded(*args, **kwargs):
 
 # ---- tools/predict.py ----
 
+
 def without(module, name: str, replace: bool = True):
     """``module.name`` replaced by :func:`model_not_loaded` while in the block (``replace``)."""
-    return mock.patch.object(module, name, model_not_loaded) if replace else \
-        contextlib.nullcontext()
+    return (
+        mock.patch.object(module, name, model_not_loaded) if replace else contextlib.nullcontext()
+    )
 
 
 def predict(*arguments, weights, model=True, config=CONFIG):
     # a refusal must come before the model is loaded
     with without(predict_tool, "build_trained_model", replace=not model):
-        return predict_tool.main([*map(str, arguments), "--config", str(config), *TINY,
-                                  "MODEL.WEIGHTS", str(weights)])
+        return predict_tool.main(
+            [*map(str, arguments), "--config", str(config), *TINY, "MODEL.WEIGHTS", str(weights)]
+        )
 
 
 def user_config(folder: Path) -> Path:
@@ -122,13 +157,15 @@ def test_predict_into_its_input_folder_is_refused(overwrite, weights, tmp_path, 
     with pytest.raises(SystemExit) as exit_info:
         predict("--input", photos, "--output", photos, *overwrite, weights=weights, model=False)
     assert exit_info.value.code == 2
-    assert_one_line_error(capsys, f"--output '{photos}' holds the input '{photos / 'a.png'}'",
-                          "pass another --output")
+    assert_one_line_error(
+        capsys, f"--output '{photos}' holds the input '{photos / 'a.png'}'", "pass another --output"
+    )
     assert hashes(tmp_path) == before
 
 
-def test_predict_refuses_an_output_that_holds_an_input_it_would_not_draw_over(weights, tmp_path,
-                                                                             capsys):
+def test_predict_refuses_an_output_that_holds_an_input_it_would_not_draw_over(
+    weights, tmp_path, capsys
+):
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "clip.avi").write_bytes(b"a video; drawn as clip.mp4")
@@ -167,10 +204,23 @@ def test_predict_keeps_inputs_of_one_name_apart(weights, tmp_path, capsys):
     own = write_image(tmp_path / "b" / "x_2.png", 220)  # the renamed drawing must not take it
     inputs = hashes(tmp_path)
     output = tmp_path / "out"
-    assert predict("--input", first, second, own, "--output", output,
-                   "--confidence-threshold", "0", weights=weights) == 0
-    assert {name: value for name, value in hashes(tmp_path).items()
-            if not name.startswith("out/")} == inputs
+    assert (
+        predict(
+            "--input",
+            first,
+            second,
+            own,
+            "--output",
+            output,
+            "--confidence-threshold",
+            "0",
+            weights=weights,
+        )
+        == 0
+    )
+    assert {
+        name: value for name, value in hashes(tmp_path).items() if not name.startswith("out/")
+    } == inputs
     drawn = hashes(output)
     assert sorted(drawn) == ["predictions.json", "x.png", "x_2.png", "x_3.png"]
     assert len({drawn["x.png"], drawn["x_2.png"], drawn["x_3.png"]}) == 3  # three pictures
@@ -198,11 +248,22 @@ def test_predict_never_writes_over_a_file_it_reads(read, weights, tmp_path, caps
         (output / "a.png").symlink_to(config)
     before = hashes(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        predict("--input", image, "--output", output, "--overwrite", weights=weights,
-                model=False, config=config)
+        predict(
+            "--input",
+            image,
+            "--output",
+            output,
+            "--overwrite",
+            weights=weights,
+            model=False,
+            config=config,
+        )
     assert exit_info.value.code == 2
-    assert_one_line_error(capsys, f"--output '{output}' holds {read} '{read_path}', which "
-                                  f"would be written over by {written}", "pass another --output")
+    assert_one_line_error(
+        capsys,
+        f"--output '{output}' holds {read} '{read_path}', which would be written over by {written}",
+        "pass another --output",
+    )
     assert hashes(tmp_path) == before
 
 
@@ -225,15 +286,17 @@ def test_predict_replaces_links_in_its_output_rather_than_writing_through_them(w
         (user / name).write_bytes(b"the user's own " + name.encode())
         (output / name).symlink_to(user / name)
     before = hashes(user)
-    assert predict("--input", image, video, "--output", output, "--overwrite",
-                   weights=weights) == 0
+    assert predict("--input", image, video, "--output", output, "--overwrite", weights=weights) == 0
     assert hashes(user) == before
     for name in ("a.png", "clip.mp4", "predictions.json"):
         assert not (output / name).is_symlink() and (output / name).stat().st_size > 0, name
     assert cv2.imread(str(output / "a.png")).shape == (48, 64, 3)
     assert cv2.VideoCapture(str(output / "clip.mp4")).read()[0]  # a video with a frame
     assert sorted(path.name for path in output.iterdir()) == [  # no temporary file left
-        "a.png", "clip.mp4", "predictions.json"]
+        "a.png",
+        "clip.mp4",
+        "predictions.json",
+    ]
 
 
 def test_drawing_names_are_distinct_and_deterministic():
@@ -253,10 +316,21 @@ def test_an_input_named_twice_is_predicted_once(tmp_path):
 
 # ---- tools/export_model.py ----
 
+
 def export(*arguments, weights, model=True):
     with without(export_model, "build_trained_model", replace=not model):
-        return export_model.main(["--config", CONFIG, "--format", "torchscript",
-                                  *map(str, arguments), *TINY, "MODEL.WEIGHTS", str(weights)])
+        return export_model.main(
+            [
+                "--config",
+                CONFIG,
+                "--format",
+                "torchscript",
+                *map(str, arguments),
+                *TINY,
+                "MODEL.WEIGHTS",
+                str(weights),
+            ]
+        )
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
@@ -271,8 +345,9 @@ def test_export_never_writes_over_its_weights(overwrite, weights, tmp_path, caps
         with pytest.raises(SystemExit) as exit_info:
             export("--output", output, *overwrite, weights=trained, model=False)
         assert exit_info.value.code == 2
-        assert_one_line_error(capsys, f"--output '{output}' is MODEL.WEIGHTS",
-                              "pass another --output")
+        assert_one_line_error(
+            capsys, f"--output '{output}' is MODEL.WEIGHTS", "pass another --output"
+        )
         assert hashes(tmp_path) == before
 
 
@@ -304,8 +379,9 @@ def test_export_guards_its_metadata_file_too(overwrite, weights, tmp_path, capsy
         with pytest.raises(SystemExit) as exit_info:
             export("--output", tmp_path / "model.ts", weights=weights, model=False)
         assert exit_info.value.code == 2
-        assert_one_line_error(capsys, f"the metadata file '{user_file}' of --output exists",
-                              "--overwrite")
+        assert_one_line_error(
+            capsys, f"the metadata file '{user_file}' of --output exists", "--overwrite"
+        )
     with pytest.raises(SystemExit) as exit_info:  # never the checkpoint, even with --overwrite
         export("--output", tmp_path / "model.pth", *overwrite, weights=trained, model=False)
     assert exit_info.value.code == 2
@@ -330,15 +406,26 @@ def test_export_never_writes_over_a_file_it_reads(read, weights, tmp_path, capsy
     target = config if read == "--config" else sample
     before = hashes(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        export("--config", config, "--sample-image", sample, "--output", target, "--overwrite",
-               weights=weights, model=False)
+        export(
+            "--config",
+            config,
+            "--sample-image",
+            sample,
+            "--output",
+            target,
+            "--overwrite",
+            weights=weights,
+            model=False,
+        )
     assert exit_info.value.code == 2
-    assert_one_line_error(capsys, f"--output '{target}' is {read}, which this command reads",
-                          "pass another --output")
+    assert_one_line_error(
+        capsys, f"--output '{target}' is {read}, which this command reads", "pass another --output"
+    )
     assert hashes(tmp_path) == before
 
 
 # ---- tools/ap_table.py ----
+
 
 def ap_table(*arguments) -> int:
     return ap_table_tool.main([*map(str, arguments)])
@@ -349,18 +436,26 @@ def finished_run(folder: Path) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text("the run's config")
     (folder / "model_final.pth").write_text("the run's checkpoint")
-    (folder / "eval_results.json").write_text(json.dumps({"config": "", "results": {
-        "bbox": {"AP": 40.0, "APs": 20.0, "APm": 45.0, "APl": 55.0}}}))
+    (folder / "eval_results.json").write_text(
+        json.dumps(
+            {"config": "", "results": {"bbox": {"AP": 40.0, "APs": 20.0, "APm": 45.0, "APl": 55.0}}}
+        )
+    )
     return folder
 
 
 @pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
-@pytest.mark.parametrize("option, name, read", [
-    ("--plot", "eval_results.json", "."), ("--output", "config.yaml", "."),
-    ("--output", "eval_results.json", "eval_results.json"), ("--output", "model_final.pth", "."),
-    ("--output", "link.md", ".")])
-def test_ap_table_never_writes_over_a_run_it_reads(option, name, read, overwrite, tmp_path,
-                                                    capsys):
+@pytest.mark.parametrize(
+    "option, name, read",
+    [
+        ("--plot", "eval_results.json", "."),
+        ("--output", "config.yaml", "."),
+        ("--output", "eval_results.json", "eval_results.json"),
+        ("--output", "model_final.pth", "."),
+        ("--output", "link.md", "."),
+    ],
+)
+def test_ap_table_never_writes_over_a_run_it_reads(option, name, read, overwrite, tmp_path, capsys):
     """Not even with --overwrite: the run's results, config or checkpoint, by name or by a link
     to one of them."""
     run = finished_run(tmp_path / "run")
@@ -404,36 +499,50 @@ def test_ap_table_replaces_an_existing_file_only_with_overwrite(tmp_path, capsys
 
 # ---- tools/convert_timm_checkpoint.py ----
 
+
 @pytest.mark.parametrize("target", ["classifier", "config", "existing"])
 def test_convert_never_writes_over_what_it_reads_and_an_existing_file_only_with_overwrite(
-        target, tmp_path, capsys):
+    target, tmp_path, capsys
+):
     config = user_config(tmp_path / "user")
     classifier = tmp_path / "user" / "classifier.pth"
     classifier.write_bytes(b"a timm checkpoint")
-    output = {"classifier": classifier, "config": config,
-              "existing": tmp_path / "user" / "detector.pth"}[target]
+    output = {
+        "classifier": classifier,
+        "config": config,
+        "existing": tmp_path / "user" / "detector.pth",
+    }[target]
     output.write_bytes(output.read_bytes() if output.exists() else b"an earlier conversion")
     before = hashes(tmp_path)
     overwrite = [] if target == "existing" else ["--overwrite"]
     # a refusal comes before reading the classifier
-    with pytest.raises(SystemExit) as exit_info, \
-            without(convert_timm_checkpoint, "load_checkpoint_file"):
-        convert_timm_checkpoint.main(["--config", str(config), str(classifier), str(output),
-                                      *overwrite])
+    with (
+        pytest.raises(SystemExit) as exit_info,
+        without(convert_timm_checkpoint, "load_checkpoint_file"),
+    ):
+        convert_timm_checkpoint.main(
+            ["--config", str(config), str(classifier), str(output), *overwrite]
+        )
     assert exit_info.value.code == 2
-    expected = {"classifier": "is the classifier checkpoint, which this command reads",
-                "config": "is --config, which this command reads",
-                "existing": "exists: pass another output file, or --overwrite"}[target]
+    expected = {
+        "classifier": "is the classifier checkpoint, which this command reads",
+        "config": "is --config, which this command reads",
+        "existing": "exists: pass another output file, or --overwrite",
+    }[target]
     assert_one_line_error(capsys, f"output file '{output}' {expected}")
     assert hashes(tmp_path) == before
 
 
 # ---- the benchmarks' result folders ----
 
-@pytest.mark.parametrize("tool, option, name", [("benchmark_lambda", "--out", "results.md"),
-                                                ("benchmark_detector", "--output", "table.md")])
-def test_a_benchmark_replaces_earlier_results_only_with_overwrite(tool, option, name, tmp_path,
-                                                                  capsys, monkeypatch):
+
+@pytest.mark.parametrize(
+    "tool, option, name",
+    [("benchmark_lambda", "--out", "results.md"), ("benchmark_detector", "--output", "table.md")],
+)
+def test_a_benchmark_replaces_earlier_results_only_with_overwrite(
+    tool, option, name, tmp_path, capsys, monkeypatch
+):
     """Refused before any measurement (the measuring function would fail the test)."""
     (tmp_path / name).write_text("an earlier run's results")
     before = hashes(tmp_path)
@@ -444,14 +553,16 @@ def test_a_benchmark_replaces_earlier_results_only_with_overwrite(tool, option, 
     with pytest.raises(SystemExit) as exit_info:
         module.main([option, str(tmp_path)])
     assert exit_info.value.code == 2
-    assert_one_line_error(capsys, f"{option} '{tmp_path / name}' exists",
-                          f"pass another {option}, or --overwrite")
+    assert_one_line_error(
+        capsys, f"{option} '{tmp_path / name}' exists", f"pass another {option}, or --overwrite"
+    )
     assert hashes(tmp_path) == before
     with pytest.raises(AssertionError, match="before refusing"):  # --overwrite goes on to measure
         module.main([option, str(tmp_path), "--overwrite"])
 
 
 # ---- OUTPUT_DIR/run.lock and the files detectron2 writes in place ----
+
 
 @pytest.mark.parametrize("kind", ["link", "foreign file", "hard link"])
 def test_the_lock_never_writes_a_file_it_did_not_make(kind, tmp_path):
@@ -467,8 +578,10 @@ def test_the_lock_never_writes_a_file_it_did_not_make(kind, tmp_path):
     else:
         lock.write_text("the user's notes, named run.lock")
     before = hashes(tmp_path)
-    with pytest.raises(OutputWriteError, match=f"'{lock}' is (a symbolic link|not a run's lock "
-                                               f"file).*pass another OUTPUT_DIR"):
+    with pytest.raises(
+        OutputWriteError,
+        match=f"'{lock}' is (a symbolic link|not a run's lock file).*pass another OUTPUT_DIR",
+    ):
         OutputDirLock(str(output)).acquire()
     assert hashes(tmp_path) == before
     # The negative control: an earlier run's lock file is taken over.
@@ -490,8 +603,11 @@ def test_training_with_a_linked_run_lock_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train_net_main(["--config", CONFIG, *TINY, "OUTPUT_DIR", str(output)])
     assert exit_info.value.code == 2
-    assert_one_line_error(capsys, f"'{output / LOCK_FILE}' is a symbolic link",
-                          "remove the link, or pass another OUTPUT_DIR")
+    assert_one_line_error(
+        capsys,
+        f"'{output / LOCK_FILE}' is a symbolic link",
+        "remove the link, or pass another OUTPUT_DIR",
+    )
     assert hashes(tmp_path) == before
 
 
@@ -503,8 +619,9 @@ def test_resuming_refuses_a_link_at_a_file_detectron2_appends_to(tmp_path):
     (run / "log.txt").unlink()
     (run / "log.txt").symlink_to(notes)
     before = hashes(tmp_path)
-    with pytest.raises(OutputWriteError, match=f"'{run / 'log.txt'}' is a symbolic link.*"
-                                               f"pass --restart"):
+    with pytest.raises(
+        OutputWriteError, match=f"'{run / 'log.txt'}' is a symbolic link.*pass --restart"
+    ):
         prepare_output_dir(str(run), resume=True, restart=False)
     assert hashes(tmp_path) == before
     (run / "log.txt").unlink()  # the negative control: a plain log.txt is continued
@@ -513,6 +630,7 @@ def test_resuming_refuses_a_link_at_a_file_detectron2_appends_to(tmp_path):
 
 
 # ---- --eval-only ----
+
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> list:
@@ -523,13 +641,23 @@ def dataset(tmp_path_factory) -> list:
     for index in (1, 2):
         write_image(root / "images" / f"{index}.png", 40 * index)
         images.append({"id": index, "file_name": f"{index}.png", "height": 48, "width": 64})
-        annotations.append({"id": index, "image_id": index, "category_id": 2, "iscrowd": 0,
-                            "bbox": [10, 8, 30, 22], "area": 660,
-                            "segmentation": [[10, 8, 40, 8, 40, 30, 10, 30]]})
-    categories = [{"id": i + 1, "name": name} for i, name in
-                  enumerate(("circle", "square", "triangle"))]
-    (root / "val.json").write_text(json.dumps(
-        {"images": images, "annotations": annotations, "categories": categories}))
+        annotations.append(
+            {
+                "id": index,
+                "image_id": index,
+                "category_id": 2,
+                "iscrowd": 0,
+                "bbox": [10, 8, 30, 22],
+                "area": 660,
+                "segmentation": [[10, 8, 40, 8, 40, 30, 10, 30]],
+            }
+        )
+    categories = [
+        {"id": i + 1, "name": name} for i, name in enumerate(("circle", "square", "triangle"))
+    ]
+    (root / "val.json").write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
     return [DATASET, str(root / "val.json"), str(root / "images")]
 
 
@@ -537,16 +665,21 @@ def fake_training_run(folder: Path, model: torch.nn.Module) -> None:
     """A finished run's files: the checkpoint, last_checkpoint, config, metrics, results."""
     folder.mkdir()
     AtomicCheckpointer(model, save_dir=str(folder)).save("model_final")  # + last_checkpoint
-    for name, text in {"config.yaml": "the run's config", "metrics.json": '{"iteration": 9}',
-                       "eval_results.json": '{"results": "the run\'s"}', "log.txt": "log",
-                       f"inference/{DATASET}/coco_instances_results.json": "[]"}.items():
+    for name, text in {
+        "config.yaml": "the run's config",
+        "metrics.json": '{"iteration": 9}',
+        "eval_results.json": '{"results": "the run\'s"}',
+        "log.txt": "log",
+        f"inference/{DATASET}/coco_instances_results.json": "[]",
+    }.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(text)
 
 
 def evaluation_folders(run: Path) -> list:
-    return [path for path in run.iterdir()
-            if path.is_dir() and path.name.startswith(EVALUATION_PREFIX)]
+    return [
+        path for path in run.iterdir() if path.is_dir() and path.name.startswith(EVALUATION_PREFIX)
+    ]
 
 
 def assert_evaluated_beside_the_run(run: Path, before: Dict[str, str], printed: str) -> Path:
@@ -555,7 +688,8 @@ def assert_evaluated_beside_the_run(run: Path, before: Dict[str, str], printed: 
     assert {name: after.get(name) for name in before} == before
     (evaluation,) = evaluation_folders(run)
     assert set(after) - set(before) <= {"run.lock"} | {
-        name for name in after if name.startswith(evaluation.name + "/")}
+        name for name in after if name.startswith(evaluation.name + "/")
+    }
     assert f"writes into {evaluation}" in printed
     assert (evaluation / "eval_results.json").is_file()
     assert (evaluation / "inference" / DATASET / "coco_instances_results.json").is_file()
@@ -568,17 +702,32 @@ def test_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, capsy
     run = tmp_path / "run"
     fake_training_run(run, build_model(load_config(CONFIG, TINY)))
     before = hashes(run)
-    evaluate = ["--config", CONFIG, "--eval-only", "--resume", "--coco-dataset", *dataset, *TINY,
-                "DATASETS.TEST", f"('{DATASET}',)", "OUTPUT_DIR", str(run)]
+    evaluate = [
+        "--config",
+        CONFIG,
+        "--eval-only",
+        "--resume",
+        "--coco-dataset",
+        *dataset,
+        *TINY,
+        "DATASETS.TEST",
+        f"('{DATASET}',)",
+        "OUTPUT_DIR",
+        str(run),
+    ]
     assert train_net_main(evaluate) == 0
     evaluation = assert_evaluated_beside_the_run(run, before, capsys.readouterr().out)
     # The run's last checkpoint is what was evaluated, and the evaluation's config says so.
     assert load_config(str(evaluation / "config.yaml")).MODEL.WEIGHTS == str(
-        run / "model_final.pth")
+        run / "model_final.pth"
+    )
     # A second evaluation goes to a folder of its own, too. (Its log also goes to the first
     # one's log.txt, as detectron2's loggers stay set up within this one test process.)
-    first = {name: value for name, value in hashes(run).items()
-             if name.startswith(evaluation.name) and not name.endswith("log.txt")}
+    first = {
+        name: value
+        for name, value in hashes(run).items()
+        if name.startswith(evaluation.name) and not name.endswith("log.txt")
+    }
     assert train_net_main(evaluate) == 0
     after = hashes(run)
     assert {name: after[name] for name in [*before, *first]} == {**before, **first}
@@ -587,13 +736,20 @@ def test_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, capsy
 
 @pytest.mark.e2e
 def test_lazy_eval_only_into_a_training_run_writes_beside_it(dataset, tmp_path, capsys):
-    overrides = [*LAZY_TINY, f"dataloader.test.dataset.names={DATASET}",
-                 f"train.output_dir={tmp_path / 'run'}"]
+    overrides = [
+        *LAZY_TINY,
+        f"dataloader.test.dataset.names={DATASET}",
+        f"train.output_dir={tmp_path / 'run'}",
+    ]
     run = tmp_path / "run"
     fake_training_run(run, instantiate(load_lazy_config(CONFIG, overrides).model))
     before = hashes(run)
-    assert lazyconfig_train_net.main(["--config", CONFIG, "--eval-only", "--resume",
-                            "--coco-dataset", *dataset, *overrides]) == 0
+    assert (
+        lazyconfig_train_net.main(
+            ["--config", CONFIG, "--eval-only", "--resume", "--coco-dataset", *dataset, *overrides]
+        )
+        == 0
+    )
     assert_evaluated_beside_the_run(run, before, capsys.readouterr().out)
 
 

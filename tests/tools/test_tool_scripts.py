@@ -2,6 +2,7 @@
 its status; the tools' logic lives in those modules (the tests import them), but for the two
 stdlib-only scripts that run before lambda_det is installed and the conftest.py to copy into
 detectron2's tests."""
+
 import ast
 import importlib
 import runpy
@@ -10,13 +11,21 @@ import pytest
 from conftest import REPO_ROOT
 
 NOT_COMMANDS = {"build_detectron2", "detectron2_C_stub", "detectron2_tests_conftest"}
-SCRIPTS = sorted(path.stem for path in (REPO_ROOT / "tools").glob("*.py")
-                 if path.stem not in NOT_COMMANDS)
+SCRIPTS = sorted(
+    path.stem for path in (REPO_ROOT / "tools").glob("*.py") if path.stem not in NOT_COMMANDS
+)
 
 
 def test_the_tools_are_there():
-    assert {"train_net", "lazyconfig_train_net", "predict", "export_model", "demo",
-            "benchmark_lambda", "param_counts"} <= set(SCRIPTS)
+    assert {
+        "train_net",
+        "lazyconfig_train_net",
+        "predict",
+        "export_model",
+        "demo",
+        "benchmark_lambda",
+        "param_counts",
+    } <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

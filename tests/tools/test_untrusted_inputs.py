@@ -1,5 +1,6 @@
 """Users' files and mistakes: weights that would run code, two runs in one folder, and every
 input error reported in one line (exit status 2) with the earlier run left as it was."""
+
 import hashlib
 import os
 import pickle
@@ -12,12 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import DEMO_CONFIG as CONFIG, REPO_ROOT, TINY_OVERRIDES as TINY, subprocess_env
-from conftest import tiny_model, write_payload
-import lambda_det.data
+from conftest import DEMO_CONFIG as CONFIG
+from conftest import REPO_ROOT, subprocess_env, tiny_model, write_payload
+from conftest import TINY_OVERRIDES as TINY
 from detectron2.modeling import build_model
+
+import lambda_det.data
 from lambda_det.checkpoint import (
-    AtomicCheckpointer, UnsafeCheckpointError, load_checkpoint_file, load_weights)
+    AtomicCheckpointer,
+    UnsafeCheckpointError,
+    load_checkpoint_file,
+    load_weights,
+)
 from lambda_det.cli.output_dir import OutputDirBusyError, OutputDirLock
 from lambda_det.inference import Predictor
 from lambda_det.run_config import load_config
@@ -34,7 +41,9 @@ REFUSED = {"pkl": "__builtin__.exec", "pth": "exec", "pth-legacy": "exec"}
 def test_payload_files_are_refused_without_running(tmp_path, kind):
     marker = tmp_path / "marker"
     path = write_payload(tmp_path / PAYLOAD_KINDS[kind], kind, marker)
-    with pytest.raises(UnsafeCheckpointError, match=rf"checkpoint {path} refers to {REFUSED[kind]}"):
+    with pytest.raises(
+        UnsafeCheckpointError, match=rf"checkpoint {path} refers to {REFUSED[kind]}"
+    ):
         load_checkpoint_file(str(path))
     with pytest.raises(UnsafeCheckpointError):
         load_weights(tiny_model(), str(path))
@@ -56,16 +65,22 @@ def test_detectron2_and_caffe2_pickles_still_load(tmp_path):
     trained = tiny_model()
     weights = {key: value.numpy() for key, value in trained.state_dict().items()}
     detectron2_file = tmp_path / "model_zoo.pkl"
-    detectron2_file.write_bytes(pickle.dumps(
-        {"model": weights, "__author__": "Detectron2 Model Zoo", "matching_heuristics": True},
-        protocol=2))
+    detectron2_file.write_bytes(
+        pickle.dumps(
+            {"model": weights, "__author__": "Detectron2 Model Zoo", "matching_heuristics": True},
+            protocol=2,
+        )
+    )
     model = build_model(load_config(CONFIG, TINY))
     load_weights(model, str(detectron2_file))
     for key, value in model.state_dict().items():
         assert torch.equal(value, trained.state_dict()[key]), key
     caffe2_file = tmp_path / "caffe2.pkl"  # Caffe2 layout: {"blobs": {name: array}}
-    caffe2_file.write_bytes(pickle.dumps({"blobs": {"conv1_w": np.ones((2, 3), np.float32),
-                                                    "conv1_w_momentum": np.ones(1)}}))
+    caffe2_file.write_bytes(
+        pickle.dumps(
+            {"blobs": {"conv1_w": np.ones((2, 3), np.float32), "conv1_w_momentum": np.ones(1)}}
+        )
+    )
     loaded = load_checkpoint_file(str(caffe2_file))
     assert loaded["__author__"] == "Caffe2" and loaded["matching_heuristics"]
     assert list(loaded["model"]) == ["conv1_w"]  # momentum buffers dropped, as detectron2 does
@@ -73,17 +88,27 @@ def test_detectron2_and_caffe2_pickles_still_load(tmp_path):
 
 # ---- the command line: tools/train_net.py and tools/export_model.py as subprocesses ----
 
+
 def run_tool(script: str, *args, datasets_root: Path, timeout: int = 600):
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
-    return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / script), *map(str, args)],
-                          capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / script), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
 
 
 def snapshot(folder: Path) -> dict:
     """Every file under ``folder`` with a hash of its content."""
-    return {str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != "run.lock"}
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != "run.lock"
+    }
 
 
 def assert_one_line_error(result, *fragments: str) -> None:
@@ -109,19 +134,47 @@ def earlier_run(tmp_path) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", PAYLOAD_KINDS)
 @pytest.mark.e2e
-def test_payload_weights_are_refused_at_every_entry_point(tmp_path, kind, datasets_root,
-                                                          earlier_run):
+def test_payload_weights_are_refused_at_every_entry_point(
+    tmp_path, kind, datasets_root, earlier_run
+):
     marker = tmp_path / "marker"
     path = write_payload(tmp_path / PAYLOAD_KINDS[kind], kind, marker)
     before = snapshot(earlier_run)
     fresh = tmp_path / "fresh"
     runs = {
-        "training": ("train_net.py", "--config-file", CONFIG, *TINY, "MODEL.WEIGHTS", path,
-                     "OUTPUT_DIR", fresh),
-        "evaluation": ("train_net.py", "--config-file", CONFIG, "--eval-only", *TINY,
-                       "MODEL.WEIGHTS", path, "OUTPUT_DIR", fresh),
-        "export": ("export_model.py", "--config-file", CONFIG, "--format", "torchscript",
-                   "--output", tmp_path / "model.ts", *TINY, "MODEL.WEIGHTS", path),
+        "training": (
+            "train_net.py",
+            "--config-file",
+            CONFIG,
+            *TINY,
+            "MODEL.WEIGHTS",
+            path,
+            "OUTPUT_DIR",
+            fresh,
+        ),
+        "evaluation": (
+            "train_net.py",
+            "--config-file",
+            CONFIG,
+            "--eval-only",
+            *TINY,
+            "MODEL.WEIGHTS",
+            path,
+            "OUTPUT_DIR",
+            fresh,
+        ),
+        "export": (
+            "export_model.py",
+            "--config-file",
+            CONFIG,
+            "--format",
+            "torchscript",
+            "--output",
+            tmp_path / "model.ts",
+            *TINY,
+            "MODEL.WEIGHTS",
+            path,
+        ),
     }
     for name, (script, *args) in runs.items():
         result = run_tool(script, *args, datasets_root=datasets_root)
@@ -131,8 +184,16 @@ def test_payload_weights_are_refused_at_every_entry_point(tmp_path, kind, datase
     os.replace(path, earlier_run / path.name)
     (earlier_run / "last_checkpoint").write_text(path.name)
     before = snapshot(earlier_run)
-    result = run_tool("train_net.py", "--config-file", CONFIG, "--resume", *TINY,
-                      "OUTPUT_DIR", earlier_run, datasets_root=datasets_root)
+    result = run_tool(
+        "train_net.py",
+        "--config-file",
+        CONFIG,
+        "--resume",
+        *TINY,
+        "OUTPUT_DIR",
+        earlier_run,
+        datasets_root=datasets_root,
+    )
     assert_one_line_error(result, path.name, REFUSED[kind])
     assert not marker.exists()
     assert snapshot(earlier_run) == before
@@ -146,8 +207,10 @@ BAD_INPUTS = {
     "placement": (["MODEL.LAMBDA_RESNET.PLACEMENT", "LLXL"], ["'LLXL'"]),
     "scope": (["MODEL.LAMBDA_RESNET.SCOPE", "4"], ["scope", "got 4"]),
     "batch size 0": (["SOLVER.IMS_PER_BATCH", "0"], ["SOLVER.IMS_PER_BATCH", "got 0"]),
-    "dataset": (["DATASETS.TRAIN", "('lambda_det_shapes_trian',)"],
-                ["'lambda_det_shapes_trian'", "lambda_det_shapes_train"]),
+    "dataset": (
+        ["DATASETS.TRAIN", "('lambda_det_shapes_trian',)"],
+        ["'lambda_det_shapes_trian'", "lambda_det_shapes_train"],
+    ),
     "test dataset": (["DATASETS.TEST", "('coco_2017_vall',)"], ["'coco_2017_vall'"]),
 }
 
@@ -158,8 +221,17 @@ BAD_INPUTS = {
 def test_bad_input_is_one_line_and_changes_nothing(case, datasets_root, earlier_run):
     overrides, fragments = BAD_INPUTS[case]
     before = snapshot(earlier_run)
-    result = run_tool("train_net.py", "--config-file", CONFIG, "--resume", *TINY,
-                      "OUTPUT_DIR", earlier_run, *overrides, datasets_root=datasets_root)
+    result = run_tool(
+        "train_net.py",
+        "--config-file",
+        CONFIG,
+        "--resume",
+        *TINY,
+        "OUTPUT_DIR",
+        earlier_run,
+        *overrides,
+        datasets_root=datasets_root,
+    )
     assert_one_line_error(result, *fragments)
     assert snapshot(earlier_run) == before
 
@@ -171,55 +243,105 @@ def test_bad_weights_and_config_files_are_one_line(tmp_path, datasets_root, earl
     AtomicCheckpointer(tiny_model(), save_dir=str(tmp_path)).save("whole")
     truncated.write_bytes((tmp_path / "whole.pth").read_bytes()[:2000])
     other = tmp_path / "depth50.pth"  # weights of another architecture
-    AtomicCheckpointer(build_model(load_config(CONFIG, TINY + ["MODEL.LAMBDA_RESNET.DEPTH", "50"])),
-                       save_dir=str(tmp_path)).save("depth50")
+    AtomicCheckpointer(
+        build_model(load_config(CONFIG, TINY + ["MODEL.LAMBDA_RESNET.DEPTH", "50"])),
+        save_dir=str(tmp_path),
+    ).save("depth50")
     before = snapshot(earlier_run)
     cases = {
-        "missing, training": ([*TINY, "MODEL.WEIGHTS", "nowhere/model.pth", "OUTPUT_DIR",
-                               tmp_path / "a"], ["nowhere/model.pth", "does not exist"]),
-        "truncated, training": ([*TINY, "MODEL.WEIGHTS", truncated, "OUTPUT_DIR", tmp_path / "a"],
-                                [str(truncated), "truncated or corrupt"]),
-        "mismatched, training": ([*TINY, "MODEL.WEIGHTS", other, "OUTPUT_DIR", tmp_path / "b"],
-                                 [str(other), "does not fit the backbone"]),
-        "truncated, evaluation": (["--eval-only", *TINY, "MODEL.WEIGHTS", truncated,
-                                   "OUTPUT_DIR", tmp_path / "c"], [str(truncated)]),
-        "mismatched, evaluation": (["--eval-only", *TINY, "MODEL.WEIGHTS", other,
-                                    "OUTPUT_DIR", tmp_path / "d"],
-                                   [str(other), "does not fit the model"]),
+        "missing, training": (
+            [*TINY, "MODEL.WEIGHTS", "nowhere/model.pth", "OUTPUT_DIR", tmp_path / "a"],
+            ["nowhere/model.pth", "does not exist"],
+        ),
+        "truncated, training": (
+            [*TINY, "MODEL.WEIGHTS", truncated, "OUTPUT_DIR", tmp_path / "a"],
+            [str(truncated), "truncated or corrupt"],
+        ),
+        "mismatched, training": (
+            [*TINY, "MODEL.WEIGHTS", other, "OUTPUT_DIR", tmp_path / "b"],
+            [str(other), "does not fit the backbone"],
+        ),
+        "truncated, evaluation": (
+            ["--eval-only", *TINY, "MODEL.WEIGHTS", truncated, "OUTPUT_DIR", tmp_path / "c"],
+            [str(truncated)],
+        ),
+        "mismatched, evaluation": (
+            ["--eval-only", *TINY, "MODEL.WEIGHTS", other, "OUTPUT_DIR", tmp_path / "d"],
+            [str(other), "does not fit the model"],
+        ),
         "finished run": ([*TINY, "OUTPUT_DIR", earlier_run], ["--resume", "--restart"]),
     }
     for name, (args, fragments) in cases.items():
-        result = run_tool("train_net.py", "--config-file", CONFIG, *args,
-                          datasets_root=datasets_root)
+        result = run_tool(
+            "train_net.py", "--config-file", CONFIG, *args, datasets_root=datasets_root
+        )
         assert_one_line_error(result, *fragments)
-    result = run_tool("train_net.py", "--config", "lambda_r26_shape", "OUTPUT_DIR", earlier_run,
-                      datasets_root=datasets_root)
+    result = run_tool(
+        "train_net.py",
+        "--config",
+        "lambda_r26_shape",
+        "OUTPUT_DIR",
+        earlier_run,
+        datasets_root=datasets_root,
+    )
     assert_one_line_error(result, "'lambda_r26_shape'", "lambda_r26_shapes.yaml")
-    result = run_tool("train_net.py", "--config", "lambda_r26_shapes", "--num-gpus", "2",
-                      *TINY, "SOLVER.IMS_PER_BATCH", "3", "OUTPUT_DIR", tmp_path / "e",
-                      datasets_root=datasets_root)
+    result = run_tool(
+        "train_net.py",
+        "--config",
+        "lambda_r26_shapes",
+        "--num-gpus",
+        "2",
+        *TINY,
+        "SOLVER.IMS_PER_BATCH",
+        "3",
+        "OUTPUT_DIR",
+        tmp_path / "e",
+        datasets_root=datasets_root,
+    )
     assert_one_line_error(result, "SOLVER.IMS_PER_BATCH 3", "2 processes")
     assert snapshot(earlier_run) == before
     # --debug shows the traceback of the same error.
-    result = run_tool("train_net.py", "--config-file", CONFIG, "--debug", *TINY,
-                      "MODEL.WEIGHTS", truncated, "OUTPUT_DIR", tmp_path / "f",
-                      datasets_root=datasets_root)
+    result = run_tool(
+        "train_net.py",
+        "--config-file",
+        CONFIG,
+        "--debug",
+        *TINY,
+        "MODEL.WEIGHTS",
+        truncated,
+        "OUTPUT_DIR",
+        tmp_path / "f",
+        datasets_root=datasets_root,
+    )
     assert result.returncode != 0 and "Traceback" in result.stderr
 
 
 # ---- one run per OUTPUT_DIR ----
 
+
 @pytest.mark.slow
 def test_output_dir_lock_names_the_holder_and_dies_with_it(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from lambda_det.cli.output_dir import "
-         "OutputDirLock; OutputDirLock(sys.argv[1]).acquire(); print('held', flush=True); "
-         "time.sleep(600)", str(tmp_path)], stdout=subprocess.PIPE, text=True,
-        env=subprocess_env(), cwd=REPO_ROOT)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from lambda_det.cli.output_dir import "
+            "OutputDirLock; OutputDirLock(sys.argv[1]).acquire(); print('held', flush=True); "
+            "time.sleep(600)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(OutputDirBusyError, match=rf"OUTPUT_DIR '{tmp_path}' is in use by "
-                                                     rf"another run \(pid {holder.pid} on "):
+        with pytest.raises(
+            OutputDirBusyError,
+            match=rf"OUTPUT_DIR '{tmp_path}' is in use by "
+            rf"another run \(pid {holder.pid} on ",
+        ):
             OutputDirLock(str(tmp_path)).acquire()
     finally:
         holder.send_signal(signal.SIGKILL)  # no clean-up runs: the kernel drops the lock
@@ -235,9 +357,22 @@ def test_a_second_run_into_a_training_runs_folder_is_refused(tmp_path, datasets_
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
     first = subprocess.Popen(
-        [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--config-file", CONFIG, *TINY,
-         "SOLVER.MAX_ITER", "100000", "OUTPUT_DIR", str(output)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
+        [
+            sys.executable,
+            str(REPO_ROOT / "tools/train_net.py"),
+            "--config-file",
+            CONFIG,
+            *TINY,
+            "SOLVER.MAX_ITER",
+            "100000",
+            "OUTPUT_DIR",
+            str(output),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=REPO_ROOT,
+    )
     try:
         deadline = time.time() + 300
         while time.time() < deadline:  # until the first run has started training
@@ -247,10 +382,19 @@ def test_a_second_run_into_a_training_runs_folder_is_refused(tmp_path, datasets_
             time.sleep(1)
         assert f"pid {first.pid} " in (output / "run.lock").read_text()
         for extra in ([], ["--eval-only", "MODEL.WEIGHTS", str(output / "model.pth")]):
-            second = run_tool("train_net.py", "--config-file", CONFIG, *extra, *TINY,
-                              "OUTPUT_DIR", output, datasets_root=datasets_root)
-            assert_one_line_error(second, f"OUTPUT_DIR '{output}' is in use by another run",
-                                  f"pid {first.pid} ")
+            second = run_tool(
+                "train_net.py",
+                "--config-file",
+                CONFIG,
+                *extra,
+                *TINY,
+                "OUTPUT_DIR",
+                output,
+                datasets_root=datasets_root,
+            )
+            assert_one_line_error(
+                second, f"OUTPUT_DIR '{output}' is in use by another run", f"pid {first.pid} "
+            )
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()

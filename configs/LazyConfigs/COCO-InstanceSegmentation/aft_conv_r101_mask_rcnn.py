@@ -1,10 +1,11 @@
 """AFT-conv ResNet-101 Mask R-CNN (COCO-InstanceSegmentation/aft_conv_r101_mask_rcnn.yaml as a
 LazyConfig): AFT-conv blocks (Attention Free Transformer) where LambdaResNet-101 has lambda blocks
 (c4 blocks 6, 12, 18 and all of c5), the paper's recipe."""
-from ..common.data import dataloader
-from ..common.model import model
-from ..common.schedule import lr_multiplier, optimizer, train
+
 from lambda_det.modeling import use_mixer
+
+from ..common.model import model
+from ..common.schedule import train
 
 model.backbone.bottom_up.depth = 101
 model.backbone.bottom_up.placement = "paper"

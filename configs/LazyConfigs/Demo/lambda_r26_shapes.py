@@ -4,6 +4,7 @@ recipe scaled down: 256x256 inputs, jitter [0.5, 1.5] (the paper's [0.1, 2.0] sh
 objects to nothing at this size), a short schedule with the same 90/95/97.5% LR drops, and
 thinned heads (at this size they, not the backbone, dominate a CPU step).
 """
+
 from ..common.data import dataloader
 from ..common.model import model
 from ..common.schedule import lr_multiplier, optimizer, train

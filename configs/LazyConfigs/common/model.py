@@ -5,6 +5,7 @@ Base-Paper-MaskRCNN-LSJ.yaml): detectron2's defaults, plus the paper's from-scra
 The variants set model.backbone.bottom_up's depth, placement and se. The FPN width reaches the
 heads by interpolation, so model.backbone.out_channels alone changes it.
 """
+
 from detectron2.config import LazyCall as L
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import FPN, GeneralizedRCNN
@@ -15,7 +16,12 @@ from detectron2.modeling.matcher import Matcher
 from detectron2.modeling.poolers import ROIPooler
 from detectron2.modeling.proposal_generator import RPN, StandardRPNHead
 from detectron2.modeling.roi_heads import (
-    FastRCNNConvFCHead, FastRCNNOutputLayers, MaskRCNNConvUpsampleHead, StandardROIHeads)
+    FastRCNNConvFCHead,
+    FastRCNNOutputLayers,
+    MaskRCNNConvUpsampleHead,
+    StandardROIHeads,
+)
+
 from lambda_det.modeling import LambdaResNetBackbone
 from lambda_det.modeling.mixers import mixer_option_defaults
 
@@ -56,8 +62,9 @@ model = L(GeneralizedRCNN)(
             strides=[4, 8, 16, 32, 64],
             offset=0.0,
         ),
-        anchor_matcher=L(Matcher)(thresholds=[0.3, 0.7], labels=[0, -1, 1],
-                                  allow_low_quality_matches=True),
+        anchor_matcher=L(Matcher)(
+            thresholds=[0.3, 0.7], labels=[0, -1, 1], allow_low_quality_matches=True
+        ),
         box2box_transform=L(Box2BoxTransform)(weights=[1.0, 1.0, 1.0, 1.0]),
         batch_size_per_image=256,
         positive_fraction=0.5,
@@ -69,11 +76,13 @@ model = L(GeneralizedRCNN)(
         num_classes=80,
         batch_size_per_image=512,
         positive_fraction=0.25,
-        proposal_matcher=L(Matcher)(thresholds=[0.5], labels=[0, 1],
-                                    allow_low_quality_matches=False),
+        proposal_matcher=L(Matcher)(
+            thresholds=[0.5], labels=[0, 1], allow_low_quality_matches=False
+        ),
         box_in_features=["p2", "p3", "p4", "p5"],
-        box_pooler=L(ROIPooler)(output_size=7, scales=FPN_SCALES, sampling_ratio=0,
-                                pooler_type="ROIAlignV2"),
+        box_pooler=L(ROIPooler)(
+            output_size=7, scales=FPN_SCALES, sampling_ratio=0, pooler_type="ROIAlignV2"
+        ),
         box_head=L(FastRCNNConvFCHead)(
             input_shape=L(ShapeSpec)(channels=FPN_CHANNELS, height=7, width=7),
             conv_dims=[256, 256, 256, 256],
@@ -90,8 +99,9 @@ model = L(GeneralizedRCNN)(
             loss_weight={"loss_box_reg": 1.0},  # loss_cls: 1.0 unless given
         ),
         mask_in_features=["p2", "p3", "p4", "p5"],
-        mask_pooler=L(ROIPooler)(output_size=14, scales=FPN_SCALES, sampling_ratio=0,
-                                 pooler_type="ROIAlignV2"),
+        mask_pooler=L(ROIPooler)(
+            output_size=14, scales=FPN_SCALES, sampling_ratio=0, pooler_type="ROIAlignV2"
+        ),
         mask_head=L(MaskRCNNConvUpsampleHead)(
             input_shape=L(ShapeSpec)(channels=FPN_CHANNELS, height=14, width=14),
             num_classes="${..num_classes}",

@@ -5,10 +5,11 @@ with momentum 0.9, LR 0.32 warmed up from 0 over 1000 steps and divided by 10 at
 train.reference_world_size 64: tools/lazyconfig_train_net.py rescales batch, LR and schedule
 linearly for other process counts (0 turns that off).
 """
-import torch
 
+import torch
 from detectron2.config import LazyCall as L
 from detectron2.solver import get_default_optimizer_params
+
 from lambda_det.solver import warmup_multistep
 from lambda_det.utils import run_defaults
 
