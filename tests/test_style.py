@@ -1,12 +1,12 @@
 """The tree keeps its style: ruff's linter (pycodestyle, pyflakes, import order) and formatter at
 100 columns, as configured in ruff.toml."""
+
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO_ROOT
 
 RUFF = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
