@@ -41,7 +41,7 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 # single-threaded parts (imports, subprocess tools, data loading) then overlap. Tests, not files,
 # are shared out: tests/tools/test_untrusted_inputs.py alone is a fifth of the suite's CPU time,
 # and with --dist loadfile one worker would run it alone at the end (from a -n 2 run's per-test
-# times). tests/ mirrors the package's rooms; markers slow and e2e (pytest.ini).
+# times). tests/ mirrors the package's subpackages; markers slow and e2e (pytest.ini).
 test: $(INSTALLED)
 	$(PY) -m pytest tests -n 2
 

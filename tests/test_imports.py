@@ -198,7 +198,7 @@ def _lint_imports(config: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_rooms_import_only_the_rooms_below_them():
+def test_packages_import_only_the_packages_below_them():
     result = _lint_imports(str(REPO_ROOT / ".importlinter"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 kept, 0 broken" in result.stdout, result.stdout
@@ -218,10 +218,10 @@ def test_the_model_contract_catches_a_detectron2_import(tmp_path):
 
 
 def test_the_import_contract_catches_an_upward_import(tmp_path):
-    # The same rooms in the opposite order: the package's real imports must break it.
+    # The same packages in the opposite order: the package's real imports must break it.
     contract = (REPO_ROOT / ".importlinter").read_text()
-    rooms = contract.split("layers =\n")[1].split("\n\n")[0].splitlines()
-    upside_down = contract.replace("\n".join(rooms), "\n".join(reversed(rooms)))
+    packages = contract.split("layers =\n")[1].split("\n\n")[0].splitlines()
+    upside_down = contract.replace("\n".join(packages), "\n".join(reversed(packages)))
     (tmp_path / "contract.ini").write_text(upside_down)
     result = _lint_imports(str(tmp_path / "contract.ini"))
     assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout
