@@ -4,8 +4,9 @@ LazyConfig): AFT-conv blocks (Attention Free Transformer) where LambdaResNet-101
 
 from lambda_det.modeling import use_mixer
 
+from ..common.data import dataloader
 from ..common.model import model
-from ..common.schedule import train
+from ..common.schedule import lr_multiplier, optimizer, train
 
 model.backbone.bottom_up.depth = 101
 model.backbone.bottom_up.placement = "paper"

@@ -1,8 +1,9 @@
 """Paper Table 14: ResNet-101 + SE (ResNet-RS baseline), Mask R-CNN, the paper's recipe
 (COCO-InstanceSegmentation/r101_se_mask_rcnn.yaml as a LazyConfig)."""
 
+from ..common.data import dataloader
 from ..common.model import model
-from ..common.schedule import train
+from ..common.schedule import lr_multiplier, optimizer, train
 
 model.backbone.bottom_up.depth = 101
 model.backbone.bottom_up.placement = "none"
