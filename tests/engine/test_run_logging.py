@@ -9,6 +9,7 @@ import re
 
 import pytest
 import torch
+from conftest import TINY_OVERRIDES
 from detectron2.modeling import build_model
 
 import lambda_det.data
@@ -20,26 +21,7 @@ from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
-TINY = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "SOLVER.IMS_PER_BATCH",
-    "2",
-    "SOLVER.MAX_ITER",
-    "2",
-    "SOLVER.STEPS",
-    "(1,)",
-    "SOLVER.WARMUP_ITERS",
-    "1",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "DATASETS.TEST",
-    "()",
-]
+TINY = TINY_OVERRIDES  # the demo config at tool size (conftest)
 LOGGERS = ("detectron2", "fvcore", "lambda_det")
 
 
