@@ -7,7 +7,7 @@ import sys
 import pytest
 from conftest import REPO_ROOT, subprocess_env
 
-from lambda_det.benchmark.detector import (
+from benchmarks.detector import (
     DetectorSettings,
     benchmark_detector,
     format_detector,
