@@ -66,7 +66,7 @@ def test_the_command_line_writes_its_files_and_names_bad_input(tmp_path):
             capture_output=True,
             text=True,
             env=subprocess_env(),
-            cwd=REPO_ROOT,
+            cwd=tmp_path,  # another folder than the checkout: the script finds benchmarks/
             timeout=600,
         )
 
