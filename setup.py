@@ -90,7 +90,8 @@ setup(
         ],
         # What detectron2's tools/benchmark.py imports (python -m lambda_det.d2tool benchmark.py).
         "d2tools": ["psutil"],
-        # Only to benchmark against the public implementations side by side.
+        # Only to benchmark against the public implementations side by side (tools/benchmark_*.py
+        # over benchmarks/, which lives in the checkout: packages= above ships lambda_det alone).
         "bench": ["timm>=0.9", "lambda-networks>=0.4"],
     },
 )

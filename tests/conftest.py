@@ -2,6 +2,7 @@
 
 import fcntl
 import hashlib
+import importlib
 import importlib.util
 import logging
 import os
@@ -153,6 +154,20 @@ def load_tool(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# The tools whose commands are in benchmarks/ of the checkout (not installed), by script name.
+BENCHMARK_COMMANDS = {
+    "benchmark_lambda": "benchmarks.lambda_layer",
+    "benchmark_detector": "benchmarks.detector_step",
+    "count_kernels": "benchmarks.count_kernels",
+}
+
+
+def tool_module(name: str) -> ModuleType:
+    """The module whose ``main(argv)`` tools/<name>.py runs: lambda_det.cli.<name>, or a
+    benchmark's command in benchmarks/ (pytest.ini puts the checkout on sys.path)."""
+    return importlib.import_module(BENCHMARK_COMMANDS.get(name, f"lambda_det.cli.{name}"))
 
 
 def subprocess_env() -> dict:

@@ -33,20 +33,22 @@ else:
     raise AssertionError("detectron2 is still importable")
 """
 
-# The benchmark of whole detectors (tools/benchmark_detector.py) trains detectron2 models.
+# The benchmark of whole detectors (tools/benchmark_detector.py) trains detectron2 models; the
+# two commands on lambda_det.cli's arguments import lambda_det's detectron2 parts. benchmarks/ is
+# the checkout's (not installed): the child runs in the checkout.
 IMPORT_THE_CORE = """
-DETECTRON2_PARTS = ("lambda_det.benchmark.detector",)
+DETECTRON2_PARTS = ("benchmarks.detector", "benchmarks.detector_step", "benchmarks.lambda_layer")
 import importlib
 import pkgutil
 
 import torch
 
+import benchmarks
 import lambda_det
 import lambda_det.layers
-import lambda_det.benchmark
 
 names = []
-for package in (lambda_det.layers, lambda_det.benchmark):
+for package in (lambda_det.layers, benchmarks):
     for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
         if module.name in DETECTRON2_PARTS:
             continue
@@ -78,8 +80,10 @@ def test_layers_and_benchmark_import_and_run_without_detectron2():
         "lambda_det.layers.lambda_conv",
         "lambda_det.layers.aft",
         "lambda_det.layers.position_embedding",
-        "lambda_det.benchmark.harness",
-        "lambda_det.benchmark.candidates",
+        "benchmarks.harness",
+        "benchmarks.candidates",
+        "benchmarks.modes",
+        "benchmarks.count_kernels",
     } <= imported
 
 
@@ -201,7 +205,7 @@ def _lint_imports(config: str) -> subprocess.CompletedProcess:
 def test_packages_import_only_the_packages_below_them():
     result = _lint_imports(str(REPO_ROOT / ".importlinter"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout, result.stdout
+    assert "5 kept, 0 broken" in result.stdout, result.stdout
 
 
 def test_the_model_contract_catches_a_detectron2_import(tmp_path):
@@ -227,25 +231,19 @@ def test_the_import_contract_catches_an_upward_import(tmp_path):
     assert result.returncode != 0 and "BROKEN" in result.stdout, result.stdout
 
 
-def test_the_import_contract_catches_config_importing_the_data(tmp_path):
-    # A copy of the package whose config imports the data stack, as its loader once did to
-    # register datasets: the forbidden contract must break, naming the import.
-    shutil.copytree(
-        REPO_ROOT / "lambda_det",
-        tmp_path / "lambda_det",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    config = tmp_path / "lambda_det/config/config.py"
-    config.write_text(
-        config.read_text() + "\n\ndef _register(cfg):\n"
-        "    from lambda_det.data.coco import register_coco_datasets\n\n"
-        "    register_coco_datasets(cfg)\n"
-    )
+def _lint_a_copy_with(tmp_path, module: str, code: str) -> subprocess.CompletedProcess:
+    """lint-imports on a copy of the checked packages whose ``module`` (a path) ends in ``code``."""
+    for package in ("lambda_det", "benchmarks"):
+        shutil.copytree(
+            REPO_ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    changed = tmp_path / module
+    changed.write_text(changed.read_text() + code)
     contract = (REPO_ROOT / ".importlinter").read_text()
     (tmp_path / ".importlinter").write_text(contract)
     lint_imports = os.path.join(os.path.dirname(sys.executable), "lint-imports")
     env = {**subprocess_env(), "PYTHONPATH": str(tmp_path)}
-    result = subprocess.run(
+    return subprocess.run(
         [lint_imports, "--no-cache"],
         capture_output=True,
         text=True,
@@ -253,7 +251,47 @@ def test_the_import_contract_catches_config_importing_the_data(tmp_path):
         cwd=tmp_path,
         timeout=300,
     )
+
+
+def test_the_import_contract_catches_config_importing_the_data(tmp_path):
+    # A copy of the package whose config imports the data stack, as its loader once did to
+    # register datasets: the forbidden contract must break, naming the import.
+    result = _lint_a_copy_with(
+        tmp_path,
+        "lambda_det/config/config.py",
+        "\n\ndef _register(cfg):\n"
+        "    from lambda_det.data.coco import register_coco_datasets\n\n"
+        "    register_coco_datasets(cfg)\n",
+    )
     assert result.returncode != 0, result.stdout
     broken = result.stdout.split("Broken contracts")[-1]
     assert "The config imports neither the model nor the data" in broken, result.stdout
     assert "lambda_det.config.config -> lambda_det.data.coco" in broken, result.stdout
+
+
+@pytest.mark.parametrize(
+    "module, code, contract, import_",
+    [
+        (
+            "lambda_det/cli/arguments.py",
+            "\nimport benchmarks.harness  # noqa\n",
+            "The installed package never imports the checkout's benchmarks",
+            "lambda_det.cli.arguments -> benchmarks.harness",
+        ),
+        (
+            "benchmarks/report.py",
+            "\nimport detectron2.config  # noqa\n",
+            "The lambda layer and the layer benchmarks need torch alone",
+            "benchmarks.report -> detectron2 ",
+        ),
+    ],
+    ids=["lambda_det imports benchmarks", "a torch-only benchmark imports detectron2"],
+)
+def test_the_import_contracts_check_the_benchmarks(tmp_path, module, code, contract, import_):
+    # benchmarks/ is a root of its own: an import into it from the installed package, or of
+    # detectron2 from its torch-only modules, breaks a contract.
+    result = _lint_a_copy_with(tmp_path, module, code)
+    assert result.returncode != 0, result.stdout
+    broken = result.stdout.split("Broken contracts")[-1]
+    assert contract in " ".join(broken.split()), result.stdout
+    assert import_ in broken, result.stdout

@@ -1,6 +1,6 @@
 """A backbone comparison under one recipe: every (variant, seed) pair trained and evaluated by
 tools/train_net.py into its own folder, ``OUTPUT/<variant>/seed<SEED>/``, then reported by
-:mod:`lambda_det.evaluation.compare_report`.
+:mod:`lambda_det.reports.compare_report`.
 
 A variant is a name and ``MODEL.LAMBDA_RESNET.*`` overrides on the shared config: only the
 backbone may differ, so the recipe stays the same. Each run is a separate train_net.py process

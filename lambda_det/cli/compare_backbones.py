@@ -36,7 +36,7 @@ from lambda_det.cli.compare import (
 )
 from lambda_det.compat import CHECKOUT
 from lambda_det.engine.interrupt import stopping_on_signals
-from lambda_det.evaluation.compare_report import summarize, write_report
+from lambda_det.reports.compare_report import summarize, write_report
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder
 from lambda_det.utils.errors import UserError
 

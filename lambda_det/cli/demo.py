@@ -32,8 +32,8 @@ from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_d
 from lambda_det.compat import CHECKOUT
 from lambda_det.config import resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
-from lambda_det.evaluation import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.inference import Predictor, draw, write_image
+from lambda_det.reports import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.run_config import config_differences, load_config
 from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporting_write_errors
 from lambda_det.utils.errors import UserError

@@ -2,13 +2,12 @@
 in any tool, and a malformed one (a _BASE_ loop, an empty file, a list) is one error line that
 names the file."""
 
-import importlib
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIGS
+from conftest import CONFIGS, tool_module
 from detectron2.config import get_cfg as get_detectron2_cfg
 
 import lambda_det.data
@@ -47,9 +46,9 @@ def assert_one_error_line(capsys, *fragments: str) -> str:
 
 
 def run_tool(name: str, argv, capsys, *fragments: str) -> str:
-    """``lambda_det.cli.<name>``'s main(argv) in this process: exit status 2 and one error line."""
+    """The tool ``name``'s main(argv) in this process: exit status 2 and one error line."""
     with pytest.raises(SystemExit) as exit_info:
-        importlib.import_module(f"lambda_det.cli.{name}").main([str(arg) for arg in argv])
+        tool_module(name).main([str(arg) for arg in argv])
     assert exit_info.value.code == 2
     return assert_one_error_line(capsys, *fragments)
 

@@ -2,7 +2,6 @@
 config name, keys and values that load; the short ones run."""
 
 import argparse
-import importlib
 import os
 import shlex
 import subprocess
@@ -19,6 +18,7 @@ from conftest import (
     bash_commands_of,
     linked_docs,
     subprocess_env,
+    tool_module,
 )
 
 from lambda_det.run_config import load_config
@@ -100,7 +100,7 @@ def test_each_tool_command_parses_and_its_config_loads(command, parse_only, tmp_
     words = shlex.split(command)
     script = REPO_ROOT / words[1]
     assert script.is_file(), words[1]
-    module = importlib.import_module(f"lambda_det.cli.{script.stem}")
+    module = tool_module(script.stem)
     argv = words[2:]
     with pytest.raises(Parsed) as parsed:
         module.main(argv)

@@ -1,5 +1,5 @@
 """tools/train_net.py end to end on the bundled dataset: trains, evaluates and reports AP by object
-size (the AP tables: evaluation/test_ap_tables.py)."""
+size (the AP tables: reports/test_ap_tables.py)."""
 
 import math
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, subprocess_env
 
-from lambda_det.evaluation import load_results
+from lambda_det.reports import load_results
 
 
 def run_tool(script: str, *args: str, datasets_root: Path, timeout: int = 900):

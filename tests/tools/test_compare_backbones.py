@@ -28,7 +28,7 @@ from lambda_det.cli.compare import (
     train_command,
     variant_presets,
 )
-from lambda_det.evaluation.compare_report import (
+from lambda_det.reports.compare_report import (
     format_comparison,
     mean_std,
     median_iteration_time,

@@ -8,14 +8,13 @@ Tests run as root, which ignores file permissions: a read-only folder is one und
 save that raises ``OSError(ENOSPC)``."""
 
 import errno
-import importlib
 import json
 import pickle
 
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, tiny_model, write_payload
+from conftest import CONFIGS, tiny_model, tool_module, write_payload
 from conftest import TINY_OVERRIDES as TINY
 from detectron2.engine.hooks import EvalHook
 
@@ -44,8 +43,8 @@ ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 
 
 def tool_main(name: str):
-    """The main(argv) of the tool ``name`` (lambda_det.cli.<name>)."""
-    return importlib.import_module(f"lambda_det.cli.{name}").main
+    """The main(argv) of the tool ``name`` (conftest.tool_module)."""
+    return tool_module(name).main
 
 
 def exit_status(main, argv, capsys):

@@ -7,7 +7,6 @@ before and after the command."""
 
 import contextlib
 import hashlib
-import importlib
 import json
 import os
 from pathlib import Path
@@ -18,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import tiny_model, tool_module
 from detectron2.config import instantiate
 from detectron2.modeling import build_model
 
@@ -546,7 +545,7 @@ def test_a_benchmark_replaces_earlier_results_only_with_overwrite(
     """Refused before any measurement (the measuring function would fail the test)."""
     (tmp_path / name).write_text("an earlier run's results")
     before = hashes(tmp_path)
-    module = importlib.import_module(f"lambda_det.cli.{tool}")
+    module = tool_module(tool)
     for function in ("run", "benchmark_detector"):
         if hasattr(module, function):
             monkeypatch.setattr(module, function, model_not_loaded)

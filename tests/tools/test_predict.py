@@ -13,7 +13,7 @@ from pycocotools import mask as mask_util
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from lambda_det.evaluation import load_results
+from lambda_det.reports import load_results
 
 TINY = [
     "MODEL.DEVICE",

@@ -1,13 +1,18 @@
-"""Lambda layer speed and memory, side by side in one process (``tools/benchmark_lambda.py`` is its
-command line; docs/benchmarks.md holds the measurements).
+"""lambda_det's benchmarks: a part of the checkout beside the package, not installed with it
+(``pip install`` ships ``lambda_det`` alone). The tools put the checkout on ``sys.path`` and run
+the commands' ``main(argv)``: :mod:`.lambda_layer` (``tools/benchmark_lambda.py``),
+:mod:`.detector_step` (``tools/benchmark_detector.py``) and :mod:`.count_kernels`
+(``tools/count_kernels.py``); docs/benchmarks.md holds the measurements.
 
-Three modes (:mod:`lambda_det.benchmark.modes`):
+Lambda layer speed and memory, side by side in one process (``tools/benchmark_lambda.py``):
+
+Three modes (:mod:`benchmarks.modes`):
 
 * layers: forward + backward of one layer in train mode (batch statistics in BN, the gradient of
   the input and of every parameter) on the feature maps of :data:`~.candidates.SHAPES`: every
   lambda_det implementation, timm's and lucidrains' lambda layers, the 3x3 conv a lambda layer
   replaces, global multi-head self-attention, and the Attention Free Transformer's mixers
-  (:mod:`~lambda_det.benchmark.candidates`). Layer sizes are
+  (:mod:`~benchmarks.candidates`). Layer sizes are
   :class:`~lambda_det.layers.LambdaLayer`'s defaults (h=4, k=16, u=1, scope 23; r=23 for timm
   and lucidrains).
 * backbone: LambdaResNet (the paper's placement) against placement="none" (its ResNet-RS
@@ -19,12 +24,12 @@ Three modes (:mod:`lambda_det.benchmark.modes`):
   replaces, with the median per-round ratio and what the difference adds up to over the
   backbone's blocks of that kind.
 
-Timing (:mod:`~lambda_det.benchmark.harness`): every repetition runs each candidate once, round
+Timing (:mod:`~benchmarks.harness`): every repetition runs each candidate once, round
 robin with the starting candidate rotated, so all of them see the same machine load; the tables
 quote medians, and ratios of medians from the same run (or medians of per-round ratios). A square
 GEMM ("sgemm", fp32) is timed in the same round robin as the machine's yardstick.
 
-Memory (:mod:`~lambda_det.benchmark.memory`), measured once per candidate after the timing:
+Memory (:mod:`~benchmarks.memory`), measured once per candidate after the timing:
 
 * peak: the most tensor memory allocated at once during forward + backward, above what was
   allocated before it (inputs and parameters excluded, parameter gradients included). On a GPU:
@@ -48,8 +53,8 @@ such, when that matrix and its gradient would exceed the memory cap); "sdpa" is 
 scaled_dot_product_attention. lambda_det's "einsum" impl materialises k x u x n x n relative
 embeddings and is skipped by the same cap.
 
-Reports (:mod:`~lambda_det.benchmark.report`): markdown tables, and a plot of the layer mode.
+Reports (:mod:`~benchmarks.report`): markdown tables, and a plot of the layer mode.
 Only the backbone and blocks modes need detectron2; timm and lambda-networks are imported only
-when their candidates are built. :mod:`~lambda_det.benchmark.detector` (tools/benchmark_detector.py)
+when their candidates are built. :mod:`~benchmarks.detector` (tools/benchmark_detector.py)
 times whole detectors' training steps with lambda_det's trainer.
 """

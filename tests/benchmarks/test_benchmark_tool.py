@@ -1,6 +1,7 @@
-"""lambda_det.benchmark and its command line tools/benchmark_lambda.py: every candidate it times
-builds and maps the feature map to its own shape, and a run writes its table, JSON and plot. (Its
-timings are not tested: docs/benchmarks.md.)
+"""The lambda layer benchmark (benchmarks/) and its command line tools/benchmark_lambda.py:
+every candidate it times builds and maps the feature map to its own shape, and a run writes its
+table, JSON and plot; tools/count_kernels.py counts kernels. (Its timings are not tested:
+docs/benchmarks.md.)
 """
 
 import json
@@ -8,9 +9,10 @@ import json
 import pytest
 import torch
 
+from benchmarks import candidates as zoo
+from benchmarks import count_kernels
+from benchmarks import lambda_layer as benchmark_lambda
 from lambda_det import layers
-from lambda_det.benchmark import candidates as zoo
-from lambda_det.cli import benchmark_lambda, count_kernels
 
 
 def load_benchmark_tool():

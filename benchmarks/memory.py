@@ -6,7 +6,7 @@ import torch
 from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
-from lambda_det.benchmark.harness import Step, free_memory, synchronize
+from benchmarks.harness import Step, free_memory, synchronize
 
 
 def saved_bytes(step: Step) -> int:

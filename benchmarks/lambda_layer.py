@@ -9,7 +9,7 @@ self-attention on the same feature map, and the Attention Free Transformer's mix
     python tools/benchmark_lambda.py --blocks                         # its lambda blocks vs conv
 
 The method (what is timed, how memory and useful FLOPs are counted) is described in
-lambda_det/benchmark/__init__.py; measurements are in docs/benchmarks.md.
+benchmarks/__init__.py; measurements are in docs/benchmarks.md.
 
 Outputs, under --out: results.md (the tables), results.json (everything, with the machine
 description), results.png (time and memory per shape, layer mode); an earlier run's are replaced
@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from lambda_det.benchmark import report
-from lambda_det.benchmark.candidates import SHAPES
-from lambda_det.benchmark.modes import (
+from benchmarks import report
+from benchmarks.candidates import SHAPES
+from benchmarks.modes import (
     BackboneSettings,
     LayerSettings,
     benchmark_backbone,

@@ -16,7 +16,7 @@ import collections
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lambda_det.benchmark.candidates import DIM_K, HEADS, SCOPE
+from benchmarks.candidates import DIM_K, HEADS, SCOPE
 from lambda_det.layers import IMPLEMENTATIONS, LambdaLayer, TiledTuning
 
 # lambda_det's GPU tuning of the tiled form (its chunks, and halo gradients folded by

@@ -1,4 +1,4 @@
-"""AP tables and charts (lambda_det.evaluation, tools/ap_table.py): the table's layout and deltas,
+"""AP tables and charts (lambda_det.reports, tools/ap_table.py): the table's layout and deltas,
 results read from a run's files, two runs of one name, bars without missing metrics."""
 
 import json
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lambda_det.cli import ap_table
-from lambda_det.evaluation import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
+from lambda_det.reports import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
 
 
 def test_ap_table_layout_and_deltas(tmp_path):
@@ -75,7 +75,7 @@ def test_ap_table_refuses_two_runs_with_one_name(tmp_path, capsys):
 def test_ap_bars_leave_out_missing_metrics_and_cut_errors_at_zero(tmp_path, monkeypatch):
     from matplotlib.axes import Axes
 
-    from lambda_det.evaluation.plots import plot_ap_bars
+    from lambda_det.reports.plots import plot_ap_bars
 
     drawn, draw = [], Axes.bar
 

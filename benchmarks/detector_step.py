@@ -26,14 +26,14 @@ from pathlib import Path
 
 import torch
 
-from lambda_det.benchmark.detector import (
+from benchmarks.detector import (
     MODES,
     PRECISIONS,
     DetectorSettings,
     benchmark_detector,
     format_detector,
 )
-from lambda_det.benchmark.harness import machine_description
+from benchmarks.harness import machine_description
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.utils.atomic import (
     atomic_write,

@@ -18,7 +18,7 @@ from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from lambda_det.benchmark.harness import (
+from benchmarks.harness import (
     Candidate,
     free_memory,
     is_out_of_memory,
@@ -27,8 +27,8 @@ from lambda_det.benchmark.harness import (
     run_round_robin,
     synchronize,
 )
-from lambda_det.benchmark.memory import peak_bytes
-from lambda_det.benchmark.report import markdown_table
+from benchmarks.memory import peak_bytes
+from benchmarks.report import markdown_table
 from lambda_det.engine.amp import AMP_DTYPES
 from lambda_det.engine.trainer import Trainer
 from lambda_det.layers import LambdaLayer

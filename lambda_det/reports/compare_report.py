@@ -17,8 +17,8 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from lambda_det.evaluation.ap_table import load_results
-from lambda_det.evaluation.plots import plot_ap_bars
+from lambda_det.reports.ap_table import load_results
+from lambda_det.reports.plots import plot_ap_bars
 from lambda_det.utils.atomic import atomic_path
 from lambda_det.utils.errors import UserError
 

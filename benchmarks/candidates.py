@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lambda_det.benchmark.harness import Candidate
+from benchmarks.harness import Candidate
 from lambda_det.layers import (
     IMPLEMENTATIONS,
     AFTConv,

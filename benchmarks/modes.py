@@ -6,8 +6,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from lambda_det.benchmark import candidates as layer_zoo
-from lambda_det.benchmark.harness import (
+from benchmarks import candidates as layer_zoo
+from benchmarks.harness import (
     Candidate,
     Step,
     free_memory,
@@ -18,8 +18,8 @@ from lambda_det.benchmark.harness import (
     paired_ratio,
     run_round_robin,
 )
-from lambda_det.benchmark.memory import peak_bytes, saved_bytes
-from lambda_det.benchmark.report import format_shape_table
+from benchmarks.memory import peak_bytes, saved_bytes
+from benchmarks.report import format_shape_table
 from lambda_det.layers import LambdaLayer
 from lambda_det.layers.lambda_conv import DEFAULT_TILE, TiledTuning
 

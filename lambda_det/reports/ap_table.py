@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
-from lambda_det.evaluation.plots import plot_ap_bars
+from lambda_det.reports.plots import plot_ap_bars
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.text import read_text
 
@@ -171,7 +171,7 @@ def format_ap_table(
 
 def plot_ap_by_size(runs: Mapping[str, Results], path: str, title: str = "COCO AP by object size"):
     """Grouped bars (AP, APs, APm, APl) per run, one panel for boxes and one for masks
-    (:func:`~lambda_det.evaluation.plots.plot_ap_bars`); the folder is made if needed."""
+    (:func:`~lambda_det.reports.plots.plot_ap_bars`); the folder is made if needed."""
     panels = {
         f"{title}: {'boxes' if label == 'bb' else 'masks'}": {
             name: [
