@@ -13,6 +13,12 @@ differ here in one place: main creates the per-machine process group with
 
 detectron2 and fvcore are imported inside the functions: lambda_det.modeling imports this module
 without detectron2 (:func:`add_default_flop_handles`).
+
+Outside this module, lambda_det's subclasses of detectron2's and fvcore's classes use protected
+members of their bases, as those classes intend (``SimpleTrainer._write_metrics``,
+``Checkpointer._load_file``, ...; the test lists them), and the export-only replacements of
+detectron2 functions (:mod:`lambda_det.export._torch_export`, tests/export/) stand in for a few
+private ones while a model is exported.
 """
 
 import contextlib
