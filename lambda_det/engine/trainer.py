@@ -205,10 +205,12 @@ class Trainer(DefaultTrainer):
     """
 
     def __init__(self, cfg: CfgNode):
-        # What DefaultTrainer.__init__ does first, for the checks (which log) on its config.
+        # DefaultTrainer.__init__ (below) builds the trainer with lambda_det's parts. Before it
+        # builds the model: its logger and scaled config (scaling again changes nothing), for
+        # the checks and the seed.
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
-        cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())  # once: idempotent
+        cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
         # As tools/train_net.py checks before launch, for the trainer built another way; on
         # every rank (only the main one has the writer that LOG_PERIOD drives).
         check_training_settings(yaml_training_settings(cfg))

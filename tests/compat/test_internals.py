@@ -202,6 +202,7 @@ def test_the_names_detectron2s_tools_are_given_lambda_dets_parts_through_0_6_and
         (JSONWriter, ["_file_handle"], "MetricsWriter.drop_after"),
         (Checkpointer, ["_load_file", "_load_model"], "AtomicCheckpointer (overrides)"),
         (EvalHook, ["_do_eval", "_func"], "FinalEvalHook (EvalHook.after_train)"),
+        (DefaultTrainer, ["_trainer"], "Trainer.state_dict"),
     ],
 )
 def test_protected_members_lambda_dets_subclasses_use_0_6_and_main(base, members, subclass):
