@@ -37,22 +37,21 @@ import sys
 import urllib.parse
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence
-from unittest import mock
 
 from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
-from detectron2.config import CfgNode, LazyConfig  # noqa: E402
+from detectron2.config import CfgNode  # noqa: E402
 from detectron2.data import DatasetMapper as Detectron2DatasetMapper  # noqa: E402
-from fvcore.common.checkpoint import Checkpointer  # noqa: E402
 
 from lambda_det.checkpoint import (  # noqa: E402
     CorruptCheckpointError,
     UnsafeCheckpointError,
     load_checkpoint_file,
 )
+from lambda_det.compat.internals import detectron2_tool_patches  # noqa: E402
 from lambda_det.config import CfgNode as SafeCfgNode  # noqa: E402
 from lambda_det.config import ConfigFileError  # noqa: E402
 from lambda_det.config.lazy import load_lazy_config_file  # noqa: E402
@@ -191,13 +190,12 @@ def lambda_det_in_detectron2() -> Iterator[None]:
 
     register_datasets()
 
-    with (
-        mock.patch("detectron2.config.get_cfg", _get_cfg),
-        mock.patch("detectron2.data.build.DatasetMapper", _mapper),
-        mock.patch.object(Checkpointer, "_load_file", _load_checkpoint_file),
-        mock.patch.object(DetectionCheckpointer, "_load_file", _load_checkpoint_file),
-        mock.patch.object(DetectionCheckpointer, "load", _load_checkpoint),
-        mock.patch.object(LazyConfig, "load", staticmethod(load_lazy_config_file)),
+    with detectron2_tool_patches(
+        get_cfg=_get_cfg,
+        dataset_mapper=_mapper,
+        load_file=_load_checkpoint_file,
+        checkpointer_load=_load_checkpoint,
+        lazy_config_load=load_lazy_config_file,
     ):
         yield
 

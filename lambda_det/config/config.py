@@ -29,6 +29,7 @@ from lambda_det.utils.text import not_text
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import CfgNode as CN  # noqa: E402
+from detectron2.utils.file_io import PathManager  # noqa: E402
 from fvcore.common.config import BASE_KEY  # noqa: E402
 
 from lambda_det.config.expressions import ExpressionError, evaluate_expression  # noqa: E402
@@ -223,7 +224,7 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
             f"remove the _BASE_ that closes it"
         )
     try:
-        with CN._open_cfg(path) as f:
+        with PathManager.open(path, "r") as f:  # as detectron2's CfgNode opens a config
             data = _load_plain_yaml(f, where)
     except OSError:  # missing, a folder, unreadable
         raise FileNotFoundError(

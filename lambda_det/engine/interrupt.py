@@ -31,6 +31,7 @@ from detectron2.engine.hooks import PeriodicCheckpointer
 from detectron2.utils import comm
 
 from lambda_det.checkpoint import last_checkpoint
+from lambda_det.compat.internals import registered_hooks
 
 __all__ = [
     "Interrupted",
@@ -145,9 +146,8 @@ class InterruptCheckpoint(HookBase):
         raise Interrupted(signum, checkpoint, iteration)
 
     def _save(self, iteration: int) -> Optional[str]:
-        periodic = next(
-            (hook for hook in self.trainer._hooks if isinstance(hook, PeriodicCheckpointer)), None
-        )
+        hooks = registered_hooks(self.trainer)
+        periodic = next((hook for hook in hooks if isinstance(hook, PeriodicCheckpointer)), None)
         if periodic is None:
             return None
         checkpointer, prefix = periodic.checkpointer, periodic.file_prefix

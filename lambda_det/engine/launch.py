@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from detectron2.engine import launch as detectron2_launch
 from detectron2.utils import comm
 
+from lambda_det.compat.internals import set_local_process_group
 from lambda_det.engine.interrupt import watching_launcher_signals
 from lambda_det.utils.errors import UserError
 
@@ -106,11 +107,7 @@ def _cpu_worker(
         rank=global_rank,
         timeout=timeout,
     )
-    for machine in range(num_machines):  # detectron2's comm.get_local_rank() needs this group
-        ranks = list(range(machine * num_processes, (machine + 1) * num_processes))
-        group = dist.new_group(ranks)
-        if machine == machine_rank:
-            comm._LOCAL_PROCESS_GROUP = group
+    set_local_process_group(num_processes)  # detectron2's comm.get_local_rank() needs it
     comm.synchronize()
     try:
         main_func(*args)

@@ -137,7 +137,7 @@ def train(cfg: DictConfig, resume: bool) -> None:
     checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=resume)
     start = trainer.iter + 1 if resuming else 0
     if resuming and main:
-        resume_metrics(trainer._hooks, start - 1)
+        resume_metrics(trainer, start - 1)
     if seed is not None:
         train_loader.start_iteration = start
     with reporting_write_errors(cfg.train.output_dir, "train.output_dir", errnos=DISK_ERRNOS):

@@ -11,14 +11,17 @@ import json
 import logging
 import os
 import sys
-from typing import List
+from typing import List, Optional
 
+from detectron2.config import CfgNode
 from detectron2.engine import defaults as engine_defaults
 from detectron2.engine.hooks import PeriodicWriter
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter, get_event_storage
 from detectron2.utils.logger import setup_logger
+from omegaconf import OmegaConf
 
+from lambda_det.compat.internals import periodic_writer_writers, registered_hooks
 from lambda_det.utils.atomic import atomic_path
 
 __all__ = [
@@ -65,10 +68,25 @@ class _PrintoutsInLogFile(logging.Formatter):
         return self.console.format(record)
 
 
+_MISSING = object()  # for OmegaConf.select: a key set to None is found
+
+
+def run_output_dir(cfg) -> Optional[str]:
+    """The output folder of a run of ``cfg``, where detectron2's ``default_setup`` reads it: a
+    yaml CfgNode's OUTPUT_DIR, a LazyConfig's ``output_dir`` or else ``train.output_dir``."""
+    if isinstance(cfg, CfgNode):
+        return cfg.get("OUTPUT_DIR")
+    for key in ("output_dir", "train.output_dir"):
+        value = OmegaConf.select(cfg, key, default=_MISSING)
+        if value is not _MISSING:
+            return value
+    return None
+
+
 def setup_run_logging(cfg) -> None:
     """Set up the loggers of a run of ``cfg`` (a yaml CfgNode or a LazyConfig) before
     detectron2's ``default_setup`` logs into them."""
-    output_dir = engine_defaults._try_get_key(cfg, "OUTPUT_DIR", "output_dir", "train.output_dir")
+    output_dir = run_output_dir(cfg)
     rank = comm.get_rank()
     # The very calls of default_setup: setup_logger caches its loggers by these arguments, so
     # default_setup gets the loggers set up here rather than adding handlers of its own.
@@ -154,11 +172,11 @@ def run_writers(output_dir: str, max_iter: int) -> List[EventWriter]:
     return writers
 
 
-def resume_metrics(hooks, iteration: int) -> None:
-    """On a run resumed after ``iteration``: its metrics.json without later records
-    (:meth:`MetricsWriter.drop_after`)."""
-    for hook in hooks:
+def resume_metrics(trainer, iteration: int) -> None:
+    """On a run resumed after ``iteration``: its metrics.json (of ``trainer``'s writers) without
+    later records (:meth:`MetricsWriter.drop_after`)."""
+    for hook in registered_hooks(trainer):
         if isinstance(hook, PeriodicWriter):
-            for writer in hook._writers:
+            for writer in periodic_writer_writers(hook):
                 if isinstance(writer, MetricsWriter):
                     writer.drop_after(iteration)

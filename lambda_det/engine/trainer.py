@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import os
-import weakref
 from collections import OrderedDict
 from typing import Optional, Tuple
 
@@ -20,7 +19,6 @@ from detectron2.engine import (
     create_ddp_model,
     default_setup,
 )
-from detectron2.engine import defaults as engine_defaults
 from detectron2.engine.hooks import EvalHook, PeriodicWriter
 from detectron2.evaluation import COCOEvaluator
 from detectron2.utils import comm
@@ -29,6 +27,12 @@ from detectron2.utils.logger import setup_logger
 
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync, without_cuda_home_warning
+from lambda_det.compat.internals import (
+    default_trainer_parts,
+    eval_hook_arguments,
+    plain_config_printouts,
+    release_eval_function,
+)
 from lambda_det.config import resolve_config_file
 from lambda_det.data import build_mapper, register_datasets
 from lambda_det.data.checks import load_training_dicts, yaml_data_settings
@@ -46,6 +50,8 @@ __all__ = [
     "setup_cfg",
     "plain_default_setup",
     "build_step_trainer",
+    "build_ddp_model",
+    "build_single_step_trainer",
     "write_eval_results",
     "FinalEvalHook",
 ]
@@ -82,13 +88,8 @@ def plain_default_setup(cfg, args: argparse.Namespace) -> None:
     pointer to log.txt (:func:`~lambda_det.engine.run_logging.setup_run_logging`); autocast
     training on a CPU without kernels for its dtype gets a warning."""
     setup_run_logging(cfg)
-    highlight = engine_defaults._highlight
-    engine_defaults._highlight = lambda code, filename: code
-    try:
-        with without_cuda_home_warning():
-            default_setup(cfg, args)
-    finally:
-        engine_defaults._highlight = highlight
+    with plain_config_printouts(), without_cuda_home_warning():
+        default_setup(cfg, args)
     _log_write_errors_without_traceback()
     if not getattr(args, "eval_only", False):
         warn_about_slow_cpu_amp(cfg)
@@ -139,12 +140,25 @@ def build_step_trainer(
     amp_dtype: Optional[str] = None,
     **ddp_options,
 ) -> TrainerBase:
-    """The trainer of one iteration for both config systems: ``model`` in detectron2's
-    ``create_ddp_model`` (on the CPU without GPU device ids, which detectron2 0.6 passes), then
-    detectron2's ``SimpleTrainer``, or :class:`MixedPrecisionTrainer` with ``amp_dtype``."""
+    """The trainer of one iteration for both config systems: ``model`` in
+    :func:`build_ddp_model`, then :func:`build_single_step_trainer`."""
+    model = build_ddp_model(model, device, **ddp_options)
+    return build_single_step_trainer(model, data_loader, optimizer, device, amp_dtype)
+
+
+def build_ddp_model(model: torch.nn.Module, device: str, **ddp_options) -> torch.nn.Module:
+    """``model`` in detectron2's ``create_ddp_model`` (unchanged in one process; on the CPU
+    without GPU device ids, which detectron2 0.6 passes)."""
     if torch.device(device).type == "cpu":
         ddp_options.setdefault("device_ids", None)
-    model = create_ddp_model(model, **ddp_options)
+    return create_ddp_model(model, **ddp_options)
+
+
+def build_single_step_trainer(
+    model: torch.nn.Module, data_loader, optimizer, device: str, amp_dtype: Optional[str] = None
+) -> TrainerBase:
+    """Detectron2's ``SimpleTrainer`` of ``model`` (DDP-wrapped already, or not), or
+    :class:`MixedPrecisionTrainer` with ``amp_dtype``."""
     if amp_dtype is not None:
         return MixedPrecisionTrainer(
             model, data_loader, optimizer, dtype=amp_dtype, device_type=torch.device(device).type
@@ -159,8 +173,9 @@ class FinalEvalHook(EvalHook):
 
     def after_train(self):
         if self.trainer.iter >= self.trainer.max_iter:  # TrainerBase.train counts past the end
-            self._do_eval()
-        del self._func  # as EvalHook: the closure holds the trainer
+            super().after_train()  # evaluates: detectron2's condition holds too
+        else:
+            release_eval_function(self)  # as EvalHook.after_train: the closure holds the trainer
 
 
 class Trainer(DefaultTrainer):
@@ -190,8 +205,9 @@ class Trainer(DefaultTrainer):
     """
 
     def __init__(self, cfg: CfgNode):
-        # DefaultTrainer.__init__, with the DDP, checkpointer and deterministic-loader changes.
-        TrainerBase.__init__(self)
+        # DefaultTrainer.__init__ (below) builds the trainer with lambda_det's parts. Before it
+        # builds the model: its logger and scaled config (scaling again changes nothing), for
+        # the checks and the seed.
         if not logging.getLogger("detectron2").isEnabledFor(logging.INFO):
             setup_logger()
         cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
@@ -201,25 +217,17 @@ class Trainer(DefaultTrainer):
         check_batch_size(cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
         if cfg.DATALOADER.get("DETERMINISTIC", False):
             seed_all_rng(cfg.SEED)  # the same initial weights on every rank and every run
-        model = self.build_model(cfg)
-        optimizer = self.build_optimizer(cfg, model)
-        data_loader = self.build_train_loader(cfg)
-        self._trainer = build_step_trainer(
-            model,
-            data_loader,
-            optimizer,
-            cfg.MODEL.DEVICE,
-            cfg.SOLVER.AMP.DTYPE if cfg.SOLVER.AMP.ENABLED else None,
-            **ddp_without_buffer_sync(),
-        )
-        model = self._trainer.model
-        self.data_loader = data_loader
-        self.scheduler = self.build_lr_scheduler(cfg, optimizer)
-        self.checkpointer = AtomicCheckpointer(model, cfg.OUTPUT_DIR, trainer=weakref.proxy(self))
-        self.start_iter = 0
-        self.max_iter = cfg.SOLVER.MAX_ITER
-        self.cfg = cfg
-        self.register_hooks(self.build_hooks())
+        device = cfg.MODEL.DEVICE
+        amp_dtype = cfg.SOLVER.AMP.DTYPE if cfg.SOLVER.AMP.ENABLED else None
+        with default_trainer_parts(
+            # detectron2 asks for broadcast_buffers=False: in the keyword of this torch
+            ddp=lambda model, **_: build_ddp_model(model, device, **ddp_without_buffer_sync()),
+            step_trainer=lambda model, data_loader, optimizer: build_single_step_trainer(
+                model, data_loader, optimizer, device, amp_dtype
+            ),
+            checkpointer=AtomicCheckpointer,
+        ):
+            super().__init__(cfg)
 
     def build_hooks(self):
         hooks = super().build_hooks()
@@ -228,7 +236,7 @@ class Trainer(DefaultTrainer):
         if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
             hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
         hooks = [
-            FinalEvalHook(hook._period, hook._func) if type(hook) is EvalHook else hook
+            FinalEvalHook(*eval_hook_arguments(hook)) if type(hook) is EvalHook else hook
             for hook in hooks
         ]
         return hooks + [InterruptCheckpoint()]  # last: after the step's checkpoint and writes
@@ -253,7 +261,7 @@ class Trainer(DefaultTrainer):
         self.checkpointer.require = "all" if resuming else "backbone"
         super().resume_or_load(resume=resume)
         if resuming and comm.is_main_process():
-            resume_metrics(self._hooks, self.start_iter - 1)
+            resume_metrics(self, self.start_iter - 1)
         if isinstance(self.data_loader, DeterministicTrainLoader):
             self.data_loader.start_iteration = self.start_iter
 

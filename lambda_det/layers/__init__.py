@@ -6,7 +6,7 @@ alone (no detectron2), so it works in any PyTorch project.
 
 from lambda_det.layers._common import constructor_defaults
 from lambda_det.layers.aft import AFTConv, AFTFull, AFTLocal, AFTSimple, aft_conv_mix, aft_mix
-from lambda_det.layers.flops import eager_impls, flop_handles, register_flop_handles
+from lambda_det.layers.flops import eager_impls, flop_handles
 from lambda_det.layers.lambda_conv import TiledTuning
 from lambda_det.layers.lambda_layer import (
     CONV_MAX_POSITIONS_CUDA,
@@ -26,4 +26,4 @@ __all__ = [
 ]
 __all__ += ["constructor_defaults"]
 __all__ += ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]
-__all__ += ["flop_handles", "register_flop_handles", "eager_impls"]
+__all__ += ["flop_handles", "eager_impls"]

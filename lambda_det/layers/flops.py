@@ -17,19 +17,19 @@ test_flops.py compares each form with its formula): under a trace a LambdaLayer 
 runs "conv" (see :meth:`LambdaLayer.resolve_impl`); :func:`eager_impls` makes it count the
 form that eager mode runs instead.
 
-``import lambda_det.modeling`` registers the handles as fvcore's defaults
-(:func:`register_flop_handles`), so every ``FlopCountAnalysis`` counts these layers; with
-lambda_det.layers alone, call it, or pass them: ``analysis.set_op_handle(**flop_handles())``.
+``import lambda_det.modeling`` adds the handles to fvcore's defaults
+(:func:`lambda_det.compat.internals.add_default_flop_handles`), so every ``FlopCountAnalysis``
+counts these layers; with lambda_det.layers alone, pass them:
+``analysis.set_op_handle(**flop_handles())``.
 """
 
 import contextlib
-import importlib
 import math
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 
-__all__ = ["flop_handles", "register_flop_handles", "eager_impls"]
+__all__ = ["flop_handles", "eager_impls"]
 
 Handle = Callable[[List[Any], List[Any]], float]
 
@@ -104,19 +104,6 @@ def flop_handles() -> Dict[str, Optional[Handle]]:
         }
     )
     return handles
-
-
-def register_flop_handles() -> None:
-    """Add :func:`flop_handles` to fvcore's default handles, which every ``FlopCountAnalysis``
-    (detectron2's too) starts from; an op fvcore has a handle for keeps it. Nothing without
-    fvcore."""
-    try:
-        # The module (fvcore.nn's attribute of that name is its function flop_count).
-        flop_count = importlib.import_module("fvcore.nn.flop_count")
-    except ImportError:
-        return
-    for name, handle in flop_handles().items():
-        flop_count._DEFAULT_SUPPORTED_OPS.setdefault(name, handle)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,8 @@ from lambda_det.compat import (
     import_detectron2,
     without_jit_script_deprecation,
 )
-from lambda_det.layers import eager_impls, flop_handles, register_flop_handles
+from lambda_det.compat.internals import add_default_flop_handles
+from lambda_det.layers import eager_impls, flop_handles
 from lambda_det.modeling.lambda_resnet import (
     BLOCKS_PER_STAGE,
     DEPTHS,
@@ -57,7 +58,7 @@ __all__ = [
 # fvcore's FlopCountAnalysis (so detectron2's analyze_model) counts the layers' ops: see
 # lambda_det.layers.flops. (Importing fvcore calls torch.jit.script.)
 with without_jit_script_deprecation():
-    register_flop_handles()
+    add_default_flop_handles(flop_handles())
 
 
 def __getattr__(name: str):

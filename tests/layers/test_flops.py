@@ -17,7 +17,6 @@ from lambda_det.layers import (
     LambdaLayer,
     eager_impls,
     flop_handles,
-    register_flop_handles,
 )
 from lambda_det.layers.lambda_conv import DEFAULT_TILE, POOLED_TILE
 
@@ -212,6 +211,10 @@ def test_causal_aft_count_is_its_analytic_cost(one_torch_thread, caplog, cls):
 
 
 def test_registered_handles_become_fvcores_defaults(monkeypatch, caplog):
+    """As ``import lambda_det.modeling`` adds them (fvcore's private table itself:
+    tests/compat/test_internals.py)."""
+    from lambda_det.compat.internals import add_default_flop_handles
+
     defaults = {
         name: handle
         for name, handle in fvcore_flop_count._DEFAULT_SUPPORTED_OPS.items()
@@ -223,19 +226,9 @@ def test_registered_handles_become_fvcores_defaults(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="fvcore.nn.jit_analysis"):
         FlopCountAnalysis(layer, x).total()
     assert "aten::baddbmm_" in caplog.text  # without the handles: skipped
-    register_flop_handles()
+    add_default_flop_handles(flop_handles())
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fvcore.nn.jit_analysis"):
         total = FlopCountAnalysis(layer, x).total()
     assert caplog.text == ""
     assert total == pytest.approx(lambda_layer_flops(layer, (2, 16, 7, 9), "conv"), rel=0.01)
-
-
-def test_registering_keeps_fvcores_own_handles(monkeypatch):
-    def own(inputs, outputs):
-        return 0
-
-    defaults = {"aten::avg_pool2d": own}
-    monkeypatch.setattr(fvcore_flop_count, "_DEFAULT_SUPPORTED_OPS", defaults)
-    register_flop_handles()
-    assert defaults["aten::avg_pool2d"] is own and "aten::baddbmm_" in defaults

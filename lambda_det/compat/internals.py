@@ -1,0 +1,177 @@
+"""Every use lambda_det makes of detectron2's and fvcore's private or module-global names.
+
+These names are no public API: detectron2 or fvcore may rename, move or drop any of them in a
+release. Each is used here only, by a small function that says why lambda_det needs it, and
+tests/compat/test_internals.py checks each name and the behaviour relied on, so that a
+detectron2 that changes one fails there rather than somewhere in a run.
+
+Checked against detectron2 0.6 (the pb1-detectron2 build that tools/build_detectron2.py installs
+into .venv/) and detectron2's main branch at commit 02b5c4e, with fvcore 0.1.5.post20221221. They
+differ here in one place: main creates the per-machine process group with
+``comm.create_local_process_group``, 0.6 only inside its own ``launch``
+(:func:`set_local_process_group`).
+
+detectron2 and fvcore are imported inside the functions: lambda_det.modeling imports this module
+without detectron2 (:func:`add_default_flop_handles`).
+
+Outside this module, lambda_det's subclasses of detectron2's and fvcore's classes use protected
+members of their bases, as those classes intend (``SimpleTrainer._write_metrics``,
+``Checkpointer._load_file``, ...; the test lists them), and the export-only replacements of
+detectron2 functions (:mod:`lambda_det.export._torch_export`, tests/export/) stand in for a few
+private ones while a model is exported.
+"""
+
+import contextlib
+from typing import Callable, Dict, Iterator, Optional, Tuple
+from unittest import mock
+
+__all__ = [
+    "plain_config_printouts",
+    "eval_hook_arguments",
+    "release_eval_function",
+    "periodic_writer_writers",
+    "registered_hooks",
+    "DEFAULT_TRAINER_PARTS",
+    "default_trainer_parts",
+    "set_local_process_group",
+    "add_default_flop_handles",
+    "detectron2_tool_patches",
+]
+
+
+@contextlib.contextmanager
+def plain_config_printouts() -> Iterator[None]:
+    """Within: detectron2's ``default_setup`` logs config files as plain text. It colours them
+    with pygments through its private ``engine.defaults._highlight``, whose escape codes would
+    land in log.txt and piped output; detectron2 has no switch for it."""
+    from detectron2.engine import defaults
+
+    with mock.patch.object(defaults, "_highlight", lambda code, filename: code):
+        yield
+
+
+def eval_hook_arguments(hook) -> Tuple[int, Callable]:
+    """The (eval_period, eval_function) that detectron2's ``EvalHook`` was built with
+    (``_period``, ``_func``): ``DefaultTrainer.build_hooks`` builds it with a closure of its
+    own, which lambda_det's final-evaluation hook takes over."""
+    return hook._period, hook._func
+
+
+def release_eval_function(hook) -> None:
+    """Drop an ``EvalHook``'s evaluation function (``_func``), as its ``after_train`` does: the
+    closure holds the trainer. For a subclass whose ``after_train`` does not evaluate."""
+    del hook._func
+
+
+def periodic_writer_writers(hook) -> list:
+    """The event writers of detectron2's ``PeriodicWriter`` (``_writers``; the hook has no
+    public accessor): a resumed run cuts its metrics.json back."""
+    return hook._writers
+
+
+def registered_hooks(trainer) -> list:
+    """The hooks registered on a detectron2 trainer (``TrainerBase._hooks``; there is no public
+    accessor): to find a run's checkpointer and writers after ``register_hooks``."""
+    return trainer._hooks
+
+
+# The globals of detectron2.engine.defaults that DefaultTrainer.__init__ builds its parts with.
+DEFAULT_TRAINER_PARTS = ("create_ddp_model", "AMPTrainer", "SimpleTrainer", "DetectionCheckpointer")
+
+
+@contextlib.contextmanager
+def default_trainer_parts(ddp: Callable, step_trainer: Callable, checkpointer: Callable):
+    """Within: ``DefaultTrainer.__init__`` builds its parts with lambda_det's, in its own order
+    (model, optimizer, data loader, DDP, step trainer, scheduler, checkpointer, hooks).
+
+    It looks them up as module globals of ``detectron2.engine.defaults``
+    (:data:`DEFAULT_TRAINER_PARTS`), and has no parameter for them; these stand in, called as
+    detectron2 calls them: ``ddp(model, **detectron2_options)`` for ``create_ddp_model``,
+    ``step_trainer(model, data_loader, optimizer)`` for ``AMPTrainer`` and ``SimpleTrainer``
+    both, ``checkpointer(model, save_dir, trainer=...)`` for ``DetectionCheckpointer``.
+
+    Raises:
+        RuntimeError: the installed detectron2's constructor uses other names.
+    """
+    from detectron2.engine import DefaultTrainer, defaults
+
+    used = DefaultTrainer.__init__.__code__.co_names
+    missing = [name for name in DEFAULT_TRAINER_PARTS if name not in used]
+    if missing:
+        raise RuntimeError(
+            f"this detectron2's DefaultTrainer.__init__ does not build its parts with "
+            f"{', '.join(missing)}: lambda_det.compat.internals needs updating for it"
+        )
+    parts = dict(zip(DEFAULT_TRAINER_PARTS, (ddp, step_trainer, step_trainer, checkpointer)))
+    with mock.patch.multiple(defaults, **parts):
+        yield
+
+
+def set_local_process_group(num_processes: int) -> None:
+    """Create detectron2's per-machine process group (``comm.get_local_rank`` needs it) in a
+    process that detectron2's ``launch`` did not start (lambda_det's CPU workers), with
+    ``num_processes`` processes on each machine. All processes must call it together.
+
+    detectron2 after 0.6 has ``comm.create_local_process_group`` for this; 0.6 creates the group
+    inside ``launch`` only, so here it is set as the private ``comm._LOCAL_PROCESS_GROUP``."""
+    import torch.distributed as dist
+    from detectron2.utils import comm
+
+    if hasattr(comm, "create_local_process_group"):
+        comm.create_local_process_group(num_processes)
+        return
+    machine_rank = comm.get_rank() // num_processes
+    for machine in range(comm.get_world_size() // num_processes):
+        group = dist.new_group(list(range(machine * num_processes, (machine + 1) * num_processes)))
+        if machine == machine_rank:
+            comm._LOCAL_PROCESS_GROUP = group
+
+
+def add_default_flop_handles(handles: Dict[str, Optional[Callable]]) -> None:
+    """Add ``handles`` (op name -> fvcore handle, None to ignore the op) to fvcore's default
+    handles (``flop_count._DEFAULT_SUPPORTED_OPS``), which every ``FlopCountAnalysis``
+    (detectron2's and its tools/analyze_model.py too) starts from and which fvcore offers no
+    function to extend; an op fvcore has a handle for keeps it. Nothing without fvcore."""
+    import importlib
+
+    try:
+        # The module (fvcore.nn's attribute of that name is its function flop_count).
+        flop_count = importlib.import_module("fvcore.nn.flop_count")
+    except ImportError:
+        return
+    for name, handle in handles.items():
+        flop_count._DEFAULT_SUPPORTED_OPS.setdefault(name, handle)
+
+
+@contextlib.contextmanager
+def detectron2_tool_patches(
+    get_cfg: Callable,
+    dataset_mapper: Callable,
+    load_file: Callable,
+    checkpointer_load: Callable,
+    lazy_config_load: Callable,
+) -> Iterator[None]:
+    """Within: detectron2's own scripts (its tools/, run by :mod:`lambda_det.d2tool`) build
+    lambda_det's parts, since they take none as an argument:
+
+    * ``get_cfg``: ``detectron2.config.get_cfg``, which the scripts import when they start;
+    * ``dataset_mapper``: what ``detectron2.data.build`` calls as ``DatasetMapper(cfg, is_train)``
+      (a module global there) for a loader given no mapper;
+    * ``load_file(checkpointer, filename)``: the private ``_load_file`` of fvcore's
+      ``Checkpointer`` and of detectron2's ``DetectionCheckpointer``, which read a weights file;
+    * ``checkpointer_load``: ``DetectionCheckpointer.load``;
+    * ``lazy_config_load``: ``LazyConfig.load`` (a static method).
+    """
+    from detectron2.checkpoint import DetectionCheckpointer
+    from detectron2.config import LazyConfig
+    from fvcore.common.checkpoint import Checkpointer
+
+    with (
+        mock.patch("detectron2.config.get_cfg", get_cfg),
+        mock.patch("detectron2.data.build.DatasetMapper", dataset_mapper),
+        mock.patch.object(Checkpointer, "_load_file", load_file),
+        mock.patch.object(DetectionCheckpointer, "_load_file", load_file),
+        mock.patch.object(DetectionCheckpointer, "load", checkpointer_load),
+        mock.patch.object(LazyConfig, "load", staticmethod(lazy_config_load)),
+    ):
+        yield

@@ -1,0 +1,218 @@
+"""Each private or module-global name of detectron2 and fvcore that lambda_det relies on
+(:mod:`lambda_det.compat.internals`, and the protected members its subclasses use) is still there
+and behaves as relied on. Checked against detectron2 0.6 (pb1-detectron2, the .venv/ build) and
+detectron2 main at 02b5c4e; ``detectron2.__version__`` appears in the messages as information
+only: each test checks the name itself, so it fails on a detectron2 that changed it."""
+
+import importlib
+import weakref
+
+import pytest
+import torch
+
+from lambda_det.compat import import_detectron2, internals
+
+import_detectron2()  # quietly, before the detectron2 imports below
+
+from conftest import tiny_cfg  # noqa: E402
+from detectron2 import __version__ as DETECTRON2_VERSION  # noqa: E402
+from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
+from detectron2.engine import DefaultTrainer, SimpleTrainer, TrainerBase, defaults  # noqa: E402
+from detectron2.engine.hooks import EvalHook, PeriodicWriter  # noqa: E402
+from detectron2.utils import comm  # noqa: E402
+from detectron2.utils.events import JSONWriter  # noqa: E402
+from fvcore.common.checkpoint import Checkpointer  # noqa: E402
+from fvcore.nn import FlopCountAnalysis  # noqa: E402
+
+from lambda_det.checkpoint.checkpointer import AtomicCheckpointer  # noqa: E402
+from lambda_det.engine import Trainer  # noqa: E402
+from lambda_det.engine.amp import MixedPrecisionTrainer  # noqa: E402
+
+CHECKED = f"(checked with detectron2 0.6 and main 02b5c4e; installed: {DETECTRON2_VERSION})"
+
+
+def uses(function, name: str) -> bool:
+    """Whether ``function``'s code names ``name`` (a global or an attribute)."""
+    return name in function.__code__.co_names
+
+
+def test_highlight_is_what_default_setup_colours_config_files_with_0_6_and_main():
+    assert uses(defaults.default_setup, "_highlight"), CHECKED
+    pytest.importorskip("pygments")
+    yaml = "MODEL:\n  DEVICE: cpu\n"
+    assert "\x1b[" in defaults._highlight(yaml, "config.yaml"), CHECKED  # coloured without
+    with internals.plain_config_printouts():
+        assert defaults._highlight(yaml, "config.yaml") == yaml
+    assert "\x1b[" in defaults._highlight(yaml, "config.yaml")  # and again after
+
+
+def test_eval_hook_keeps_its_period_and_function_0_6_and_main():
+    def evaluate():
+        return {}
+
+    hook = EvalHook(5, evaluate)
+    assert internals.eval_hook_arguments(hook) == (5, evaluate), CHECKED
+
+
+def test_eval_hook_drops_its_function_after_training_0_6_and_main():
+    """What :func:`release_eval_function` does when the final hook does not evaluate."""
+
+    class FinishedTrainer:
+        iter, max_iter = 4, 4
+
+    hook = EvalHook(0, dict)
+    hook.trainer = FinishedTrainer()
+    hook.after_train()
+    assert not hasattr(hook, "_func"), CHECKED
+    hook = EvalHook(0, dict)
+    internals.release_eval_function(hook)
+    assert not hasattr(hook, "_func")
+
+
+def test_periodic_writer_holds_its_writers_0_6_and_main(tmp_path):
+    writers = [JSONWriter(str(tmp_path / "metrics.json"))]
+    assert internals.periodic_writer_writers(PeriodicWriter(writers)) == writers, CHECKED
+    writers[0].close()
+
+
+def test_trainer_base_lists_its_registered_hooks_0_6_and_main():
+    trainer, hook = TrainerBase(), EvalHook(0, dict)
+    trainer.register_hooks([hook])
+    assert internals.registered_hooks(trainer) == [hook], CHECKED
+    assert hook.trainer == weakref.proxy(trainer)
+
+
+def test_default_trainer_builds_its_parts_with_the_swapped_globals_0_6_and_main():
+    """DefaultTrainer.__init__ (the same in 0.6 and main) names each part as a global of
+    detectron2.engine.defaults; within the context they are lambda_det's, then detectron2's."""
+    for name in internals.DEFAULT_TRAINER_PARTS:
+        assert uses(DefaultTrainer.__init__, name), f"{name} {CHECKED}"
+    originals = {name: getattr(defaults, name) for name in internals.DEFAULT_TRAINER_PARTS}
+    assert originals["DetectionCheckpointer"] is DetectionCheckpointer
+    assert originals["SimpleTrainer"] is SimpleTrainer
+    with internals.default_trainer_parts(ddp=len, step_trainer=min, checkpointer=max):
+        assert [getattr(defaults, name) for name in internals.DEFAULT_TRAINER_PARTS] == [
+            len,
+            min,
+            min,
+            max,
+        ]
+    assert {name: getattr(defaults, name) for name in originals} == originals
+
+
+def test_a_default_trainer_with_other_part_names_is_refused(monkeypatch):
+    monkeypatch.setattr(internals, "DEFAULT_TRAINER_PARTS", ("create_ddp_model", "build_ddp"))
+    with pytest.raises(RuntimeError, match="build_ddp: lambda_det.compat.internals"):
+        with internals.default_trainer_parts(ddp=len, step_trainer=min, checkpointer=max):
+            pass
+
+
+def test_the_trainer_gets_lambda_dets_step_trainer_and_checkpointer(tmp_path, shapes):
+    """Built through DefaultTrainer.__init__: detectron2 would make an AMPTrainer and a
+    DetectionCheckpointer here (neither is lambda_det's)."""
+    cfg = tiny_cfg(tmp_path, **{"SOLVER.AMP.ENABLED": True, "SOLVER.AMP.DTYPE": "bfloat16"})
+    trainer = Trainer(cfg)
+    assert type(trainer._trainer) is MixedPrecisionTrainer
+    assert trainer._trainer.dtype == torch.bfloat16 and trainer._trainer.device_type == "cpu"
+    assert type(trainer.checkpointer) is AtomicCheckpointer
+    assert trainer.checkpointer.model is trainer.model  # one process: no DDP wrapper
+    assert trainer.data_loader is trainer._trainer.data_loader
+    assert defaults.DetectionCheckpointer is DetectionCheckpointer  # restored
+
+
+def test_the_local_process_group_is_set_for_get_local_rank(tmp_path, monkeypatch):
+    """detectron2 0.6 sets the private ``comm._LOCAL_PROCESS_GROUP`` in its launch only; main
+    has ``comm.create_local_process_group``. One gloo process: local rank 0 of 1."""
+    import torch.distributed as dist
+
+    monkeypatch.setattr(comm, "_LOCAL_PROCESS_GROUP", None)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", world_size=1, rank=0
+    )
+    try:
+        internals.set_local_process_group(1)
+        assert comm._LOCAL_PROCESS_GROUP is not None, CHECKED
+        assert (comm.get_local_rank(), comm.get_local_size()) == (0, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_detectron2s_own_local_process_group_is_used_where_it_has_one(monkeypatch):
+    """detectron2 main's ``comm.create_local_process_group(num_workers_per_machine)``."""
+    calls = []
+    monkeypatch.setattr(comm, "create_local_process_group", calls.append, raising=False)
+    internals.set_local_process_group(3)
+    assert calls == [3]
+
+
+def test_fvcore_counts_from_its_default_handles(monkeypatch):
+    """fvcore 0.1.5's private ``flop_count._DEFAULT_SUPPORTED_OPS`` is where every
+    FlopCountAnalysis starts; an op fvcore has a handle for keeps it."""
+    flop_count = importlib.import_module("fvcore.nn.flop_count")
+
+    def own(inputs, outputs):
+        return 5
+
+    def added(inputs, outputs):
+        return 7
+
+    defaults_table = {"aten::avg_pool2d": own}
+    monkeypatch.setattr(flop_count, "_DEFAULT_SUPPORTED_OPS", defaults_table)
+    internals.add_default_flop_handles({"aten::avg_pool2d": added, "aten::baddbmm": added})
+    assert defaults_table == {"aten::avg_pool2d": own, "aten::baddbmm": added}
+    analysis = FlopCountAnalysis(torch.nn.AvgPool2d(2), torch.randn(1, 1, 4, 4))
+    assert analysis.unsupported_ops_warnings(False).total() == 5
+
+
+def test_the_names_detectron2s_tools_are_given_lambda_dets_parts_through_0_6_and_main():
+    """The loaders build ``DatasetMapper`` as a global of detectron2.data.build; the
+    checkpointers read files with their ``_load_file``."""
+    build = importlib.import_module("detectron2.data.build")
+    assert uses(build._train_loader_from_config, "DatasetMapper"), CHECKED
+    assert uses(build._test_loader_from_config, "DatasetMapper"), CHECKED
+    assert uses(Checkpointer.load, "_load_file"), CHECKED
+    assert "_load_file" in vars(DetectionCheckpointer), CHECKED
+    originals = (build.DatasetMapper, Checkpointer._load_file, DetectionCheckpointer._load_file)
+
+    def load_file(checkpointer, filename):
+        return {"model": {}}
+
+    with internals.detectron2_tool_patches(
+        get_cfg=dict,
+        dataset_mapper=list,
+        load_file=load_file,
+        checkpointer_load=len,
+        lazy_config_load=str,
+    ):
+        from detectron2.config import LazyConfig, get_cfg
+
+        assert (get_cfg, build.DatasetMapper, LazyConfig.load) == (dict, list, str)
+        assert DetectionCheckpointer(torch.nn.Linear(1, 1))._load_file("x") == {"model": {}}
+    assert (
+        build.DatasetMapper,
+        Checkpointer._load_file,
+        DetectionCheckpointer._load_file,
+    ) == originals
+
+
+@pytest.mark.parametrize(
+    "base, members, subclass",
+    [
+        (SimpleTrainer, ["_data_loader_iter", "_write_metrics"], "MixedPrecisionTrainer.run_step"),
+        (JSONWriter, ["_file_handle"], "MetricsWriter.drop_after"),
+        (Checkpointer, ["_load_file", "_load_model"], "AtomicCheckpointer (overrides)"),
+        (EvalHook, ["_do_eval", "_func"], "FinalEvalHook (EvalHook.after_train)"),
+        (DefaultTrainer, ["_trainer"], "Trainer.state_dict"),
+    ],
+)
+def test_protected_members_lambda_dets_subclasses_use_0_6_and_main(base, members, subclass):
+    """lambda_det's subclasses of detectron2/fvcore classes use these of their base (found in
+    the base's own code, so a rename shows here)."""
+    code_names = {
+        name
+        for function in vars(base).values()
+        if hasattr(function, "__code__")
+        for name in function.__code__.co_names + (function.__name__,)
+    }
+    for member in members:
+        assert member in code_names, f"{base.__name__}.{member} ({subclass}) {CHECKED}"
