@@ -26,7 +26,7 @@ and ``image_size``. (A model whose lambda layers use ``impl`` "tiled",
 .ExportedModel`` runs an exported file and reads that metadata (``.classes``), and
 ``lambda_det.export.outputs_to_instances`` turns its outputs into final detectron2 predictions.
 ``torch_export`` swaps a few detectron2 functions for export-friendly equivalents while it
-exports (lambda_det/export/_torch_export.py says which and why).
+exports (lambda_det/compat/torch_export.py says which and why).
 
 Mask R-CNN, Faster R-CNN and RetinaNet configs export (the last two without ``pred_masks``). ONNX
 uses torch's TorchScript-based exporter (``dynamo=False``; lambda_det/export/__init__.py says why)

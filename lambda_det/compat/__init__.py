@@ -6,7 +6,9 @@ without lambda_det works too.
 This module only imports detectron2 for lambda_det: with a clear error when it is missing, and
 without the deprecation warning that torch >= 2.10 prints when fvcore and detectron2 call
 ``torch.jit.script`` at import time (they must stay scriptable, so the call itself is kept).
-Every use of detectron2's and fvcore's private names is in :mod:`lambda_det.compat.internals`.
+Every use of detectron2's and fvcore's private names is in :mod:`lambda_det.compat.internals`;
+the replacements of detectron2 functions that let ``torch.export`` take a whole detector (swapped
+in only while a model is exported) are in :mod:`lambda_det.compat.torch_export`.
 """
 
 import contextlib

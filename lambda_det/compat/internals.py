@@ -16,9 +16,9 @@ without detectron2 (:func:`add_default_flop_handles`).
 
 Outside this module, lambda_det's subclasses of detectron2's and fvcore's classes use protected
 members of their bases, as those classes intend (``SimpleTrainer._write_metrics``,
-``Checkpointer._load_file``, ...; the test lists them), and the export-only replacements of
-detectron2 functions (:mod:`lambda_det.export._torch_export`, tests/export/) stand in for a few
-private ones while a model is exported.
+``Checkpointer._load_file``, ...; the test lists them), and :mod:`lambda_det.compat.torch_export`
+stands in for a few detectron2 functions, private ones included, while a model is exported
+(tests/export/ check their signatures).
 """
 
 import contextlib

@@ -29,7 +29,7 @@ ExportedProgram with ``torch.export.save`` (``.pt2``). As is, detectron2 0.6 can
 so: its ``ImageList`` turns the padded size into Python numbers (``.item()``),
 ``detectron2.layers.Conv2d`` asks ``if x.numel() == 0`` of that data-dependent size
 (``GuardOnDataDependentSymNode``), and after NMS the box count is unknown. While exporting, and
-only then, :func:`~lambda_det.export._torch_export.export_friendly_detectron2` swaps those few
+only then, :func:`~lambda_det.compat.torch_export.export_friendly_detectron2` swaps those few
 functions for equivalents that compute the same numbers without asking questions of tensor
 values (that module lists each and why it is equal). The program takes any H, W from
 :func:`torch_export_min_size` (65 for an FPN with P6: torch.export specialises feature maps of
@@ -62,8 +62,9 @@ The modules (what they hold that is public is importable from ``lambda_det.expor
   writes the file and its metadata;
 * :mod:`~lambda_det.export.exported_model`: :class:`ExportedModel`, which runs an exported file,
   and :func:`outputs_to_instances` and :func:`max_differences` for its outputs;
-* :mod:`~lambda_det.export._torch_export`: the export-only replacements of detectron2 functions;
 * :mod:`~lambda_det.export._archive`: the checks that loading a ``.pt2`` runs no code from it.
+
+The export-only replacements of detectron2 functions are in :mod:`lambda_det.compat.torch_export`.
 """
 
 from lambda_det.export.exported_model import ExportedModel, max_differences, outputs_to_instances

@@ -1,12 +1,12 @@
 """``torch.export`` of a detectron2 model: an ExportedProgram with a symbolic image height and
-width, under :func:`~lambda_det.export._torch_export.export_friendly_detectron2`."""
+width, under :func:`~lambda_det.compat.torch_export.export_friendly_detectron2`."""
 
 import torch
 import torch.fx.experimental._config  # noqa: F401  (backed_size_oblivious, for export_program)
 from detectron2.export import TracingAdapter
 from torch import nn
 
-from lambda_det.export._torch_export import export_friendly_detectron2
+from lambda_det.compat.torch_export import export_friendly_detectron2
 from lambda_det.export.files import SIZE_NAMES
 from lambda_det.export.tracing import (
     TracedModel,
@@ -43,7 +43,7 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
     """``torch.export`` ``model`` (eval mode) on one (3, H, W) image, with a symbolic height and
     width: the program runs at any H, W >= :func:`torch_export_min_size`.
 
-    Non-strict export, under :func:`~lambda_det.export._torch_export.export_friendly_detectron2`
+    Non-strict export, under :func:`~lambda_det.compat.torch_export.export_friendly_detectron2`
     (export-only equivalents of the few detectron2 functions that ask questions of tensor values;
     that module says which and why) and ``backed_size_oblivious`` (sizes are not specialised for
     being 0 or 1 in the sample). The lambda layers take their "conv" form (as under a trace).

@@ -357,7 +357,7 @@ def test_export_friendly_detectron2_computes_the_same_numbers(model, images, oth
     from detectron2.modeling.roi_heads import fast_rcnn
     from detectron2.structures import Boxes, ImageList
 
-    from lambda_det.export._torch_export import export_friendly_detectron2
+    from lambda_det.compat.torch_export import export_friendly_detectron2
 
     originals = (
         ImageList.__dict__["from_tensors"],
@@ -391,7 +391,7 @@ def test_export_friendly_detectron2_takes_the_parameters_of_the_originals():
 
     from detectron2.structures import ImageList
 
-    from lambda_det.export._torch_export import _REPLACEMENTS, export_friendly_detectron2
+    from lambda_det.compat.torch_export import _REPLACEMENTS, export_friendly_detectron2
 
     for owner, name, replacement in _REPLACEMENTS:
         original = inspect.signature(getattr(owner, name))
