@@ -170,6 +170,25 @@ def tool_module(name: str) -> ModuleType:
     return importlib.import_module(BENCHMARK_COMMANDS.get(name, f"lambda_det.cli.{name}"))
 
 
+def exit_status(main, argv, capsys):
+    """(exit status, stderr) of a tool's ``main(argv)`` run in this process."""
+    try:
+        status = main([str(arg) for arg in argv])
+    except SystemExit as exit:
+        status = exit.code
+    return status, capsys.readouterr().err
+
+
+def assert_one_line_error(status, stderr, *fragments):
+    """A user's mistake: exit status 2, one ``error:`` line holding each fragment, no traceback."""
+    assert status == 2, (status, stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+
+
 def subprocess_env() -> dict:
     """The environment for a child interpreter: this one's, minus warning filters set by pytest."""
     env = dict(os.environ)
