@@ -9,6 +9,8 @@ import os
 import pickle
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -243,6 +245,58 @@ def datasets_root(tmp_path_factory) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         shapes.ensure_shapes_dataset(root / f"lambda_det_shapes_{shapes.VERSION}")
     return root
+
+
+# The demo config at a quarter width, 4 iterations of 2 images, fewer proposals and detections
+# than the demo's at test time: a run that trains and evaluates in seconds.
+TINY_EVALUATED_RUN = [
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "SOLVER.IMS_PER_BATCH",
+    "2",
+    "SOLVER.MAX_ITER",
+    "4",
+    "SOLVER.STEPS",
+    "(2, 3)",
+    "SOLVER.WARMUP_ITERS",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "MODEL.RPN.POST_NMS_TOPK_TEST",
+    "50",
+    "TEST.DETECTIONS_PER_IMAGE",
+    "20",
+]
+
+
+@pytest.fixture(scope="session")
+def evaluated_run(tmp_path_factory, datasets_root) -> Path:
+    """A folder holding ``run/``, the OUTPUT_DIR of ``tools/train_net.py --config
+    lambda_r26_shapes TINY_EVALUATED_RUN`` run as a user runs it (a child process, on
+    :func:`datasets_root`): trained, checkpointed and evaluated on the shapes validation split;
+    beside it the child's ``stdout.txt`` and ``stderr.txt``. Built once per run, shared by the
+    tests that read it (tests/engine/test_training_pipeline.py, tests/tools/test_predict.py):
+    copy it before changing it."""
+
+    def train(folder: Path):
+        env = subprocess_env()
+        env["DETECTRON2_DATASETS"] = str(datasets_root)
+        result = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--config"]
+            + ["lambda_r26_shapes", *TINY_EVALUATED_RUN, "OUTPUT_DIR", str(folder / "run")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        (folder / "stdout.txt").write_text(result.stdout)
+        (folder / "stderr.txt").write_text(result.stderr)
+
+    return built_once(tmp_path_factory, "evaluated_run", train)
 
 
 @pytest.fixture
