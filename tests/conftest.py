@@ -4,6 +4,7 @@ import fcntl
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import pickle
@@ -245,6 +246,29 @@ def datasets_root(tmp_path_factory) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         shapes.ensure_shapes_dataset(root / f"lambda_det_shapes_{shapes.VERSION}")
     return root
+
+
+@pytest.fixture(scope="session")
+def small_datasets_root(tmp_path_factory, datasets_root) -> Path:
+    """A DETECTRON2_DATASETS folder with the bundled shapes dataset cut to 8 validation images,
+    in val.json and in val/ (an evaluation or a prediction of the split in seconds); tests only
+    read it."""
+    from lambda_det.data.shapes import VERSION
+
+    def cut(root: Path):
+        data = root / f"lambda_det_shapes_{VERSION}"
+        shutil.copytree(datasets_root / data.name, data)
+        val = json.loads((data / "val.json").read_text())
+        val["images"] = val["images"][:8]
+        kept = {image["id"] for image in val["images"]}
+        val["annotations"] = [a for a in val["annotations"] if a["image_id"] in kept]
+        (data / "val.json").write_text(json.dumps(val))
+        names = {image["file_name"] for image in val["images"]}
+        for image in (data / "val").iterdir():
+            if image.name not in names:
+                image.unlink()
+
+    return built_once(tmp_path_factory, "small_datasets", cut)
 
 
 # The demo config at a quarter width, 4 iterations of 2 images, fewer proposals and detections
