@@ -296,17 +296,17 @@ TINY_EVALUATED_RUN = [
 
 
 @pytest.fixture(scope="session")
-def evaluated_run(tmp_path_factory, datasets_root) -> Path:
+def evaluated_run(tmp_path_factory, small_datasets_root) -> Path:
     """A folder holding ``run/``, the OUTPUT_DIR of ``tools/train_net.py --config
     lambda_r26_shapes TINY_EVALUATED_RUN`` run as a user runs it (a child process, on
-    :func:`datasets_root`): trained, checkpointed and evaluated on the shapes validation split;
+    :func:`small_datasets_root`): trained, checkpointed and evaluated on its validation split;
     beside it the child's ``stdout.txt`` and ``stderr.txt``. Built once per run, shared by the
     tests that read it (tests/engine/test_training_pipeline.py, tests/tools/test_predict.py):
     copy it before changing it."""
 
     def train(folder: Path):
         env = subprocess_env()
-        env["DETECTRON2_DATASETS"] = str(datasets_root)
+        env["DETECTRON2_DATASETS"] = str(small_datasets_root)
         result = subprocess.run(
             [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--config"]
             + ["lambda_r26_shapes", *TINY_EVALUATED_RUN, "OUTPUT_DIR", str(folder / "run")],
@@ -323,17 +323,27 @@ def evaluated_run(tmp_path_factory, datasets_root) -> Path:
     return built_once(tmp_path_factory, "evaluated_run", train)
 
 
-@pytest.fixture
-def shapes(monkeypatch, datasets_root):
-    """The bundled shapes datasets registered from :func:`datasets_root` (for tools that load
-    them by name), and registered again from the default folder afterwards."""
+def _shapes_registered_from(root: Path, monkeypatch):
     import lambda_det.data
 
-    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(root))
     lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
     yield
     monkeypatch.undo()
     lambda_det.data.register_shapes_datasets()
+
+
+@pytest.fixture
+def shapes(monkeypatch, datasets_root):
+    """The bundled shapes datasets registered from :func:`datasets_root` (for tools that load
+    them by name), and registered again from the default folder afterwards."""
+    yield from _shapes_registered_from(datasets_root, monkeypatch)
+
+
+@pytest.fixture
+def small_shapes(monkeypatch, small_datasets_root):
+    """:func:`shapes` from :func:`small_datasets_root` (8 validation images)."""
+    yield from _shapes_registered_from(small_datasets_root, monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -535,7 +535,7 @@ TINY_TRAINING = [
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(
-    tmp_path, datasets_root, shapes_in, capsys
+    tmp_path, small_datasets_root, small_shapes, capsys
 ):
     """The training as a child process; the evaluation and the refusal by main() here."""
     output = tmp_path / "run"
@@ -544,7 +544,7 @@ def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(
         "lambda_r26_shapes",
         *TINY_TRAINING,
         f"train.output_dir={output}",
-        datasets_root=datasets_root,
+        datasets_root=small_datasets_root,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (output / "last_checkpoint").read_text() == "model_final.pth"

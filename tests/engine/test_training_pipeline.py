@@ -13,7 +13,9 @@ from lambda_det.reports import load_results
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_train_net_trains_evaluates_and_reports_ap_by_size(evaluated_run, tmp_path, shapes, capsys):
+def test_train_net_trains_evaluates_and_reports_ap_by_size(
+    evaluated_run, tmp_path, small_shapes, capsys
+):
     """The training is conftest's evaluated_run (a child process); the tools that read it run
     their main() here."""
     stdout, stderr = ((evaluated_run / name).read_text() for name in ("stdout.txt", "stderr.txt"))

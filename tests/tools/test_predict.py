@@ -29,9 +29,11 @@ def by_image(results):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_predictions_match_the_evaluators(evaluated_run, datasets_root, shapes, tmp_path, capsys):
+def test_predictions_match_the_evaluators(
+    evaluated_run, small_datasets_root, small_shapes, tmp_path, capsys
+):
     trained = evaluated_run / "run"
-    val = datasets_root / "lambda_det_shapes_v1" / "val"
+    val = small_datasets_root / "lambda_det_shapes_v1" / "val"
     output = tmp_path / "predicted"
     argv = ["--config", "lambda_r26_shapes", "--input", val, "--output", output]
     argv += ["--confidence-threshold", "0.05", "--batch-size", "3"]
@@ -53,7 +55,7 @@ def test_predictions_match_the_evaluators(evaluated_run, datasets_root, shapes, 
             assert iou[0, 0] > 0.99
     assert len(list(output.glob("*.png"))) == len(list(val.glob("*.png")))
     # Scored with pycocotools, the file gives the evaluator's AP.
-    ground_truth = COCO(str(datasets_root / "lambda_det_shapes_v1" / "val.json"))
+    ground_truth = COCO(str(small_datasets_root / "lambda_det_shapes_v1" / "val.json"))
     recorded = load_results(str(trained))
     for task in ("bbox", "segm"):
         evaluation = COCOeval(
@@ -67,7 +69,7 @@ def test_predictions_match_the_evaluators(evaluated_run, datasets_root, shapes, 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_videos_and_bad_inputs(evaluated_run, shapes, tmp_path, capsys):
+def test_videos_and_bad_inputs(evaluated_run, small_shapes, tmp_path, capsys):
     video = tmp_path / "clip.mp4"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, (96, 64))
     for value in (40, 120, 200):
