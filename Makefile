@@ -39,9 +39,8 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 
 # Two pytest-xdist workers, one torch thread each (tests/conftest.py): on 2 cores the suite's
 # single-threaded parts (imports, subprocess tools, data loading) then overlap. Tests, not files,
-# are shared out: tests/tools/test_untrusted_inputs.py alone is a fifth of the suite's CPU time,
-# and with --dist loadfile one worker would run it alone at the end (from a -n 2 run's per-test
-# times). tests/ mirrors the package's subpackages; markers slow and e2e (pytest.ini).
+# are shared out: with --dist loadfile one worker would run a file of long end-to-end tests alone
+# at the end. tests/ mirrors the package's subpackages; markers slow and e2e (pytest.ini).
 test: $(INSTALLED)
 	$(PY) -m pytest tests -n 2
 

@@ -4,11 +4,14 @@ import fcntl
 import hashlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import pickle
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -170,6 +173,25 @@ def tool_module(name: str) -> ModuleType:
     return importlib.import_module(BENCHMARK_COMMANDS.get(name, f"lambda_det.cli.{name}"))
 
 
+def exit_status(main, argv, capsys):
+    """(exit status, stderr) of a tool's ``main(argv)`` run in this process."""
+    try:
+        status = main([str(arg) for arg in argv])
+    except SystemExit as exit:
+        status = exit.code
+    return status, capsys.readouterr().err
+
+
+def assert_one_line_error(status, stderr, *fragments):
+    """A user's mistake: exit status 2, one ``error:`` line holding each fragment, no traceback."""
+    assert status == 2, (status, stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+
+
 def subprocess_env() -> dict:
     """The environment for a child interpreter: this one's, minus warning filters set by pytest."""
     env = dict(os.environ)
@@ -226,17 +248,102 @@ def datasets_root(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
-def shapes(monkeypatch, datasets_root):
-    """The bundled shapes datasets registered from :func:`datasets_root` (for tools that load
-    them by name), and registered again from the default folder afterwards."""
+@pytest.fixture(scope="session")
+def small_datasets_root(tmp_path_factory, datasets_root) -> Path:
+    """A DETECTRON2_DATASETS folder with the bundled shapes dataset cut to 8 validation images,
+    in val.json and in val/ (an evaluation or a prediction of the split in seconds); tests only
+    read it."""
+    from lambda_det.data.shapes import VERSION
+
+    def cut(root: Path):
+        data = root / f"lambda_det_shapes_{VERSION}"
+        shutil.copytree(datasets_root / data.name, data)
+        val = json.loads((data / "val.json").read_text())
+        val["images"] = val["images"][:8]
+        kept = {image["id"] for image in val["images"]}
+        val["annotations"] = [a for a in val["annotations"] if a["image_id"] in kept]
+        (data / "val.json").write_text(json.dumps(val))
+        names = {image["file_name"] for image in val["images"]}
+        for image in (data / "val").iterdir():
+            if image.name not in names:
+                image.unlink()
+
+    return built_once(tmp_path_factory, "small_datasets", cut)
+
+
+# The demo config at a quarter width, 4 iterations of 2 images, fewer proposals and detections
+# than the demo's at test time: a run that trains and evaluates in seconds.
+TINY_EVALUATED_RUN = [
+    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
+    "0.25",
+    "MODEL.LAMBDA_RESNET.SCOPE",
+    "3",
+    "SOLVER.IMS_PER_BATCH",
+    "2",
+    "SOLVER.MAX_ITER",
+    "4",
+    "SOLVER.STEPS",
+    "(2, 3)",
+    "SOLVER.WARMUP_ITERS",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "MODEL.RPN.POST_NMS_TOPK_TEST",
+    "50",
+    "TEST.DETECTIONS_PER_IMAGE",
+    "20",
+]
+
+
+@pytest.fixture(scope="session")
+def evaluated_run(tmp_path_factory, small_datasets_root) -> Path:
+    """A folder holding ``run/``, the OUTPUT_DIR of ``tools/train_net.py --config
+    lambda_r26_shapes TINY_EVALUATED_RUN`` run as a user runs it (a child process, on
+    :func:`small_datasets_root`): trained, checkpointed and evaluated on its validation split;
+    beside it the child's ``stdout.txt`` and ``stderr.txt``. Built once per run, shared by the
+    tests that read it (tests/engine/test_training_pipeline.py, tests/tools/test_predict.py):
+    copy it before changing it."""
+
+    def train(folder: Path):
+        env = subprocess_env()
+        env["DETECTRON2_DATASETS"] = str(small_datasets_root)
+        result = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--config"]
+            + ["lambda_r26_shapes", *TINY_EVALUATED_RUN, "OUTPUT_DIR", str(folder / "run")],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        (folder / "stdout.txt").write_text(result.stdout)
+        (folder / "stderr.txt").write_text(result.stderr)
+
+    return built_once(tmp_path_factory, "evaluated_run", train)
+
+
+def _shapes_registered_from(root: Path, monkeypatch):
     import lambda_det.data
 
-    monkeypatch.setenv("DETECTRON2_DATASETS", str(datasets_root))
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(root))
     lambda_det.data.register_shapes_datasets()  # the folder is fixed when registered
     yield
     monkeypatch.undo()
     lambda_det.data.register_shapes_datasets()
+
+
+@pytest.fixture
+def shapes(monkeypatch, datasets_root):
+    """The bundled shapes datasets registered from :func:`datasets_root` (for tools that load
+    them by name), and registered again from the default folder afterwards."""
+    yield from _shapes_registered_from(datasets_root, monkeypatch)
+
+
+@pytest.fixture
+def small_shapes(monkeypatch, small_datasets_root):
+    """:func:`shapes` from :func:`small_datasets_root` (8 validation images)."""
+    yield from _shapes_registered_from(small_datasets_root, monkeypatch)
 
 
 @pytest.fixture(scope="module")

@@ -534,14 +534,17 @@ TINY_TRAINING = [
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(tmp_path, datasets_root):
+def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(
+    tmp_path, small_datasets_root, small_shapes, capsys
+):
+    """The training as a child process; the evaluation and the refusal by main() here."""
     output = tmp_path / "run"
     result = run_tool(
         "--config",
         "lambda_r26_shapes",
         *TINY_TRAINING,
         f"train.output_dir={output}",
-        datasets_root=datasets_root,
+        datasets_root=small_datasets_root,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (output / "last_checkpoint").read_text() == "model_final.pth"
@@ -557,25 +560,14 @@ def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(tmp_path, datasets
     assert {"AP", "APs", "APm", "APl"} <= set(results["bbox"]) & set(results["segm"])
 
     # The trained weights evaluate to the same numbers; the finished run is not trained over.
-    again = run_tool(
-        "--config",
-        "lambda_r26_shapes",
-        "--eval-only",
-        *TINY_TRAINING,
-        f"train.init_checkpoint={output / 'model_final.pth'}",
-        f"train.output_dir={tmp_path / 'eval'}",
-        datasets_root=datasets_root,
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    evaluate = ["--config", "lambda_r26_shapes", "--eval-only", *TINY_TRAINING]
+    evaluate += [f"train.init_checkpoint={output / 'model_final.pth'}"]
+    assert lazyconfig_main([*evaluate, f"train.output_dir={tmp_path / 'eval'}"]) == 0
     assert json.loads((tmp_path / "eval" / "eval_results.json").read_text())["results"] == results
-    retrain = run_tool(
-        "--config",
-        "lambda_r26_shapes",
-        *TINY_TRAINING,
-        f"train.output_dir={output}",
-        datasets_root=datasets_root,
-    )
-    assert retrain.returncode == 2 and "already holds a run" in retrain.stderr
+    retrain = ["--config", "lambda_r26_shapes", *TINY_TRAINING, f"train.output_dir={output}"]
+    with pytest.raises(SystemExit) as exit_info:
+        lazyconfig_main(retrain)
+    assert exit_info.value.code == 2 and "already holds a run" in capsys.readouterr().err
 
 
 class Interrupted(Exception):

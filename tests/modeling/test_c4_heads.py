@@ -135,8 +135,8 @@ def test_c4_mask_rcnn_trains_in_two_gloo_processes(tmp_path, datasets_root):
         "INPUT.MAX_SIZE_TRAIN": 128,
         "SOLVER.IMS_PER_BATCH": 2,
         "SOLVER.BASE_LR": 0.01,
-        "SOLVER.MAX_ITER": 3,
-        "SOLVER.STEPS": "(2,)",
+        "SOLVER.MAX_ITER": 2,  # the second is the one DDP would stop
+        "SOLVER.STEPS": "(1,)",
         "SOLVER.WARMUP_ITERS": 1,
         "SOLVER.LOG_PERIOD": 1,
         "DATALOADER.NUM_WORKERS": 0,
@@ -165,5 +165,5 @@ def test_c4_mask_rcnn_trains_in_two_gloo_processes(tmp_path, datasets_root):
     metrics = [
         json.loads(line) for line in (tmp_path / "c4" / "metrics.json").read_text().splitlines()
     ]
-    assert [line["iteration"] for line in metrics if "total_loss" in line] == [0, 1, 2]
+    assert [line["iteration"] for line in metrics if "total_loss" in line] == [0, 1]
     assert (tmp_path / "c4" / "model_final.pth").is_file()

@@ -3,16 +3,15 @@ stock config describes (depth, norm, outputs), and refuses stock ImageNet ResNet
 
 import logging
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, subprocess_env
+from conftest import exit_status
 from detectron2 import model_zoo
 from detectron2.layers import FrozenBatchNorm2d
 from detectron2.modeling import build_model
 
+from lambda_det.cli import train_net
 from lambda_det.engine.preflight import check_training_recipe
 from lambda_det.engine.run_settings import yaml_training_settings
 from lambda_det.modeling import LambdaResNet
@@ -101,19 +100,16 @@ def test_lambda_resnet_keys_win_over_resnets(caplog):
     assert "follows MODEL.RESNETS for OUT_FEATURES ['res2', 'res3', 'res4', 'res5']" in caplog.text
 
 
-@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["mask_rcnn", "retinanet"])
-def test_train_net_refuses_stock_weights_in_one_line(tmp_path, datasets_root, kind):
-    """tools/train_net.py reads the stock file itself (RetinaNet's anchors are its arithmetic
-    tag) and stops at the weights, not at the config."""
+def test_train_net_refuses_stock_weights_in_one_line(tmp_path, shapes, kind, capsys):
+    """tools/train_net.py's main() reads the stock file itself (RetinaNet's anchors are its
+    arithmetic tag) and stops at the weights, not at the config. The stock config trains on
+    the shapes dataset's shared copy (``shapes``: by default it would go to ./datasets)."""
     config = stock_config(kind, 50)
-    env = subprocess_env()  # the stock config trains on the shapes dataset: the shared copy
-    env["DETECTRON2_DATASETS"] = str(datasets_root)  # (by default it would go to ./datasets)
-    result = subprocess.run(
+    status, err = exit_status(
+        train_net.main,
         [
-            sys.executable,
-            str(REPO_ROOT / "tools/train_net.py"),
             "--config-file",
             str(config),
             "MODEL.BACKBONE.NAME",
@@ -123,12 +119,8 @@ def test_train_net_refuses_stock_weights_in_one_line(tmp_path, datasets_root, ki
             "OUTPUT_DIR",
             str(tmp_path / "run"),
         ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=600,
+        capsys,
     )
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert "error: MODEL.WEIGHTS 'detectron2://ImageNetPretrained/MSRA/R-50.pkl'" in result.stderr
+    assert status == 2 and "Traceback" not in err, err[-2000:]
+    assert "error: MODEL.WEIGHTS 'detectron2://ImageNetPretrained/MSRA/R-50.pkl'" in err
     assert not (tmp_path / "run").exists()

@@ -10,11 +10,12 @@ import torch
 
 timm = pytest.importorskip("timm")
 
-from conftest import REPO_ROOT, subprocess_env  # noqa: E402
+from conftest import REPO_ROOT, exit_status, subprocess_env  # noqa: E402
 from detectron2.modeling import build_model  # noqa: E402
 
 import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
 from lambda_det.checkpoint import load_weights  # noqa: E402
+from lambda_det.cli import convert_timm_checkpoint, train_net  # noqa: E402
 from lambda_det.run_config import load_config  # noqa: E402
 
 SMALL = {"width_multiplier": 0.25, "scope": 3}
@@ -58,7 +59,7 @@ def write_image_folder(root):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
+def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root, shapes, capsys):
     from timm.data import create_dataset, create_loader
     from timm.optim import create_optimizer_v2
 
@@ -98,27 +99,19 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
         classifier,
     )
 
+    # The conversion as a user runs it, a child process; the training and the refusal below
+    # run the tools' main() in this process.
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
-
-    def tool(script, *args):
-        return subprocess.run(
-            [sys.executable, str(REPO_ROOT / "tools" / script), *map(str, args)],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO_ROOT,
-            timeout=600,
-        )
-
     converted = tmp_path / "detector_init.pth"
-    conversion = tool(
-        "convert_timm_checkpoint.py",
-        "--config",
-        "lambda_r26_shapes",
-        classifier,
-        converted,
-        *DETECTOR,
+    conversion = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools/convert_timm_checkpoint.py"), "--config"]
+        + ["lambda_r26_shapes", str(classifier), str(converted), *DETECTOR],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO_ROOT,
+        timeout=600,
     )
     assert conversion.returncode == 0, conversion.stderr[-3000:]
     # Every backbone weight loads, equal to the classifier's; the classifier is gone.
@@ -130,8 +123,7 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
     for name, value in backbone.items():
         assert torch.equal(value, trained[name]), name
     # A detection training step starts from it.
-    result = tool(
-        "train_net.py",
+    training = [
         "--config",
         "lambda_r26_shapes",
         *DETECTOR,
@@ -144,26 +136,21 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root):
         "DATASETS.TEST",
         "()",
         "MODEL.WEIGHTS",
-        converted,
+        str(converted),
         "OUTPUT_DIR",
-        tmp_path / "detector",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+        str(tmp_path / "detector"),
+    ]
+    assert train_net.main(training) == 0
     assert (tmp_path / "detector/model_final.pth").is_file()
     # The converter and the training count the same weights.
     written = re.search(r"wrote .*: (\d+) backbone weights", conversion.stdout).group(1)
-    assert f"loaded {written} of {written} backbone weights" in result.stdout + result.stderr
+    logged = capsys.readouterr()
+    assert f"loaded {written} of {written} backbone weights" in logged.out + logged.err
     # A classifier of another depth is refused in one line, and nothing is written.
-    result = tool(
-        "convert_timm_checkpoint.py",
-        "--config",
-        "lambda_r26_shapes",
-        classifier,
-        tmp_path / "other.pth",
-        *DETECTOR,
-        "MODEL.LAMBDA_RESNET.DEPTH",
-        "50",
+    other = ["--config", "lambda_r26_shapes", classifier, tmp_path / "other.pth", *DETECTOR]
+    status, err = exit_status(
+        convert_timm_checkpoint.main, [*other, "MODEL.LAMBDA_RESNET.DEPTH", "50"], capsys
     )
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "error: the classifier is not the config's backbone" in result.stderr
+    assert status == 2 and "Traceback" not in err
+    assert "error: the classifier is not the config's backbone" in err
     assert not (tmp_path / "other.pth").exists()

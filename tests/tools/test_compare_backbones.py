@@ -4,7 +4,6 @@ finished runs and continuation of interrupted ones."""
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -707,22 +706,6 @@ TINY = [
 ]
 
 
-@pytest.fixture
-def small_datasets_root(datasets_root, tmp_path) -> Path:
-    """The bundled shapes dataset with 8 of its validation images (evaluation in seconds)."""
-    from lambda_det.data.shapes import VERSION
-
-    name = f"lambda_det_shapes_{VERSION}"
-    root = tmp_path / "datasets"
-    shutil.copytree(datasets_root / name, root / name)
-    val = json.loads((root / name / "val.json").read_text())
-    val["images"] = val["images"][:8]
-    kept = {image["id"] for image in val["images"]}
-    val["annotations"] = [a for a in val["annotations"] if a["image_id"] in kept]
-    (root / name / "val.json").write_text(json.dumps(val))
-    return root
-
-
 def compare_command(output: Path, datasets_root: Path):
     """The comparison of the small shapes data, named on the command line as a user's own
     COCO-format dataset."""
@@ -759,9 +742,15 @@ def compare_command(output: Path, datasets_root: Path):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # five tiny trainings and evaluations: 6 minutes on 2 busy cores
 @pytest.mark.e2e
-def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datasets_root):
+def test_compare_backbones_end_to_end_with_an_interruption(
+    tmp_path, small_datasets_root, monkeypatch, capsys
+):
+    """tools/compare_backbones.py as a child process, killed; then its main() in this process
+    continues the comparison and reuses it (the trainings are child processes either way)."""
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(small_datasets_root)
+    monkeypatch.setenv("DETECTRON2_DATASETS", str(small_datasets_root))  # for the trainings
+    monkeypatch.delenv("PYTHONWARNINGS", raising=False)
     output = tmp_path / "cmp"
     command = compare_command(output, small_datasets_root)
     first = output / "conv/seed0"
@@ -783,11 +772,9 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
     assert not (first / "eval_results.json").exists(), "the run ended before the kill"
     assert not (output / "lambda").exists()
 
-    result = subprocess.run(
-        command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "[1/4] conv seed 0: continuing from its last checkpoint" in result.stdout
+    assert compare_backbones.main(command[2:]) == 0
+    stdout = capsys.readouterr().out
+    assert "[1/4] conv seed 0: continuing from its last checkpoint" in stdout
     starts = [
         line.rsplit(" ", 1)[1]
         for line in (first / "log.txt").read_text().splitlines()
@@ -819,16 +806,14 @@ def test_compare_backbones_end_to_end_with_an_interruption(tmp_path, small_datas
         entry = summary["variants"][variant]
         assert entry["seconds_per_iteration"]["mean"] > 0 and entry["parameters"] > 0
     markdown = (output / "comparison.md").read_text()
-    assert markdown in result.stdout and "## Paired difference to conv" in markdown
+    assert markdown in stdout and "## Paired difference to conv" in markdown
     assert "## Reading" in markdown and "- **lambda** vs conv:" in markdown
     assert (output / "comparison.png").read_bytes().startswith(PNG_MAGIC)
 
     # A second invocation reuses every finished pair: no training, the same report.
     stamps = {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
-    again = subprocess.run(
-        command, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert again.stdout.count("finished, reusing") == 4 and "train_net.py" not in again.stdout
+    assert compare_backbones.main(command[2:]) == 0
+    again = capsys.readouterr().out
+    assert again.count("finished, reusing") == 4 and "train_net.py" not in again
     assert stamps == {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
     assert json.loads((output / "comparison.json").read_text()) == summary

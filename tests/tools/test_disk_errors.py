@@ -14,7 +14,14 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from conftest import CONFIGS, tiny_model, tool_module, write_payload
+from conftest import (
+    CONFIGS,
+    assert_one_line_error,
+    exit_status,
+    tiny_model,
+    tool_module,
+    write_payload,
+)
 from conftest import TINY_OVERRIDES as TINY
 from detectron2.engine.hooks import EvalHook
 
@@ -45,24 +52,6 @@ ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 def tool_main(name: str):
     """The main(argv) of the tool ``name`` (conftest.tool_module)."""
     return tool_module(name).main
-
-
-def exit_status(main, argv, capsys):
-    """(exit status, stderr) of a tool's ``main(argv)`` run in this process."""
-    try:
-        status = main([str(arg) for arg in argv])
-    except SystemExit as exit:
-        status = exit.code
-    return status, capsys.readouterr().err
-
-
-def assert_one_line_error(status, stderr, *fragments):
-    assert status == 2, (status, stderr[-3000:])
-    assert "Traceback" not in stderr, stderr[-3000:]
-    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in errors[0], (fragment, errors[0])
 
 
 # ---- the writable-folder check and atomic writes ----

@@ -1,73 +1,23 @@
 """tools/predict.py: predictions on image files, folders and videos, matching evaluation."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
-from conftest import REPO_ROOT, built_once, subprocess_env
+from conftest import TINY_EVALUATED_RUN, assert_one_line_error, exit_status
 from pycocotools import mask as mask_util
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from lambda_det.cli import predict
 from lambda_det.reports import load_results
 
-TINY = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "SOLVER.IMS_PER_BATCH",
-    "2",
-    "SOLVER.MAX_ITER",
-    "3",
-    "SOLVER.STEPS",
-    "(2,)",
-    "SOLVER.WARMUP_ITERS",
-    "1",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "TEST.DETECTIONS_PER_IMAGE",
-    "20",
-]
 
-
-def run_tool(script, *args, datasets_root):
-    env = subprocess_env()
-    env["DETECTRON2_DATASETS"] = str(datasets_root)
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools" / script), *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=600,
-    )
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, datasets_root) -> Path:
-    """A tiny run on the shapes dataset, evaluated on its validation split (once per run, also
-    when pytest-xdist gives this module's tests to both workers)."""
-
-    def train(output: Path):
-        result = run_tool(
-            "train_net.py",
-            "--config",
-            "lambda_r26_shapes",
-            *TINY,
-            "OUTPUT_DIR",
-            output,
-            datasets_root=datasets_root,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    return built_once(tmp_path_factory, "test_predict-trained", train)
+def predict_tool(argv, capsys):
+    """(exit status, stderr) of tools/predict.py's main(argv), with the overrides of
+    conftest's evaluated_run (the README's quick start runs the script as a child process)."""
+    return exit_status(predict.main, [*argv, *TINY_EVALUATED_RUN], capsys)
 
 
 def by_image(results):
@@ -79,27 +29,16 @@ def by_image(results):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_predictions_match_the_evaluators(trained, datasets_root, tmp_path):
-    val = datasets_root / "lambda_det_shapes_v1" / "val"
+def test_predictions_match_the_evaluators(
+    evaluated_run, small_datasets_root, small_shapes, tmp_path, capsys
+):
+    trained = evaluated_run / "run"
+    val = small_datasets_root / "lambda_det_shapes_v1" / "val"
     output = tmp_path / "predicted"
-    result = run_tool(
-        "predict.py",
-        "--config",
-        "lambda_r26_shapes",
-        "--input",
-        val,
-        "--output",
-        output,
-        "--confidence-threshold",
-        "0.05",
-        "--batch-size",
-        "3",
-        *TINY,
-        "MODEL.WEIGHTS",
-        trained / "model_final.pth",
-        datasets_root=datasets_root,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    argv = ["--config", "lambda_r26_shapes", "--input", val, "--output", output]
+    argv += ["--confidence-threshold", "0.05", "--batch-size", "3"]
+    status, err = predict_tool([*argv, "MODEL.WEIGHTS", trained / "model_final.pth"], capsys)
+    assert status == 0, err[-3000:]
     predicted = json.loads((output / "predictions.json").read_text())
     evaluated = json.loads(
         (trained / "inference/lambda_det_shapes_val/coco_instances_results.json").read_text()
@@ -116,7 +55,7 @@ def test_predictions_match_the_evaluators(trained, datasets_root, tmp_path):
             assert iou[0, 0] > 0.99
     assert len(list(output.glob("*.png"))) == len(list(val.glob("*.png")))
     # Scored with pycocotools, the file gives the evaluator's AP.
-    ground_truth = COCO(str(datasets_root / "lambda_det_shapes_v1" / "val.json"))
+    ground_truth = COCO(str(small_datasets_root / "lambda_det_shapes_v1" / "val.json"))
     recorded = load_results(str(trained))
     for task in ("bbox", "segm"):
         evaluation = COCOeval(
@@ -130,28 +69,17 @@ def test_predictions_match_the_evaluators(trained, datasets_root, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_videos_and_bad_inputs(trained, datasets_root, tmp_path):
+def test_videos_and_bad_inputs(evaluated_run, small_shapes, tmp_path, capsys):
     video = tmp_path / "clip.mp4"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, (96, 64))
     for value in (40, 120, 200):
         writer.write(np.full((64, 96, 3), value, np.uint8))
     writer.release()
-    weights = ["MODEL.WEIGHTS", trained / "model_final.pth"]
-    result = run_tool(
-        "predict.py",
-        "--config",
-        "lambda_r26_shapes",
-        "--input",
-        video,
-        "--output",
-        tmp_path / "out",
-        "--confidence-threshold",
-        "0.0",
-        *TINY,
-        *weights,
-        datasets_root=datasets_root,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    config = ["--config", "lambda_r26_shapes"]
+    weights = ["MODEL.WEIGHTS", evaluated_run / "run/model_final.pth"]
+    argv = [*config, "--input", video, "--output", tmp_path / "out", "--confidence-threshold"]
+    status, err = predict_tool([*argv, "0.0", *weights], capsys)
+    assert status == 0, err[-3000:]
     frames = {r["frame"] for r in json.loads((tmp_path / "out/predictions.json").read_text())}
     assert frames == {0, 1, 2}
     assert cv2.VideoCapture(str(tmp_path / "out/clip.mp4")).get(cv2.CAP_PROP_FRAME_COUNT) == 3
@@ -169,18 +97,5 @@ def test_videos_and_bad_inputs(trained, datasets_root, tmp_path):
     for name, (arguments, fragment) in cases.items():
         inputs, overrides = arguments[:1], arguments[1:]
         output = tmp_path / ("out" if name == "results kept" else name.replace(" ", "_"))
-        result = run_tool(
-            "predict.py",
-            "--config",
-            "lambda_r26_shapes",
-            "--input",
-            *inputs,
-            "--output",
-            output,
-            *TINY,
-            *overrides,
-            datasets_root=datasets_root,
-        )
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-        assert result.returncode == 2 and len(errors) == 1, (name, result.stderr[-2000:])
-        assert fragment in errors[0] and "Traceback" not in result.stderr, name
+        argv = [*config, "--input", *inputs, "--output", output, *overrides]
+        assert_one_line_error(*predict_tool(argv, capsys), fragment)

@@ -4,6 +4,7 @@ input error reported in one line (exit status 2) with the earlier run left as it
 import hashlib
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,17 +15,27 @@ import numpy as np
 import pytest
 import torch
 from conftest import DEMO_CONFIG as CONFIG
-from conftest import REPO_ROOT, subprocess_env, tiny_model, write_payload
+from conftest import (
+    REPO_ROOT,
+    assert_one_line_error,
+    exit_status,
+    subprocess_env,
+    tiny_model,
+    tool_module,
+    write_payload,
+)
 from conftest import TINY_OVERRIDES as TINY
 from detectron2.modeling import build_model
 
 import lambda_det.data
 from lambda_det.checkpoint import (
     AtomicCheckpointer,
+    CorruptCheckpointError,
     UnsafeCheckpointError,
     load_checkpoint_file,
     load_weights,
 )
+from lambda_det.cli import train_net
 from lambda_det.cli.output_dir import OutputDirBusyError, OutputDirLock
 from lambda_det.inference import Predictor
 from lambda_det.run_config import load_config
@@ -86,7 +97,8 @@ def test_detectron2_and_caffe2_pickles_still_load(tmp_path):
     assert list(loaded["model"]) == ["conv1_w"]  # momentum buffers dropped, as detectron2 does
 
 
-# ---- the command line: tools/train_net.py and tools/export_model.py as subprocesses ----
+# ---- the command line: the tools' main(argv) in this process (tools/export_model.py once as a
+# child process; tools/train_net.py's child processes: test_a_second_run_... and tests/engine/) ----
 
 
 def run_tool(script: str, *args, datasets_root: Path, timeout: int = 600):
@@ -111,19 +123,16 @@ def snapshot(folder: Path) -> dict:
     }
 
 
-def assert_one_line_error(result, *fragments: str) -> None:
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-3000:]
-    for fragment in fragments:
-        assert fragment in errors[0], (fragment, errors[0])
+def assert_tool_refuses(tool: str, argv, capsys, *fragments: str) -> None:
+    """``tools/TOOL.py argv`` (its main, in this process) stops with one ``error:`` line."""
+    assert_one_line_error(*exit_status(tool_module(tool).main, argv, capsys), *fragments)
 
 
-@pytest.fixture
-def earlier_run(tmp_path) -> Path:
-    """An OUTPUT_DIR holding an interrupted run: a checkpoint, its pointer, logs and metrics."""
-    folder = tmp_path / "run"
+@pytest.fixture(scope="module")
+def interrupted_run(tmp_path_factory) -> Path:
+    """The folder of an interrupted run: a checkpoint, its pointer, logs and metrics (built once
+    per module: tests copy it, :func:`earlier_run`)."""
+    folder = tmp_path_factory.mktemp("interrupted") / "run"
     folder.mkdir()
     AtomicCheckpointer(tiny_model(), save_dir=str(folder)).save("model_0000000", iteration=0)
     for name in ("metrics.json", "log.txt", "config.yaml"):
@@ -131,72 +140,59 @@ def earlier_run(tmp_path) -> Path:
     return folder
 
 
+@pytest.fixture
+def earlier_run(tmp_path, interrupted_run) -> Path:
+    """An OUTPUT_DIR holding an interrupted run: this test's copy of :func:`interrupted_run`."""
+    return Path(shutil.copytree(interrupted_run, tmp_path / "run"))
+
+
+def payload_entry_points(path: Path, tmp_path: Path) -> dict:
+    """The tools that load a weights file (MODEL.WEIGHTS ``path``): name -> (tool, argv)."""
+    config = ["--config-file", CONFIG]
+    weights = [*TINY, "MODEL.WEIGHTS", path]
+    export = ["--format", "torchscript", "--output", tmp_path / "model.ts"]
+    return {
+        "training": ("train_net", [*config, *weights, "OUTPUT_DIR", tmp_path / "fresh"]),
+        "evaluation": (
+            "train_net",
+            [*config, "--eval-only", *weights, "OUTPUT_DIR", tmp_path / "fresh"],
+        ),
+        "export": ("export_model", [*config, *export, *weights]),
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", PAYLOAD_KINDS)
 @pytest.mark.e2e
 def test_payload_weights_are_refused_at_every_entry_point(
-    tmp_path, kind, datasets_root, earlier_run
+    tmp_path, kind, shapes, earlier_run, capsys
 ):
     marker = tmp_path / "marker"
     path = write_payload(tmp_path / PAYLOAD_KINDS[kind], kind, marker)
-    before = snapshot(earlier_run)
-    fresh = tmp_path / "fresh"
-    runs = {
-        "training": (
-            "train_net.py",
-            "--config-file",
-            CONFIG,
-            *TINY,
-            "MODEL.WEIGHTS",
-            path,
-            "OUTPUT_DIR",
-            fresh,
-        ),
-        "evaluation": (
-            "train_net.py",
-            "--config-file",
-            CONFIG,
-            "--eval-only",
-            *TINY,
-            "MODEL.WEIGHTS",
-            path,
-            "OUTPUT_DIR",
-            fresh,
-        ),
-        "export": (
-            "export_model.py",
-            "--config-file",
-            CONFIG,
-            "--format",
-            "torchscript",
-            "--output",
-            tmp_path / "model.ts",
-            *TINY,
-            "MODEL.WEIGHTS",
-            path,
-        ),
-    }
-    for name, (script, *args) in runs.items():
-        result = run_tool(script, *args, datasets_root=datasets_root)
-        assert_one_line_error(result, str(path), REFUSED[kind])
+    for name, (tool, argv) in payload_entry_points(path, tmp_path).items():
+        assert_tool_refuses(tool, argv, capsys, str(path), REFUSED[kind])
         assert not marker.exists(), name
     # --resume: OUTPUT_DIR's last_checkpoint points at the payload.
     os.replace(path, earlier_run / path.name)
     (earlier_run / "last_checkpoint").write_text(path.name)
     before = snapshot(earlier_run)
-    result = run_tool(
-        "train_net.py",
-        "--config-file",
-        CONFIG,
-        "--resume",
-        *TINY,
-        "OUTPUT_DIR",
-        earlier_run,
-        datasets_root=datasets_root,
-    )
-    assert_one_line_error(result, path.name, REFUSED[kind])
+    argv = ["--config-file", CONFIG, "--resume", *TINY, "OUTPUT_DIR", earlier_run]
+    assert_tool_refuses("train_net", argv, capsys, path.name, REFUSED[kind])
     assert not marker.exists()
     assert snapshot(earlier_run) == before
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_export_script_refuses_payload_weights_in_one_line(tmp_path, datasets_root):
+    """tools/export_model.py as a user runs it, a child process (the other entry points run as
+    children in test_a_second_run_into_a_training_runs_folder_is_refused and tests/engine/)."""
+    marker = tmp_path / "marker"
+    path = write_payload(tmp_path / "payload.pth", "pth", marker)
+    tool, argv = payload_entry_points(path, tmp_path)["export"]
+    result = run_tool(f"{tool}.py", *argv, datasets_root=datasets_root)
+    assert_one_line_error(result.returncode, result.stderr, str(path), REFUSED["pth"])
+    assert not marker.exists()
 
 
 BAD_INPUTS = {
@@ -215,30 +211,19 @@ BAD_INPUTS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_INPUTS)
 @pytest.mark.e2e
-def test_bad_input_is_one_line_and_changes_nothing(case, datasets_root, earlier_run):
+def test_bad_input_is_one_line_and_changes_nothing(case, shapes, earlier_run, capsys):
     overrides, fragments = BAD_INPUTS[case]
     before = snapshot(earlier_run)
-    result = run_tool(
-        "train_net.py",
-        "--config-file",
-        CONFIG,
-        "--resume",
-        *TINY,
-        "OUTPUT_DIR",
-        earlier_run,
-        *overrides,
-        datasets_root=datasets_root,
-    )
-    assert_one_line_error(result, *fragments)
+    argv = ["--config-file", CONFIG, "--resume", *TINY, "OUTPUT_DIR", earlier_run, *overrides]
+    assert_tool_refuses("train_net", argv, capsys, *fragments)
     assert snapshot(earlier_run) == before
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_bad_weights_and_config_files_are_one_line(tmp_path, datasets_root, earlier_run):
+def test_bad_weights_and_config_files_are_one_line(tmp_path, shapes, earlier_run, capsys):
     truncated = tmp_path / "truncated.pth"
     AtomicCheckpointer(tiny_model(), save_dir=str(tmp_path)).save("whole")
     truncated.write_bytes((tmp_path / "whole.pth").read_bytes()[:2000])
@@ -272,48 +257,17 @@ def test_bad_weights_and_config_files_are_one_line(tmp_path, datasets_root, earl
         "finished run": ([*TINY, "OUTPUT_DIR", earlier_run], ["--resume", "--restart"]),
     }
     for name, (args, fragments) in cases.items():
-        result = run_tool(
-            "train_net.py", "--config-file", CONFIG, *args, datasets_root=datasets_root
-        )
-        assert_one_line_error(result, *fragments)
-    result = run_tool(
-        "train_net.py",
-        "--config",
-        "lambda_r26_shape",
-        "OUTPUT_DIR",
-        earlier_run,
-        datasets_root=datasets_root,
-    )
-    assert_one_line_error(result, "'lambda_r26_shape'", "lambda_r26_shapes.yaml")
-    result = run_tool(
-        "train_net.py",
-        "--config",
-        "lambda_r26_shapes",
-        "--num-gpus",
-        "2",
-        *TINY,
-        "SOLVER.IMS_PER_BATCH",
-        "3",
-        "OUTPUT_DIR",
-        tmp_path / "e",
-        datasets_root=datasets_root,
-    )
-    assert_one_line_error(result, "SOLVER.IMS_PER_BATCH 3", "2 processes")
+        assert_tool_refuses("train_net", ["--config-file", CONFIG, *args], capsys, *fragments)
+    argv = ["--config", "lambda_r26_shape", "OUTPUT_DIR", earlier_run]
+    assert_tool_refuses("train_net", argv, capsys, "'lambda_r26_shape'", "lambda_r26_shapes.yaml")
+    argv = ["--config", "lambda_r26_shapes", "--num-gpus", "2", *TINY, "SOLVER.IMS_PER_BATCH", "3"]
+    argv += ["OUTPUT_DIR", tmp_path / "e"]
+    assert_tool_refuses("train_net", argv, capsys, "SOLVER.IMS_PER_BATCH 3", "2 processes")
     assert snapshot(earlier_run) == before
-    # --debug shows the traceback of the same error.
-    result = run_tool(
-        "train_net.py",
-        "--config-file",
-        CONFIG,
-        "--debug",
-        *TINY,
-        "MODEL.WEIGHTS",
-        truncated,
-        "OUTPUT_DIR",
-        tmp_path / "f",
-        datasets_root=datasets_root,
-    )
-    assert result.returncode != 0 and "Traceback" in result.stderr
+    # --debug lets the same error through, with its traceback.
+    argv = ["--config-file", CONFIG, "--debug", *TINY, "MODEL.WEIGHTS", truncated]
+    with pytest.raises(CorruptCheckpointError, match="truncated or corrupt"):
+        train_net.main([*map(str, argv), "OUTPUT_DIR", str(tmp_path / "f")])
 
 
 # ---- one run per OUTPUT_DIR ----
@@ -352,7 +306,9 @@ def test_output_dir_lock_names_the_holder_and_dies_with_it(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_second_run_into_a_training_runs_folder_is_refused(tmp_path, datasets_root):
+def test_a_second_run_into_a_training_runs_folder_is_refused(
+    tmp_path, datasets_root, shapes, capsys
+):
     output = tmp_path / "run"
     env = subprocess_env()
     env["DETECTRON2_DATASETS"] = str(datasets_root)
@@ -379,21 +335,16 @@ def test_a_second_run_into_a_training_runs_folder_is_refused(tmp_path, datasets_
             if (output / "metrics.json").is_file() or (output / "log.txt").is_file():
                 break
             assert first.poll() is None, "the first run ended early"
-            time.sleep(1)
+            time.sleep(0.05)
         assert f"pid {first.pid} " in (output / "run.lock").read_text()
         for extra in ([], ["--eval-only", "MODEL.WEIGHTS", str(output / "model.pth")]):
-            second = run_tool(
-                "train_net.py",
-                "--config-file",
-                CONFIG,
-                *extra,
-                *TINY,
-                "OUTPUT_DIR",
-                output,
-                datasets_root=datasets_root,
-            )
-            assert_one_line_error(
-                second, f"OUTPUT_DIR '{output}' is in use by another run", f"pid {first.pid} "
+            argv = ["--config-file", CONFIG, *extra, *TINY, "OUTPUT_DIR", output]
+            assert_tool_refuses(
+                "train_net",
+                argv,
+                capsys,
+                f"OUTPUT_DIR '{output}' is in use by another run",
+                f"pid {first.pid} ",
             )
     finally:
         first.send_signal(signal.SIGKILL)
