@@ -5,7 +5,8 @@ One small LambdaResNet-26 Mask R-CNN (random weights, every detection kept) is c
 exported once per format on a 64 x 96 sample: ONNX by the tool from an image file, TorchScript
 through the library; torch.export by the tool on its default 96 x 96 sample (it takes sizes from
 65, one more than the FPN's largest stride). All run images of other sizes (DYNAMIC_SIZES). ONNX
-tests need onnx and onnxruntime (the "dev" extra) and skip without them.
+tests need onnx and onnxruntime (the "dev" extra) and skip without them. Exporting and loading a
+.pt2 each take seconds: the tests share one file and one loaded program (:func:`torch_exported`).
 """
 
 import json
@@ -17,9 +18,11 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import built_once
 from detectron2.data import Metadata
 from detectron2.modeling import build_model
 
+import lambda_det.data
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.cli import export_model as export_tool
@@ -37,6 +40,8 @@ from lambda_det.export import (
 from lambda_det.inference import build_trained_model
 from lambda_det.layers import LambdaLayer
 from lambda_det.run_config import load_config
+
+lambda_det.data.register_datasets()  # the metadata's classes, by name: importing registers none
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
 OVERRIDES = [
@@ -182,24 +187,33 @@ def onnx_file(cfg, weights, image_file, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def torch_export_file(cfg, weights, tmp_path_factory):
-    """The tool's torch.export of the test model, on its default sample (96 x 96)."""
-    path = tmp_path_factory.mktemp("export") / "model.pt2"
-    status = export_tool.main(
-        [
-            "--config-file",
-            CONFIG,
-            "--format",
-            "torch_export",
-            "--output",
-            str(path),
-            *OVERRIDES,
-            "MODEL.WEIGHTS",
-            weights,
-        ]
-    )
-    assert status == 0
-    return path
+def torch_export_file(weights, tmp_path_factory):
+    """The tool's torch.export of the test model, on its default sample (96 x 96): once per run,
+    for pytest-xdist's workers too (their weights are the same)."""
+
+    def export(folder):
+        status = export_tool.main(
+            [
+                "--config-file",
+                CONFIG,
+                "--format",
+                "torch_export",
+                "--output",
+                str(folder / "model.pt2"),
+                *OVERRIDES,
+                "MODEL.WEIGHTS",
+                weights,
+            ]
+        )
+        assert status == 0
+
+    return built_once(tmp_path_factory, "test_export-torch_export", export) / "model.pt2"
+
+
+@pytest.fixture(scope="module")
+def torch_exported(torch_export_file):
+    """torch_export_file loaded (seconds: torch's deserialization), for the tests that run it."""
+    return ExportedModel(torch_export_file)
 
 
 def assert_matches_eager(model, exported: ExportedModel, image, tolerances) -> None:
@@ -252,10 +266,10 @@ def test_onnx_matches_eager(model, onnx_file, images, other_sizes):
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
+def test_torch_export_matches_eager(cfg, model, torch_export_file, torch_exported, other_sizes):
     """The ExportedProgram, exported at 96 x 96, equals eager at sizes it was not exported at
     (square, landscape, portrait), and at the smallest it takes."""
-    exported = ExportedModel(torch_export_file)
+    exported = torch_exported
     assert exported.input_shape == (3, None, None)
     assert exported.min_size == (TORCH_EXPORT_MIN_SIZE, TORCH_EXPORT_MIN_SIZE)
     smallest = sample_image(cfg, size=(TORCH_EXPORT_MIN_SIZE, 96), seed=3)
@@ -286,21 +300,33 @@ def test_torch_export_matches_eager(cfg, model, torch_export_file, other_sizes):
 
 
 @pytest.mark.slow
-def test_torch_export_runs_images_with_no_detection(weights, tmp_path):
+@pytest.mark.e2e
+def test_torch_export_runs_images_with_no_detection(model, torch_exported):
     """The number of detections is data-dependent, 0 included (torchvision's NMS fake kernel
-    would have the program assert 2 or more boxes): no score passes a threshold of 1."""
-    strict_cfg = load_config(
-        CONFIG, OVERRIDES + ["MODEL.WEIGHTS", weights, "MODEL.ROI_HEADS.SCORE_THRESH_TEST", "1.0"]
-    )
-    model = build_trained_model(strict_cfg)
-    path = tmp_path / "model.pt2"
-    export_model(model, sample_image(strict_cfg, size=(96, 96)), path, "torch_export")
-    exported = ExportedModel(path)
-    for size in [(96, 96), (80, 120)]:
-        image = torch.randint(0, 256, (3, *size), dtype=torch.uint8)
-        actual = exported(image)
-        assert actual["pred_boxes"].shape == (0, 4) and actual["pred_masks"].shape == (0, 1, 28, 28)
-        assert max(max_differences(eager_outputs(model, image), actual).values()) == 0
+    would have the program assert 2 or more boxes). The program exported on a sample with 20
+    detections, given weights where no class scores above 0 (its threshold, a constant of the
+    program; the weights are its inputs): the classes' logits at -inf, the background's kept."""
+    name = "roi_heads.box_predictor.cls_score.bias"
+    # The program's module holds the model's parameters under the adapter's names.
+    biases = [
+        model.get_parameter(name),
+        torch_exported._module.get_parameter(f"adapter.model.{name}"),
+    ]
+    saved = biases[0].detach().clone()
+    try:
+        with torch.no_grad():
+            for bias in biases:
+                bias[:-1] = -math.inf
+        for size in [(96, 96), (80, 120)]:
+            image = torch.randint(0, 256, (3, *size), dtype=torch.uint8)
+            actual = torch_exported(image)
+            assert actual["pred_boxes"].shape == (0, 4)
+            assert actual["pred_masks"].shape == (0, 1, 28, 28)
+            assert max(max_differences(eager_outputs(model, image), actual).values()) == 0
+    finally:
+        with torch.no_grad():
+            for bias in biases:
+                bias.copy_(saved)
 
 
 def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
@@ -324,12 +350,15 @@ def test_torch_export_refuses_small_samples_and_tiled_layers(weights, tmp_path):
 @pytest.mark.slow
 def test_torch_export_names_a_model_that_holds_for_some_sizes_only(tmp_path):
     """AFT-conv windows are cut to the input's size: torch.export's constraint violation comes
-    back as one ValueError naming the guard."""
+    back as one ValueError naming the guard. (The backbone's guard: without the mask head, a
+    shorter trace.)"""
     cfg = load_config(
         "aft_conv_r26_shapes",
         [
             "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
             "0.25",
+            "MODEL.MASK_ON",
+            "False",
             "MODEL.DEVICE",
             "cpu",
             "INPUT.MIN_SIZE_TEST",
@@ -438,7 +467,11 @@ def test_metadata_maps_classes_to_category_ids(format, request):
         "scores",
         "image_size",
     ]
-    exported = ExportedModel(path)
+    exported = (
+        request.getfixturevalue("torch_exported")
+        if format == "torch_export"
+        else ExportedModel(path)
+    )
     assert exported.classes == SHAPES_CLASSES and exported.metadata == metadata
 
 
@@ -546,6 +579,10 @@ def test_retinanet_exports(format, tmp_path):
             "3",
             "MODEL.FPN.OUT_CHANNELS",
             "32",
+            # 2 convs in each subnet, not 4: the same code in a smaller program (loading a .pt2
+            # takes time in proportion to its nodes); with 1, fewer than 20 boxes survive NMS.
+            "MODEL.RETINANET.NUM_CONVS",
+            "2",
             "MODEL.DEVICE",
             "cpu",
             "INPUT.MIN_SIZE_TEST",

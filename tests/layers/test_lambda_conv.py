@@ -194,8 +194,10 @@ def fresh_dynamo():
 
 @pytest.mark.slow
 def test_torch_compile_forward_and_backward_match_eager(fresh_dynamo):
+    """Inductor's kernels of the tiled form at stride 2: the tiles' code with J = 3^dims pooled
+    neighbours, of which stride 1 is the case J = 1 (each case costs seconds of compiling)."""
     torch.manual_seed(0)
-    layer = LambdaLayer(8, heads=2, dim_k=4, dim_u=2, scope=5, impl="tiled")
+    layer = LambdaLayer(8, heads=2, dim_k=4, dim_u=2, scope=5, stride=2, impl="tiled")
     x = torch.randn(2, 8, 9, 7, requires_grad=True)
     parameters = [x] + list(layer.parameters())
     expected = layer(x)

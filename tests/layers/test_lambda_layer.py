@@ -368,7 +368,18 @@ def test_jit_trace_runs_at_other_sizes(impl, scope, stride):
 
 @pytest.mark.slow
 def test_torch_compile_matches_eager():
-    layer = make_layer("conv", dtype=torch.float32, in_channels=8, heads=2, dim_k=4, scope=3).eval()
-    x = torch.randn(1, 8, 6, 5)
-    compiled = torch.compile(layer)
-    torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
+    """Inductor's kernels, forward and backward, of the "einsum" and "conv" forms ("tiled": tests/
+    layers/test_lambda_conv.py), in float64, where only the code's differences show. (The
+    compiled backbone's graphs: tests/modeling/test_mixed_precision_and_compile.py.)"""
+    model = torch.nn.Sequential(
+        make_layer("conv", in_channels=8, heads=2, dim_k=4, scope=3),
+        make_layer("einsum", in_channels=8, heads=2, dim_k=4, scope=3),
+    )
+    x = torch.randn(2, 8, 6, 5, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *model.parameters()]
+    expected = model(x)
+    expected_grads = gradients(expected, inputs)
+    actual = torch.compile(model)(x)
+    torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-10)
+    for got, want in zip(gradients(actual, inputs), expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
