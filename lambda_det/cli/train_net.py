@@ -58,6 +58,7 @@ from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
 from lambda_det.engine.preflight import (
     check_batch_size,
+    check_compiled_batch,
     check_evaluation_memory,
     check_launch_arguments,
     check_training_memory,
@@ -255,6 +256,7 @@ def check_config_before_launch(
     world_size = args.num_gpus * args.num_machines
     scaled = system.settings(system.scale(cfg, world_size)).training
     check_batch_size(scaled.batch.value, world_size, key=scaled.batch.key)
+    check_compiled_batch(scaled.compiled, scaled.batch.value, world_size, key=scaled.batch.key)
     check_training_memory(model, scaled, run.device.value, args.num_gpus, world_size)
     return model
 

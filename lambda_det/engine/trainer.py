@@ -39,7 +39,11 @@ from lambda_det.data.checks import load_training_dicts, yaml_data_settings
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.interrupt import InterruptCheckpoint
-from lambda_det.engine.preflight import check_batch_size, check_training_settings
+from lambda_det.engine.preflight import (
+    check_batch_size,
+    check_compiled_batch,
+    check_training_settings,
+)
 from lambda_det.engine.run_logging import resume_metrics, run_writers, setup_run_logging
 from lambda_det.engine.run_settings import yaml_training_settings
 from lambda_det.run_config import load_config
@@ -213,8 +217,10 @@ class Trainer(DefaultTrainer):
         cfg = DefaultTrainer.auto_scale_workers(cfg, comm.get_world_size())
         # As tools/train_net.py checks before launch, for the trainer built another way; on
         # every rank (only the main one has the writer that LOG_PERIOD drives).
-        check_training_settings(yaml_training_settings(cfg))
+        settings = yaml_training_settings(cfg)
+        check_training_settings(settings)
         check_batch_size(cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
+        check_compiled_batch(settings.compiled, cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
         if cfg.DATALOADER.get("DETERMINISTIC", False):
             seed_all_rng(cfg.SEED)  # the same initial weights on every rank and every run
         device = cfg.MODEL.DEVICE
