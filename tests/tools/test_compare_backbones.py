@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, TINY_EVALUATED_RUN, overrides, subprocess_env
 
 from lambda_det.cli import compare_backbones
 from lambda_det.cli.compare import (
@@ -672,37 +672,19 @@ def test_overrides_may_follow_list_options():
     )
 
 
-# End to end, with real trainings (tiny: 4 iterations, 8 validation images at 128 px).
-
+# End to end, with real trainings: conftest's evaluated run (4 iterations), checkpointed and logged
+# at each, its 8 validation images at 128 px.
 TINY = [
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "SOLVER.IMS_PER_BATCH",
-    "2",
-    "SOLVER.MAX_ITER",
-    "4",
-    "SOLVER.STEPS",
-    "(2, 3)",
-    "SOLVER.WARMUP_ITERS",
-    "1",
-    "SOLVER.CHECKPOINT_PERIOD",
-    "1",
-    "SOLVER.LOG_PERIOD",
-    "1",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "INPUT.LSJ.IMAGE_SIZE",
-    "128",
-    "INPUT.MIN_SIZE_TEST",
-    "128",
-    "INPUT.MAX_SIZE_TEST",
-    "128",
-    "MODEL.RPN.POST_NMS_TOPK_TEST",
-    "50",
-    "TEST.DETECTIONS_PER_IMAGE",
-    "20",
+    *TINY_EVALUATED_RUN,
+    *overrides(
+        {
+            "SOLVER.CHECKPOINT_PERIOD": "1",
+            "SOLVER.LOG_PERIOD": "1",
+            "INPUT.LSJ.IMAGE_SIZE": "128",
+            "INPUT.MIN_SIZE_TEST": "128",
+            "INPUT.MAX_SIZE_TEST": "128",
+        }
+    ),
 ]
 
 
