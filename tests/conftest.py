@@ -389,6 +389,13 @@ TINY_OVERRIDES = overrides(
 )
 
 
+def comparison_options(output, config: str = "lambda_r26_shapes") -> list:
+    """tools/compare_backbones.py's options for ``config``'s conv twin and lambda backbone, seed 0,
+    into ``output``."""
+    variants = ["--variant", "conv", "lambda", "--seeds", "0"]
+    return ["--config", config, *variants, "--output", str(output)]
+
+
 class Payload:
     """Unpickling this runs code: it creates the marker file."""
 
