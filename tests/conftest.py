@@ -387,6 +387,14 @@ TINY_OVERRIDES = overrides(
         "DATASETS.TEST": "()",
     }
 )
+# The same for the demo's LazyConfig recipe, on its command line (the iterations left to the test).
+LAZY_TINY_OVERRIDES = [
+    "model.backbone.bottom_up.width_multiplier=0.25",
+    "model.backbone.bottom_up.scope=3",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "train.device=cpu",
+]
 
 
 def comparison_options(output, config: str = "lambda_r26_shapes") -> list:

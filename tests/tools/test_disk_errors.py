@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import (
     CONFIGS,
+    LAZY_TINY_OVERRIDES,
     assert_one_line_error,
     exit_status,
     tiny_model,
@@ -701,11 +702,7 @@ LAZY_TRAINING = [
     LAZY_CONFIG,
     "train.max_iter=2",
     "train.checkpointer.period=1",
-    "model.backbone.bottom_up.width_multiplier=0.25",
-    "model.backbone.bottom_up.scope=3",
-    "dataloader.train.total_batch_size=2",
-    "dataloader.train.num_workers=0",
-    "train.device=cpu",
+    *LAZY_TINY_OVERRIDES,
 ]
 
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import (
     DEMO_CONFIG,
+    LAZY_TINY_OVERRIDES,
     REPO_ROOT,
     TINY_OVERRIDES,
     comparison_options,
@@ -196,11 +197,7 @@ def test_sigterm_stops_lazy_training_with_143(tmp_path, datasets_root):
         LAZY_CONFIG,
         "train.max_iter=3",
         "train.checkpointer.period=1",
-        "model.backbone.bottom_up.width_multiplier=0.25",
-        "model.backbone.bottom_up.scope=3",
-        "dataloader.train.total_batch_size=2",
-        "dataloader.train.num_workers=0",
-        "train.device=cpu",
+        *LAZY_TINY_OVERRIDES,
         f"train.output_dir={output}",
     ]
     status, stderr = interrupted_run(
