@@ -36,7 +36,7 @@ def overrides(settings: dict) -> list:
     return [str(item) for key, value in settings.items() for item in (key, value)]
 
 
-# The demo's model at a quarter width on the CPU, BN throughout (batches of 2 images).
+# The demo's model at a quarter width on the CPU, with BN in the backbone, the FPN and the heads.
 TINY_BN_MODEL = {
     "MODEL.DEVICE": "cpu",
     "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
@@ -387,7 +387,8 @@ TINY_OVERRIDES = overrides(
         "DATASETS.TEST": "()",
     }
 )
-# The same for the demo's LazyConfig recipe, on its command line (the iterations left to the test).
+# The demo's LazyConfig recipe at a quarter width, 2 images a batch, on the CPU (key=value
+# overrides; each test sets its iterations).
 LAZY_TINY_OVERRIDES = [
     "model.backbone.bottom_up.width_multiplier=0.25",
     "model.backbone.bottom_up.scope=3",
