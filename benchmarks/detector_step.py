@@ -34,11 +34,7 @@ from benchmarks.detector import (
     format_detector,
 )
 from benchmarks.harness import machine_description
-from lambda_det.cli.arguments import (
-    add_debug_argument,
-    doc_argument_parser,
-    reporting_user_errors,
-)
+from lambda_det.cli.arguments import add_debug_argument, doc_argument_parser, reporting_user_errors
 from lambda_det.utils.atomic import (
     atomic_write,
     check_output_file,
