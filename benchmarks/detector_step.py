@@ -34,7 +34,7 @@ from benchmarks.detector import (
     format_detector,
 )
 from benchmarks.harness import machine_description
-from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
+from lambda_det.cli.arguments import add_debug_argument, doc_argument_parser, reporting_user_errors
 from lambda_det.utils.atomic import (
     atomic_write,
     check_output_file,
@@ -45,11 +45,7 @@ from lambda_det.utils.errors import UserError
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(__doc__.split("\n")[1:]),
-    )
+    parser = doc_argument_parser(__doc__)
     parser.add_argument(
         "--configs",
         nargs="+",

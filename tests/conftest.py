@@ -31,8 +31,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = REPO_ROOT / "configs"
 
 
-# A tiny training on the shapes dataset (checkpoint, data, config and engine tests).
-TINY_RUN = {
+def overrides(settings: dict) -> list:
+    """A command line's KEY VALUE overrides: ``{KEY: value}`` flattened, each value as str."""
+    return [str(item) for key, value in settings.items() for item in (key, value)]
+
+
+# The demo's model at a quarter width on the CPU, with BN in the backbone, the FPN and the heads.
+TINY_BN_MODEL = {
     "MODEL.DEVICE": "cpu",
     "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
     "MODEL.LAMBDA_RESNET.SCOPE": 3,
@@ -40,6 +45,10 @@ TINY_RUN = {
     "MODEL.FPN.NORM": "BN",
     "MODEL.ROI_BOX_HEAD.NORM": "BN",
     "MODEL.ROI_MASK_HEAD.NORM": "BN",
+}
+# A tiny training on the shapes dataset (checkpoint, data, config and engine tests).
+TINY_RUN = {
+    **TINY_BN_MODEL,
     "SOLVER.IMS_PER_BATCH": 2,
     "SOLVER.WARMUP_ITERS": 2,
     "SOLVER.STEPS": (3, 5),
@@ -52,15 +61,14 @@ TINY_RUN = {
 }
 
 
-def tiny_cfg(output_dir: Path, **overrides):
+def tiny_cfg(output_dir: Path, **changes):
     """The demo config (LambdaResNet-26 Mask R-CNN on the shapes dataset) at a quarter width, BN,
     6 iterations of 2 images, deterministic loader, no test set; KEY=value overrides win."""
     import lambda_det
 
     cfg = lambda_det.get_cfg()
     cfg.merge_from_file(str(CONFIGS / "Demo/lambda_r26_shapes.yaml"))
-    pairs = {**TINY_RUN, **overrides, "OUTPUT_DIR": str(output_dir)}
-    cfg.merge_from_list([item for key, value in pairs.items() for item in (key, str(value))])
+    cfg.merge_from_list(overrides({**TINY_RUN, **changes, "OUTPUT_DIR": output_dir}))
     return cfg
 
 
@@ -192,11 +200,33 @@ def assert_one_line_error(status, stderr, *fragments):
         assert fragment in errors[0], (fragment, errors[0])
 
 
-def subprocess_env() -> dict:
-    """The environment for a child interpreter: this one's, minus warning filters set by pytest."""
+def subprocess_env(**variables: str) -> dict:
+    """The environment for a child interpreter: this one's, minus warning filters set by pytest,
+    with ``variables`` set."""
     env = dict(os.environ)
     env.pop("PYTHONWARNINGS", None)
+    env.update(variables)
     return env
+
+
+def run_python(*args, env=None, cwd=REPO_ROOT, timeout=300) -> subprocess.CompletedProcess:
+    """A child interpreter run with ``args`` in ``cwd``, its output captured as text; ``env``
+    is :func:`subprocess_env` unless given."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env() if env is None else env,
+        cwd=cwd,
+        timeout=timeout,
+    )
+
+
+def run_tool(script: str, *args, datasets_root: Path, timeout: int = 600, **variables: str):
+    """tools/<script> run with ``args`` as a user runs it, a child process that reads the
+    datasets of ``datasets_root`` (and has ``variables`` set)."""
+    env = subprocess_env(DETECTRON2_DATASETS=str(datasets_root), **variables)
+    return run_python(REPO_ROOT / "tools" / script, *args, env=env, timeout=timeout)
 
 
 def run_folder(tmp_path_factory) -> Path:
@@ -273,26 +303,19 @@ def small_datasets_root(tmp_path_factory, datasets_root) -> Path:
 
 # The demo config at a quarter width, 4 iterations of 2 images, fewer proposals and detections
 # than the demo's at test time: a run that trains and evaluates in seconds.
-TINY_EVALUATED_RUN = [
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "SOLVER.IMS_PER_BATCH",
-    "2",
-    "SOLVER.MAX_ITER",
-    "4",
-    "SOLVER.STEPS",
-    "(2, 3)",
-    "SOLVER.WARMUP_ITERS",
-    "1",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "MODEL.RPN.POST_NMS_TOPK_TEST",
-    "50",
-    "TEST.DETECTIONS_PER_IMAGE",
-    "20",
-]
+TINY_EVALUATED_RUN = overrides(
+    {
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE": "3",
+        "SOLVER.IMS_PER_BATCH": "2",
+        "SOLVER.MAX_ITER": "4",
+        "SOLVER.STEPS": "(2, 3)",
+        "SOLVER.WARMUP_ITERS": "1",
+        "DATALOADER.NUM_WORKERS": "0",
+        "MODEL.RPN.POST_NMS_TOPK_TEST": "50",
+        "TEST.DETECTIONS_PER_IMAGE": "20",
+    }
+)
 
 
 @pytest.fixture(scope="session")
@@ -305,17 +328,8 @@ def evaluated_run(tmp_path_factory, small_datasets_root) -> Path:
     copy it before changing it."""
 
     def train(folder: Path):
-        env = subprocess_env()
-        env["DETECTRON2_DATASETS"] = str(small_datasets_root)
-        result = subprocess.run(
-            [sys.executable, str(REPO_ROOT / "tools/train_net.py"), "--config"]
-            + ["lambda_r26_shapes", *TINY_EVALUATED_RUN, "OUTPUT_DIR", str(folder / "run")],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO_ROOT,
-            timeout=900,
-        )
+        argv = ["--config", "lambda_r26_shapes", *TINY_EVALUATED_RUN, "OUTPUT_DIR", folder / "run"]
+        result = run_tool("train_net.py", *argv, datasets_root=small_datasets_root, timeout=900)
         assert result.returncode == 0, result.stderr[-3000:]
         (folder / "stdout.txt").write_text(result.stdout)
         (folder / "stderr.txt").write_text(result.stderr)
@@ -360,26 +374,35 @@ def one_torch_thread():
 
 DEMO_CONFIG = str(CONFIGS / "Demo/lambda_r26_shapes.yaml")
 # The demo config at a quarter width, 2 iterations of 2 images, no test set (tool command lines).
-TINY_OVERRIDES = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "SOLVER.IMS_PER_BATCH",
-    "2",
-    "SOLVER.MAX_ITER",
-    "2",
-    "SOLVER.STEPS",
-    "(1,)",
-    "SOLVER.WARMUP_ITERS",
-    "1",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "DATASETS.TEST",
-    "()",
+TINY_OVERRIDES = overrides(
+    {
+        "MODEL.DEVICE": "cpu",
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE": "3",
+        "SOLVER.IMS_PER_BATCH": "2",
+        "SOLVER.MAX_ITER": "2",
+        "SOLVER.STEPS": "(1,)",
+        "SOLVER.WARMUP_ITERS": "1",
+        "DATALOADER.NUM_WORKERS": "0",
+        "DATASETS.TEST": "()",
+    }
+)
+# The demo's LazyConfig recipe at a quarter width, 2 images a batch, on the CPU (key=value
+# overrides; each test sets its iterations).
+LAZY_TINY_OVERRIDES = [
+    "model.backbone.bottom_up.width_multiplier=0.25",
+    "model.backbone.bottom_up.scope=3",
+    "dataloader.train.total_batch_size=2",
+    "dataloader.train.num_workers=0",
+    "train.device=cpu",
 ]
+
+
+def comparison_options(output, config: str = "lambda_r26_shapes") -> list:
+    """tools/compare_backbones.py's options for ``config``'s conv twin and lambda backbone, seed 0,
+    into ``output``."""
+    variants = ["--variant", "conv", "lambda", "--seeds", "0"]
+    return ["--config", config, *variants, "--output", str(output)]
 
 
 class Payload:
@@ -449,9 +472,6 @@ def bash_commands_of(text: str) -> list:
 def readme_commands():
     """The commands of the README's bash blocks and of the docs/ pages it links."""
     return [command for path in [README, *linked_docs()] for command in bash_commands(path)]
-
-
-COMMANDS = readme_commands()
 
 
 COMMANDS = readme_commands()

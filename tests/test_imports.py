@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, run_python, subprocess_env
 
 # Makes detectron2 unimportable in the child, as in an environment that has only torch.
 BLOCK_DETECTRON2 = """
@@ -65,14 +65,7 @@ print(" ".join(names))
 
 @pytest.mark.slow
 def test_layers_and_benchmark_import_and_run_without_detectron2():
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCK_DETECTRON2 + IMPORT_THE_CORE],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
+    result = run_python("-c", BLOCK_DETECTRON2 + IMPORT_THE_CORE)
     assert result.returncode == 0, result.stderr
     imported = set(result.stdout.split())
     assert {
@@ -115,14 +108,7 @@ print("ok")
 @pytest.mark.slow
 def test_the_model_and_the_timm_models_run_without_detectron2():
     pytest.importorskip("timm")
-    result = subprocess.run(
-        [sys.executable, "-c", BLOCK_DETECTRON2 + USE_THE_MODEL],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
+    result = run_python("-c", BLOCK_DETECTRON2 + USE_THE_MODEL)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["ok"]
 
@@ -140,14 +126,7 @@ else:
     raise AssertionError("lambda_det.get_cfg without detectron2")
 """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
+    result = run_python("-c", code)
     assert result.returncode == 0, result.stderr
 
 
@@ -165,14 +144,7 @@ cfg.merge_from_list(["MODEL.DEVICE", "cpu", "MODEL.BACKBONE.NAME", "build_lambda
                      "0.25", "MODEL.RESNETS.RES2_OUT_CHANNELS", "64"])
 print(type(build_model(cfg).backbone).__name__)
 """
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
+    result = run_python("-c", code)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["LambdaResNetBackbone"]
 

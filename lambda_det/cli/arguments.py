@@ -77,15 +77,20 @@ def reporting_user_errors(debug: bool = False, errors: Tuple[type, ...] = USER_E
         raise SystemExit(USAGE_ERROR_STATUS) from None
 
 
-def tool_argument_parser(doc: str) -> argparse.ArgumentParser:
-    """The parser of a tool that takes one config: its docstring as help, and
-    ``--config-file``/``--config`` (a path or a shipped config's name). Finish it with
-    :func:`add_debug_and_overrides` after the tool's own arguments."""
-    parser = argparse.ArgumentParser(
+def doc_argument_parser(doc: str) -> argparse.ArgumentParser:
+    """A tool's parser whose help is its docstring: the first line, then the rest as written."""
+    return argparse.ArgumentParser(
         description=doc.split("\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(doc.split("\n")[1:]),
     )
+
+
+def tool_argument_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a tool that takes one config: its docstring as help, and
+    ``--config-file``/``--config`` (a path or a shipped config's name). Finish it with
+    :func:`add_debug_and_overrides` after the tool's own arguments."""
+    parser = doc_argument_parser(doc)
     parser.add_argument(
         "--config-file",
         "--config",

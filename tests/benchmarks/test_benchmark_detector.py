@@ -1,11 +1,9 @@
 """tools/benchmark_detector.py on the CPU at small sizes: a lambda detector against its twin."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, run_python
 
 from benchmarks.detector import (
     DetectorSettings,
@@ -61,14 +59,9 @@ def test_a_lambda_detector_against_its_twin_on_the_cpu():
 @pytest.mark.e2e
 def test_the_command_line_writes_its_files_and_names_bad_input(tmp_path):
     def tool(*args):
-        return subprocess.run(
-            [sys.executable, str(REPO_ROOT / "tools/benchmark_detector.py"), *map(str, args)],
-            capture_output=True,
-            text=True,
-            env=subprocess_env(),
-            cwd=tmp_path,  # another folder than the checkout: the script finds benchmarks/
-            timeout=600,
-        )
+        # From another folder than the checkout: the script finds benchmarks/.
+        script = REPO_ROOT / "tools/benchmark_detector.py"
+        return run_python(script, *args, cwd=tmp_path, timeout=600)
 
     result = tool(
         "--device",

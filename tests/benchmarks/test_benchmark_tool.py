@@ -5,6 +5,7 @@ docs/benchmarks.md.)
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +16,10 @@ from benchmarks import lambda_layer as benchmark_lambda
 from lambda_det import layers
 
 
-def load_benchmark_tool():
-    return benchmark_lambda
+def run_benchmark(out: Path, *args: str) -> dict:
+    """tools/benchmark_lambda.py with ``args``, no warm-up, writing to ``out``: its results.json."""
+    assert benchmark_lambda.main([*args, "--warmup", "0", "--out", str(out)]) == 0
+    return json.loads((out / "results.json").read_text())
 
 
 def test_layer_sizes_are_the_layers_defaults():
@@ -63,27 +66,8 @@ def test_memory_cap_skips_with_the_reason():
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_small_run_writes_table_json_and_plot(tmp_path):
-    tool = load_benchmark_tool()
-    assert (
-        tool.main(
-            [
-                "--shapes",
-                "c5_224",
-                "--only",
-                "tiled",
-                "conv 3x3",
-                "AFT-simple",
-                "--repetitions",
-                "1",
-                "--warmup",
-                "0",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    results = json.loads((tmp_path / "results.json").read_text())
+    only = ["--only", "tiled", "conv 3x3", "AFT-simple"]
+    results = run_benchmark(tmp_path, "--shapes", "c5_224", *only, "--repetitions", "1")
     timed = results["shapes"]["c5_224"]
     assert "lambda_det tiled" in (tmp_path / "results.md").read_text()
     assert "AFT-simple" in json.dumps(timed)
@@ -95,28 +79,10 @@ def test_a_small_run_writes_table_json_and_plot(tmp_path):
 def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
     (candidate,) = zoo.layer_candidates(8, 8, 16, 1, cap_bytes=2**30, only=["tiled"], tile=(2, 3))
     assert candidate.build().tuning.tile == (2, 3)
-    tool = load_benchmark_tool()
-    assert (
-        tool.main(
-            [
-                "--shapes",
-                "c5_224",
-                "--only",
-                "tiled",
-                "--tile",
-                "2",
-                "3",
-                "--repetitions",
-                "1",
-                "--warmup",
-                "0",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
+    results = run_benchmark(
+        tmp_path, "--shapes", "c5_224", "--only", "tiled", "--tile", "2", "3", "--repetitions", "1"
     )
-    assert json.loads((tmp_path / "results.json").read_text())["tiled_tile"] == [2, 3]
+    assert results["tiled_tile"] == [2, 3]
     assert layers.LambdaLayer(16).tuning.tile == ()  # no default was rewritten
 
 
@@ -124,26 +90,9 @@ def test_tile_reaches_the_tiled_layers_and_changes_nothing_else(tmp_path):
 @pytest.mark.e2e
 def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
     # An explicit --repetitions equal to the layer default once got replaced by the backbone's.
-    tool = load_benchmark_tool()
-    assert (
-        tool.main(
-            [
-                "--backbone",
-                "--depth",
-                "26",
-                "--image",
-                "64",
-                "--repetitions",
-                "7",
-                "--warmup",
-                "0",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
+    results = run_benchmark(
+        tmp_path, "--backbone", "--depth", "26", "--image", "64", "--repetitions", "7"
     )
-    results = json.loads((tmp_path / "results.json").read_text())
     lambda_row, baseline_row = results["rows"]
     assert len(lambda_row["times_s"]) == len(baseline_row["times_s"]) == 7
     ratios = sorted(a / b for a, b in zip(lambda_row["times_s"], baseline_row["times_s"]))
@@ -155,26 +104,9 @@ def test_backbone_mode_times_every_round_it_is_asked_for(tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_blocks_mode_pairs_each_lambda_block_with_its_conv_block(tmp_path):
-    tool = load_benchmark_tool()
-    assert (
-        tool.main(
-            [
-                "--blocks",
-                "--depth",
-                "26",
-                "--image",
-                "64",
-                "--repetitions",
-                "2",
-                "--warmup",
-                "0",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    rows = run_benchmark(
+        tmp_path, "--blocks", "--depth", "26", "--image", "64", "--repetitions", "2"
+    )["rows"]
     assert [(row["name"], row["count"], row["input"]) for row in rows] == [
         ("c4 block", 1, [1, 1024, 4, 4]),
         ("c5 first block (stride 2)", 1, [1, 1024, 4, 4]),

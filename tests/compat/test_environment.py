@@ -15,7 +15,14 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, before the detectron2 imports below
 
-from conftest import CONFIGS, REPO_ROOT, load_tool, subprocess_env, tiny_detection_batch  # noqa: E402
+from conftest import (  # noqa: E402
+    CONFIGS,
+    REPO_ROOT,
+    load_tool,
+    run_python,
+    subprocess_env,
+    tiny_detection_batch,
+)
 from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
 from detectron2.config import get_cfg  # noqa: E402
 from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
@@ -28,24 +35,14 @@ from detectron2.utils.events import EventStorage  # noqa: E402
 build_detectron2 = load_tool("build_detectron2")  # a stdlib-only script
 
 
-def run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
-
-
 @pytest.mark.slow
 def test_detectron2_imports_without_lambda_det():
     result = run_python(
+        "-c",
         "import sys\n"
         "import detectron2.modeling, detectron2.engine, detectron2.evaluation, detectron2.data\n"
         "assert not any(m.startswith('lambda_det') for m in sys.modules), 'lambda_det imported'\n"
-        "print('ok')"
+        "print('ok')",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
@@ -57,11 +54,12 @@ def test_import_lambda_det_registers_the_backbones_and_prints_nothing():
     (without detectron2's deprecation warnings); the layers alone need no detectron2
     (tests/test_imports.py)."""
     result = run_python(
+        "-c",
         "import sys\n"
         "import lambda_det\n"
         "from detectron2.modeling import BACKBONE_REGISTRY\n"
         "assert 'build_lambda_resnet_fpn_backbone' in BACKBONE_REGISTRY, 'not registered'\n"
-        "lambda_det.get_cfg()\n"
+        "lambda_det.get_cfg()\n",
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "" and result.stderr == ""
@@ -70,7 +68,7 @@ def test_import_lambda_det_registers_the_backbones_and_prints_nothing():
 @pytest.mark.slow
 @pytest.mark.parametrize("module", ["lambda_det.modeling", "lambda_det.data", "lambda_det.engine"])
 def test_importing_the_detectron2_parts_prints_nothing(module):
-    result = run_python(f"import {module}\n")
+    result = run_python("-c", f"import {module}\n")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "" and result.stderr == ""
 

@@ -5,14 +5,12 @@ import copy
 import json
 import os
 import re
-import subprocess
-import sys
 import types
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from conftest import CONFIGS, REPO_ROOT, run_tool
 from detectron2.config import instantiate
 from detectron2.engine import DefaultTrainer
 from detectron2.layers import ShapeSpec
@@ -487,24 +485,21 @@ def test_coco_dataset_registers_the_users_dataset(datasets_root, tmp_path, capsy
     ), errors
 
 
-def run_tool(*args: str, datasets_root: Path, timeout: int = 900):
-    env = subprocess_env()
-    env["DETECTRON2_DATASETS"] = str(datasets_root)
-    env["PYTHONPATH"] = str(REPO_ROOT)  # this checkout's lambda_det, also in a worktree
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools" / "lazyconfig_train_net.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
+def run_lazy_tool(*args: str, datasets_root: Path, timeout: int = 900):
+    """tools/lazyconfig_train_net.py with this checkout's lambda_det, also in a worktree."""
+    return run_tool(
+        "lazyconfig_train_net.py",
+        *args,
+        datasets_root=datasets_root,
         timeout=timeout,
+        PYTHONPATH=str(REPO_ROOT),
     )
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_the_tool_reports_a_bad_override_in_one_line(tmp_path):
-    result = run_tool(
+    result = run_lazy_tool(
         "--config",
         "lambda_r26_shapes",
         "train.max_itr=2",
@@ -539,7 +534,7 @@ def test_the_tool_trains_checkpoints_and_evaluates_on_the_cpu(
 ):
     """The training as a child process; the evaluation and the refusal by main() here."""
     output = tmp_path / "run"
-    result = run_tool(
+    result = run_lazy_tool(
         "--config",
         "lambda_r26_shapes",
         *TINY_TRAINING,

@@ -2,11 +2,9 @@
 (lambda_det.data.register_datasets) before building its loaders."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from conftest import CONFIGS, REPO_ROOT, subprocess_env
+from conftest import CONFIGS, run_python
 from detectron2.data import DatasetCatalog, MetadataCatalog
 
 from lambda_det import model_zoo
@@ -57,14 +55,7 @@ print(json.dumps([sorted(loaded - before), sorted(set(DatasetCatalog.list()) - l
 
 @pytest.mark.slow
 def test_importing_the_data_and_loading_either_config_system_register_nothing():
-    result = subprocess.run(
-        [sys.executable, "-c", LOAD_BOTH_SYSTEMS],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=300,
-    )
+    result = run_python("-c", LOAD_BOTH_SYSTEMS)
     assert result.returncode == 0, result.stderr[-2000:]
     by_loading, by_registering = json.loads(result.stdout.splitlines()[-1])
     assert by_loading == []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import CONFIGS, tool_module
+from conftest import CONFIGS, comparison_options, tool_module
 from detectron2.config import get_cfg as get_detectron2_cfg
 
 import lambda_det.data
@@ -161,19 +161,7 @@ def test_a_saved_comparison_recipe_runs_nothing(tmp_path, capsys):
     recorded.write_text(payload_yaml(marker))
     run_tool(
         "compare_backbones",
-        [
-            "--config",
-            CONFIG,
-            "--variant",
-            "conv",
-            "lambda",
-            "--seeds",
-            "0",
-            "--output",
-            tmp_path / "cmp",
-            "MODEL.DEVICE",
-            "cpu",
-        ],
+        [*comparison_options(tmp_path / "cmp", CONFIG), "MODEL.DEVICE", "cpu"],
         capsys,
         str(recorded),
         OS_SYSTEM,

@@ -18,8 +18,10 @@ import torch
 from conftest import (
     CONFIGS,
     REPO_ROOT,
+    TINY_BN_MODEL,
     assert_one_line_error,
     exit_status,
+    overrides,
     subprocess_env,
 )
 from detectron2.data import DatasetCatalog, MetadataCatalog
@@ -49,13 +51,7 @@ from lambda_det.run_config import load_config
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
 TINY = {
-    "MODEL.DEVICE": "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": 0.25,
-    "MODEL.LAMBDA_RESNET.SCOPE": 3,
-    "MODEL.LAMBDA_RESNET.NORM": "BN",
-    "MODEL.FPN.NORM": "BN",
-    "MODEL.ROI_BOX_HEAD.NORM": "BN",
-    "MODEL.ROI_MASK_HEAD.NORM": "BN",
+    **TINY_BN_MODEL,
     "SOLVER.IMS_PER_BATCH": 2,
     "SOLVER.WARMUP_ITERS": 1,
     "SOLVER.STEPS": (1,),
@@ -64,7 +60,7 @@ TINY = {
     "MODEL.RPN.POST_NMS_TOPK_TEST": 50,
     "TEST.DETECTIONS_PER_IMAGE": 20,
 }
-TINY_ARGS = [item for key, value in TINY.items() for item in (key, str(value))]
+TINY_ARGS = overrides(TINY)
 CATEGORIES = [{"id": 1, "name": "box"}, {"id": 2, "name": "disc"}]
 
 
@@ -104,12 +100,10 @@ def register(request):
     to the test; removes them afterwards. Returns the config that names them."""
     registered = []
 
-    def register_triples(*triples, **overrides):
+    def register_triples(*triples, **changes):
         cfg = lambda_det.get_cfg()
         cfg.merge_from_file(str(CONFIGS / "Demo/lambda_r26_shapes.yaml"))
-        cfg.merge_from_list(
-            [item for key, value in {**TINY, **overrides}.items() for item in (key, str(value))]
-        )
+        cfg.merge_from_list(overrides({**TINY, **changes}))
         cfg.DATASETS.COCO_INSTANCES = [
             [name, str(json_file), str(images)] for name, json_file, images in triples
         ]
@@ -126,9 +120,9 @@ def register(request):
             MetadataCatalog.remove(name)
 
 
-def one_dataset(register, folder: Path, **overrides):
+def one_dataset(register, folder: Path, **changes):
     return register(
-        ("lambda_det_test_own", folder / "instances.json", folder / "images"), **overrides
+        ("lambda_det_test_own", folder / "instances.json", folder / "images"), **changes
     )
 
 
@@ -345,18 +339,21 @@ def test_an_annotation_or_category_id_given_twice_is_named(tmp_path, register, f
         check_run_datasets(yaml_data_settings(cfg))
 
 
-def test_check_dataset_tool_names_a_repeated_image_id(tmp_path, register, capsys):
-    edit_json(write_dataset(tmp_path), lambda data: data["images"][2].update(id=2))
-    triple = [
-        "lambda_det_test_tool_ids",
-        str(tmp_path / "instances.json"),
-        str(tmp_path / "images"),
-    ]
-    register(triple)  # removed after the test
+def check_dataset_errors(register, folder: Path, capsys, name: str):
+    """tools/check_dataset.py on the dataset of ``folder`` registered as ``name`` (removed after
+    the test), which it refuses with exit status 2: the dataset's triple and the stderr lines."""
+    triple = [name, str(folder / "instances.json"), str(folder / "images")]
+    register(triple)
     with pytest.raises(SystemExit) as caught:
         check_dataset.main(["--coco-dataset", *triple, triple[0]])
     assert caught.value.code == 2
-    assert capsys.readouterr().err.splitlines() == [
+    return triple, capsys.readouterr().err.splitlines()
+
+
+def test_check_dataset_tool_names_a_repeated_image_id(tmp_path, register, capsys):
+    edit_json(write_dataset(tmp_path), lambda data: data["images"][2].update(id=2))
+    triple, errors = check_dataset_errors(register, tmp_path, capsys, "lambda_det_test_tool_ids")
+    assert errors == [
         f"error: dataset 'lambda_det_test_tool_ids' (annotation file {triple[1]}): image id 2 "
         f"is used twice, by images '002.png' and '003.png': give each image its own id "
         f"(pycocotools keeps only one of them)"
@@ -396,27 +393,23 @@ def test_a_bad_box_is_named_with_dataset_image_and_annotation_in_test_sets_too(
         check_run_datasets(yaml_data_settings(cfg), training=False)
 
 
-def test_eval_only_refuses_a_nan_box_in_its_test_set_before_it_starts(tmp_path, register, capsys):
-    edit_json(
-        write_dataset(tmp_path),
-        lambda data: data["annotations"][2].update(bbox=[8, 8, float("nan"), 16]),
+def eval_only_command(triple) -> list:
+    """The demo config's evaluation of the registered 2-class dataset ``triple``."""
+    options = ["--config", "lambda_r26_shapes", "--eval-only", "--coco-dataset", *triple]
+    return options + overrides(
+        {"MODEL.ROI_HEADS.NUM_CLASSES": 2, "DATASETS.TEST": f"('{triple[0]}',)"}
     )
-    triple = ["lambda_det_test_eval", str(tmp_path / "instances.json"), str(tmp_path / "images")]
-    register(triple)  # removed after the test
+
+
+def eval_only_errors(tmp_path, triple, capsys) -> list:
+    """The ``error:`` lines of tools/train_net.py --eval-only on the registered dataset
+    ``triple``, which it refuses before it starts: exit status 2, no OUTPUT_DIR made."""
     output_dir = tmp_path / "eval"
     with pytest.raises(SystemExit) as caught:
         train_net.main(
             [
-                "--config",
-                "lambda_r26_shapes",
-                "--eval-only",
-                "--coco-dataset",
-                *triple,
+                *eval_only_command(triple),
                 *TINY_ARGS,
-                "MODEL.ROI_HEADS.NUM_CLASSES",
-                "2",
-                "DATASETS.TEST",
-                "('lambda_det_test_eval',)",
                 "MODEL.WEIGHTS",
                 str(tmp_path / "model.pth"),
                 "OUTPUT_DIR",
@@ -424,13 +417,22 @@ def test_eval_only_refuses_a_nan_box_in_its_test_set_before_it_starts(tmp_path, 
             ]
         )
     assert caught.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert errors == [
+    assert not output_dir.exists()
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def test_eval_only_refuses_a_nan_box_in_its_test_set_before_it_starts(tmp_path, register, capsys):
+    edit_json(
+        write_dataset(tmp_path),
+        lambda data: data["annotations"][2].update(bbox=[8, 8, float("nan"), 16]),
+    )
+    triple = ["lambda_det_test_eval", str(tmp_path / "instances.json"), str(tmp_path / "images")]
+    register(triple)  # removed after the test
+    assert eval_only_errors(tmp_path, triple, capsys) == [
         f"error: dataset 'lambda_det_test_eval', image id 3 ({tmp_path}/images/"
         f"003.png), annotation 1 of 1 has bbox=[8, 8, nan, 16], not 4 finite "
         f"numbers: fix or remove the annotation"
     ]
-    assert not output_dir.exists()
 
 
 def test_lazyconfig_tool_checks_its_test_set_boxes(tmp_path, register, capsys):
@@ -653,35 +655,13 @@ def test_eval_only_refuses_a_test_set_without_annotations_before_it_starts(
         str(tmp_path / "images"),
     ]
     register(triple)  # removed after the test
-    output_dir = tmp_path / "eval"
-    with pytest.raises(SystemExit) as caught:
-        train_net.main(
-            [
-                "--config",
-                "lambda_r26_shapes",
-                "--eval-only",
-                "--coco-dataset",
-                *triple,
-                *TINY_ARGS,
-                "MODEL.ROI_HEADS.NUM_CLASSES",
-                "2",
-                "DATASETS.TEST",
-                f"('{triple[0]}',)",
-                "MODEL.WEIGHTS",
-                str(tmp_path / "model.pth"),
-                "OUTPUT_DIR",
-                str(output_dir),
-            ]
-        )
-    assert caught.value.code == 2
-    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    errors = eval_only_errors(tmp_path, triple, capsys)
     assert len(errors) == 1 and re.fullmatch(
         rf"error: dataset '{triple[0]}' \(annotation file {re.escape(triple[1])}\): no image has "
         rf"an annotation to evaluate against \(of 3 images, 3 without annotations\), "
         rf"{EVALUATION_FIX}",
         errors[0],
     ), errors
-    assert not output_dir.exists()
 
 
 @pytest.mark.e2e
@@ -691,16 +671,7 @@ def test_check_dataset_tool_names_each_bad_coco_file_in_one_line(
 ):
     edit, message = BAD_COCO_FILES[problem]
     edit_json(write_dataset(tmp_path), edit)
-    triple = [
-        "lambda_det_test_tool_file",
-        str(tmp_path / "instances.json"),
-        str(tmp_path / "images"),
-    ]
-    register(triple)  # removed after the test
-    with pytest.raises(SystemExit) as caught:
-        check_dataset.main(["--coco-dataset", *triple, triple[0]])
-    assert caught.value.code == 2
-    errors = capsys.readouterr().err.splitlines()
+    triple, errors = check_dataset_errors(register, tmp_path, capsys, "lambda_det_test_tool_file")
     assert len(errors) == 1 and re.fullmatch(
         rf"error: dataset '{triple[0]}' \(annotation file {re.escape(triple[1])}\): {message}.*",
         errors[0],
@@ -750,19 +721,7 @@ def test_check_dataset_with_a_config_requires_what_training_requires(tmp_path, r
     )
     assert tool.main([triple[0]]) == 0  # a name alone: the default config, boxes only
     with pytest.raises(SystemExit) as caught:
-        tool.main(
-            [
-                "--config",
-                "lambda_r26_shapes",
-                "--eval-only",
-                "--coco-dataset",
-                *triple,
-                "MODEL.ROI_HEADS.NUM_CLASSES",
-                "2",
-                "DATASETS.TEST",
-                f"('{triple[0]}',)",
-            ]
-        )
+        tool.main(eval_only_command(triple))
     assert caught.value.code == 2  # masks are evaluated too
     assert capsys.readouterr().err.splitlines() == [f"error: {missing}"]
 

@@ -4,8 +4,6 @@ config name, keys and values that load; the short ones run."""
 import argparse
 import os
 import shlex
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,6 +15,7 @@ from conftest import (
     bash_commands,
     bash_commands_of,
     linked_docs,
+    run_python,
     subprocess_env,
     tool_module,
 )
@@ -168,16 +167,8 @@ def test_each_timm_recipe_converts_into_its_config():
 @pytest.mark.e2e
 def test_the_dataset_command_runs(tmp_path):
     command = next(c for c in COMMANDS if c.startswith("python -c") and "ensure_shapes" in c)
-    env = subprocess_env()
-    env["DETECTRON2_DATASETS"] = str(tmp_path)
-    result = subprocess.run(
-        [sys.executable, *shlex.split(command)[1:]],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=600,
-    )
+    env = subprocess_env(DETECTRON2_DATASETS=str(tmp_path))
+    result = run_python(*shlex.split(command)[1:], env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tmp_path / "lambda_det_shapes_v1/val.json").is_file()
 
@@ -206,14 +197,7 @@ def test_the_quick_start_smoke_run_trains_predicts_and_prints_its_table(
     env.pop("DETECTRON2_DATASETS", None)  # the commands use the default, ./datasets
     for command in commands[:2]:
         words = shlex.split(command)
-        result = subprocess.run(
-            [sys.executable, str(REPO_ROOT / words[1]), *words[2:]],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp_path,
-            timeout=600,
-        )
+        result = run_python(REPO_ROOT / words[1], *words[2:], env=env, cwd=tmp_path, timeout=600)
         assert result.returncode == 0, (command, result.stderr[-3000:])
     assert (tmp_path / "output/smoke/model_final.pth").is_file()
     assert (tmp_path / "output/smoke_predictions/predictions.json").is_file()

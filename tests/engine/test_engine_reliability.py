@@ -5,15 +5,13 @@ processes, a NaN loss, random valid configurations, two processes against one.
 config/test_bad_configs.py, tools/test_training_over_a_run.py.)"""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import REPO_ROOT, subprocess_env, tiny_cfg
 from conftest import TINY_RUN as TINY
+from conftest import run_tool, tiny_cfg
 from detectron2.engine import HookBase
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -144,16 +142,7 @@ def test_random_valid_configurations_train(
 
 
 def run_train_net(*args: str, datasets_root: Path, timeout: int = 900):
-    env = subprocess_env()
-    env["DETECTRON2_DATASETS"] = str(datasets_root)
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools/train_net.py"), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=timeout,
-    )
+    return run_tool("train_net.py", *args, datasets_root=datasets_root, timeout=timeout)
 
 
 def logged_losses(output: Path):

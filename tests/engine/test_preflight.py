@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import DEMO_CONFIG as CONFIG
+from conftest import LAZY_TINY_OVERRIDES
 from conftest import TINY_OVERRIDES as TINY
 from detectron2.modeling import build_model
 
@@ -27,14 +28,7 @@ from lambda_det.layers import LambdaLayer
 from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
-LAZY_TINY = [
-    "model.backbone.bottom_up.width_multiplier=0.25",
-    "model.backbone.bottom_up.scope=3",
-    "dataloader.train.total_batch_size=2",
-    "dataloader.train.num_workers=0",
-    "train.max_iter=2",
-    "train.device=cpu",
-]
+LAZY_TINY = [*LAZY_TINY_OVERRIDES, "train.max_iter=2"]
 MACHINE_MEMORY = 16 * GIB  # what the memory tests pretend the machine has available
 
 

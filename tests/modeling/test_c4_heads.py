@@ -4,12 +4,10 @@ LambdaResNet's res4 channels."""
 
 import json
 import logging
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, subprocess_env, tiny_detection_batch
+from conftest import overrides, run_tool, tiny_detection_batch
 from detectron2.modeling import build_model
 from detectron2.utils.events import EventStorage
 
@@ -35,10 +33,6 @@ C4_MASK_RCNN = {
     "MODEL.RPN.PRE_NMS_TOPK_TRAIN": 200,
     "MODEL.RPN.POST_NMS_TOPK_TRAIN": 100,
 }
-
-
-def overrides(settings: dict) -> list:
-    return [str(item) for key, value in settings.items() for item in (key, value)]
 
 
 def c4_mask_rcnn(**changes):
@@ -142,25 +136,9 @@ def test_c4_mask_rcnn_trains_in_two_gloo_processes(tmp_path, datasets_root):
         "DATALOADER.NUM_WORKERS": 0,
         "OUTPUT_DIR": tmp_path / "c4",
     }
-    env = subprocess_env()
-    env["DETECTRON2_DATASETS"] = str(datasets_root)
     # --dist-url auto: a free port, so that a test running beside it (pytest-xdist) cannot collide.
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "tools/train_net.py"),
-            "--num-gpus",
-            "2",
-            "--dist-url",
-            "auto",
-            *overrides(settings),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=900,
-    )
+    argv = ["--num-gpus", "2", "--dist-url", "auto", *overrides(settings)]
+    result = run_tool("train_net.py", *argv, datasets_root=datasets_root, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = [
         json.loads(line) for line in (tmp_path / "c4" / "metrics.json").read_text().splitlines()

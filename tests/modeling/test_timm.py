@@ -2,15 +2,13 @@
 
 import argparse
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 timm = pytest.importorskip("timm")
 
-from conftest import REPO_ROOT, exit_status, subprocess_env  # noqa: E402
+from conftest import exit_status, overrides, run_tool  # noqa: E402
 from detectron2.modeling import build_model  # noqa: E402
 
 import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
@@ -19,14 +17,13 @@ from lambda_det.cli import convert_timm_checkpoint, train_net  # noqa: E402
 from lambda_det.run_config import load_config  # noqa: E402
 
 SMALL = {"width_multiplier": 0.25, "scope": 3}
-DETECTOR = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-]
+DETECTOR = overrides(
+    {
+        "MODEL.DEVICE": "cpu",
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE": "3",
+    }
+)
 
 
 def test_every_variant_is_registered_and_builds():
@@ -101,18 +98,9 @@ def test_timm_training_converts_into_detector_weights(tmp_path, datasets_root, s
 
     # The conversion as a user runs it, a child process; the training and the refusal below
     # run the tools' main() in this process.
-    env = subprocess_env()
-    env["DETECTRON2_DATASETS"] = str(datasets_root)
     converted = tmp_path / "detector_init.pth"
-    conversion = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools/convert_timm_checkpoint.py"), "--config"]
-        + ["lambda_r26_shapes", str(classifier), str(converted), *DETECTOR],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=600,
-    )
+    argv = ["--config", "lambda_r26_shapes", classifier, converted, *DETECTOR]
+    conversion = run_tool("convert_timm_checkpoint.py", *argv, datasets_root=datasets_root)
     assert conversion.returncode == 0, conversion.stderr[-3000:]
     # Every backbone weight loads, equal to the classifier's; the classifier is gone.
     detector = build_model(load_config("lambda_r26_shapes", DETECTOR))

@@ -13,7 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from conftest import (
+    REPO_ROOT,
+    TINY_EVALUATED_RUN,
+    comparison_options,
+    overrides,
+    subprocess_env,
+)
 
 from lambda_det.cli import compare_backbones
 from lambda_det.cli.compare import (
@@ -384,30 +390,10 @@ def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
 def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datasets_root):
     shapes = datasets_root / "lambda_det_shapes_v1"
     triple = ["OWN_SHAPES", str(shapes / "train.json"), str(shapes / "train")]
-    options, opts = compare_backbones.split_overrides(
-        [
-            "--config",
-            "lambda_r26_shapes",
-            "--coco-dataset",
-            *triple,
-            "--seeds",
-            "0",
-            "1",
-            "DATASETS.TRAIN",
-            "('OWN_SHAPES',)",
-            "DATASETS.TEST",
-            "('OWN_SHAPES',)",
-        ]
-    )
-    assert options == [
-        "--config",
-        "lambda_r26_shapes",
-        "--coco-dataset",
-        *triple,
-        "--seeds",
-        "0",
-        "1",
-    ]  # the upper-case NAME is not a config key
+    options = ["--config", "lambda_r26_shapes", "--coco-dataset", *triple, "--seeds", "0", "1"]
+    own = ["DATASETS.TRAIN", "('OWN_SHAPES',)", "DATASETS.TEST", "('OWN_SHAPES',)"]
+    split, opts = compare_backbones.split_overrides([*options, *own])
+    assert split == options  # the upper-case NAME is not a config key
     comparison = plan_comparison(
         "lambda_r26_shapes",
         opts,
@@ -615,22 +601,7 @@ def test_the_tool_reports_an_interrupted_run_in_one_line(tmp_path, monkeypatch, 
         raise RunInterrupted("conv seed 0 in OUT: the same command continues the comparison")
 
     monkeypatch.setattr(compare, "run_comparison", interrupted)
-    assert (
-        compare.main(
-            [
-                "--config",
-                "lambda_r26_shapes",
-                "--variant",
-                "conv",
-                "lambda",
-                "--seeds",
-                "0",
-                "--output",
-                str(tmp_path / "cmp"),
-            ]
-        )
-        == 130
-    )
+    assert compare.main(comparison_options(tmp_path / "cmp")) == 130
     assert capsys.readouterr().err.splitlines() == [
         "interrupted conv seed 0 in OUT: the same command continues the comparison"
     ]
@@ -672,37 +643,19 @@ def test_overrides_may_follow_list_options():
     )
 
 
-# End to end, with real trainings (tiny: 4 iterations, 8 validation images at 128 px).
-
+# End to end, with real trainings: conftest's evaluated run (4 iterations), checkpointed and logged
+# at each, its 8 validation images at 128 px.
 TINY = [
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "SOLVER.IMS_PER_BATCH",
-    "2",
-    "SOLVER.MAX_ITER",
-    "4",
-    "SOLVER.STEPS",
-    "(2, 3)",
-    "SOLVER.WARMUP_ITERS",
-    "1",
-    "SOLVER.CHECKPOINT_PERIOD",
-    "1",
-    "SOLVER.LOG_PERIOD",
-    "1",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "INPUT.LSJ.IMAGE_SIZE",
-    "128",
-    "INPUT.MIN_SIZE_TEST",
-    "128",
-    "INPUT.MAX_SIZE_TEST",
-    "128",
-    "MODEL.RPN.POST_NMS_TOPK_TEST",
-    "50",
-    "TEST.DETECTIONS_PER_IMAGE",
-    "20",
+    *TINY_EVALUATED_RUN,
+    *overrides(
+        {
+            "SOLVER.CHECKPOINT_PERIOD": "1",
+            "SOLVER.LOG_PERIOD": "1",
+            "INPUT.LSJ.IMAGE_SIZE": "128",
+            "INPUT.MIN_SIZE_TEST": "128",
+            "INPUT.MAX_SIZE_TEST": "128",
+        }
+    ),
 ]
 
 

@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
-from conftest import DEMO_CONFIG, REPO_ROOT, tiny_model, write_payload
+from conftest import DEMO_CONFIG, REPO_ROOT, overrides, tiny_model, write_payload
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.config import LazyConfig
 from fvcore.common.checkpoint import Checkpointer
@@ -20,14 +20,13 @@ from lambda_det.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
 from lambda_det.d2tool import detectron2_tool_path, lambda_det_in_detectron2, main
 
 # The demo config at a quarter width, on the CPU (its test set stays: analyze_model reads it).
-TINY = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-]
+TINY = overrides(
+    {
+        "MODEL.DEVICE": "cpu",
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE": "3",
+    }
+)
 LAZY_DEMO = str(REPO_ROOT / "configs/LazyConfigs/Demo/lambda_r26_shapes.py")
 # torch >= 2.6 loads with weights_only=True by default; this restores the unsafe default, so
 # that a .pth payload fires in detectron2's own loader (fvcore's torch.load(f)).

@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import (
     CONFIGS,
+    LAZY_TINY_OVERRIDES,
     assert_one_line_error,
     exit_status,
     tiny_model,
@@ -52,6 +53,14 @@ ENOSPC = OSError(errno.ENOSPC, "No space left on device")
 def tool_main(name: str):
     """The main(argv) of the tool ``name`` (conftest.tool_module)."""
     return tool_module(name).main
+
+
+def assert_each_run_is_one_line_error(runs: dict, capsys, *fragments: str):
+    """Each of ``runs`` ({"<tool> [what]": argv}), its tool's main(argv) in this process: a user's
+    mistake, one ``error:`` line holding each fragment."""
+    for name, argv in runs.items():
+        status, stderr = exit_status(tool_main(name.split()[0]), argv, capsys)
+        assert_one_line_error(status, stderr, *fragments)
 
 
 # ---- the writable-folder check and atomic writes ----
@@ -469,15 +478,13 @@ def test_resuming_from_a_broken_last_checkpoint_is_one_line(tmp_path, problem, c
             comparison,
         ],
     }
-    for name, argv in runs.items():
-        status, stderr = exit_status(tool_main(name.split()[0]), argv, capsys)
-        assert_one_line_error(
-            status,
-            stderr,
-            f"{folder / 'last_checkpoint'}",
-            POINTER_ERRORS[problem][1],
-            "model_0000000.pth",
-        )
+    assert_each_run_is_one_line_error(
+        runs,
+        capsys,
+        f"{folder / 'last_checkpoint'}",
+        POINTER_ERRORS[problem][1],
+        "model_0000000.pth",
+    )
 
 
 @pytest.mark.e2e
@@ -588,14 +595,12 @@ def test_pickled_weights_of_python_objects_are_one_line_at_every_entry_point(
             path,
         ],
     }
-    for name, argv in runs.items():
-        status, stderr = exit_status(tool_main(name.split()[0]), argv, capsys)
-        assert_one_line_error(
-            status,
-            stderr,
-            f"checkpoint {path}: weight 'backbone.",
-            "numpy array of Python objects (str), not of numbers",
-        )
+    assert_each_run_is_one_line_error(
+        runs,
+        capsys,
+        f"checkpoint {path}: weight 'backbone.",
+        "numpy array of Python objects (str), not of numbers",
+    )
     assert sorted(path.name for path in tmp_path.iterdir()) == ["image.png", "weights.pkl"]
 
 
@@ -701,11 +706,7 @@ LAZY_TRAINING = [
     LAZY_CONFIG,
     "train.max_iter=2",
     "train.checkpointer.period=1",
-    "model.backbone.bottom_up.width_multiplier=0.25",
-    "model.backbone.bottom_up.scope=3",
-    "dataloader.train.total_batch_size=2",
-    "dataloader.train.num_workers=0",
-    "train.device=cpu",
+    *LAZY_TINY_OVERRIDES,
 ]
 
 

@@ -19,7 +19,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DEMO_CONFIG, REPO_ROOT, TINY_OVERRIDES, subprocess_env
+from conftest import (
+    DEMO_CONFIG,
+    LAZY_TINY_OVERRIDES,
+    REPO_ROOT,
+    TINY_OVERRIDES,
+    comparison_options,
+    subprocess_env,
+)
 
 from lambda_det.checkpoint import load_checkpoint_file
 from lambda_det.cli import compare_backbones, demo, predict, train_net
@@ -190,11 +197,7 @@ def test_sigterm_stops_lazy_training_with_143(tmp_path, datasets_root):
         LAZY_CONFIG,
         "train.max_iter=3",
         "train.checkpointer.period=1",
-        "model.backbone.bottom_up.width_multiplier=0.25",
-        "model.backbone.bottom_up.scope=3",
-        "dataloader.train.total_batch_size=2",
-        "dataloader.train.num_workers=0",
-        "train.device=cpu",
+        *LAZY_TINY_OVERRIDES,
         f"train.output_dir={output}",
     ]
     status, stderr = interrupted_run(
@@ -334,20 +337,7 @@ def test_the_comparison_stops_in_one_line_with_the_signals_status(tmp_path, caps
     from lambda_det.cli import compare as comparison
 
     monkeypatch.setattr(comparison, "run_child", send_to_self(signal.SIGTERM))
-    status = compare_backbones.main(
-        [
-            "--config",
-            "lambda_r26_shapes",
-            "--variant",
-            "conv",
-            "lambda",
-            "--seeds",
-            "0",
-            "--output",
-            str(tmp_path / "cmp"),
-            *TINY_OVERRIDES[:2],
-        ]
-    )
+    status = compare_backbones.main([*comparison_options(tmp_path / "cmp"), *TINY_OVERRIDES[:2]])
     assert status == 143
     assert capsys.readouterr().err.splitlines() == [
         f"interrupted conv seed 0 in {tmp_path / 'cmp/conv/seed0'}: the same command "

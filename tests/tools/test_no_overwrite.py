@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model, tool_module
+from conftest import overrides, tiny_model, tool_module
 from detectron2.config import instantiate
 from detectron2.modeling import build_model
 
@@ -41,26 +41,19 @@ from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import OutputWriteError
 
 CONFIG = "lambda_r26_shapes"
-TINY = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "INPUT.MIN_SIZE_TEST",
-    "64",
-    "INPUT.MAX_SIZE_TEST",
-    "64",
-    "MODEL.RPN.POST_NMS_TOPK_TEST",
-    "50",
-    "TEST.DETECTIONS_PER_IMAGE",
-    "5",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "DATASETS.TEST",
-    "()",
-]
+TINY = overrides(
+    {
+        "MODEL.DEVICE": "cpu",
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE": "3",
+        "INPUT.MIN_SIZE_TEST": "64",
+        "INPUT.MAX_SIZE_TEST": "64",
+        "MODEL.RPN.POST_NMS_TOPK_TEST": "50",
+        "TEST.DETECTIONS_PER_IMAGE": "5",
+        "DATALOADER.NUM_WORKERS": "0",
+        "DATASETS.TEST": "()",
+    }
+)
 LAZY_TINY = [
     "model.backbone.bottom_up.width_multiplier=0.25",
     "model.backbone.bottom_up.scope=3",

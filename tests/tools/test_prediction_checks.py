@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import overrides
 from detectron2.modeling import build_model
 
 from lambda_det.checkpoint import AtomicCheckpointer, load_weights
@@ -20,22 +21,17 @@ from lambda_det.data.checks import check_image_file, check_prediction_classes
 from lambda_det.run_config import load_config
 
 CONFIG = "configs/Demo/lambda_r26_shapes.yaml"  # 3 classes, DATASETS.TEST lambda_det_shapes_val
-TINY = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "MODEL.RPN.PRE_NMS_TOPK_TEST",
-    "50",
-    "MODEL.RPN.POST_NMS_TOPK_TEST",
-    "20",
-    "INPUT.MIN_SIZE_TEST",
-    "64",
-    "INPUT.MAX_SIZE_TEST",
-    "96",
-]
+TINY = overrides(
+    {
+        "MODEL.DEVICE": "cpu",
+        "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER": "0.25",
+        "MODEL.LAMBDA_RESNET.SCOPE": "3",
+        "MODEL.RPN.PRE_NMS_TOPK_TEST": "50",
+        "MODEL.RPN.POST_NMS_TOPK_TEST": "20",
+        "INPUT.MIN_SIZE_TEST": "64",
+        "INPUT.MAX_SIZE_TEST": "96",
+    }
+)
 TWO_CLASSES = ["MODEL.ROI_HEADS.NUM_CLASSES", "2"]
 
 

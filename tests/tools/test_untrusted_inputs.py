@@ -19,6 +19,7 @@ from conftest import (
     REPO_ROOT,
     assert_one_line_error,
     exit_status,
+    run_tool,
     subprocess_env,
     tiny_model,
     tool_module,
@@ -99,19 +100,6 @@ def test_detectron2_and_caffe2_pickles_still_load(tmp_path):
 
 # ---- the command line: the tools' main(argv) in this process (tools/export_model.py once as a
 # child process; tools/train_net.py's child processes: test_a_second_run_... and tests/engine/) ----
-
-
-def run_tool(script: str, *args, datasets_root: Path, timeout: int = 600):
-    env = subprocess_env()
-    env["DETECTRON2_DATASETS"] = str(datasets_root)
-    return subprocess.run(
-        [sys.executable, str(REPO_ROOT / "tools" / script), *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO_ROOT,
-        timeout=timeout,
-    )
 
 
 def snapshot(folder: Path) -> dict:
