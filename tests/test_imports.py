@@ -267,3 +267,24 @@ def test_the_import_contracts_check_the_benchmarks(tmp_path, module, code, contr
     broken = result.stdout.split("Broken contracts")[-1]
     assert contract in " ".join(broken.split()), result.stdout
     assert import_ in broken, result.stdout
+
+
+def test_the_timm_converter_needs_no_timm():
+    """tools/convert_timm_checkpoint.py turns a state dict into detector weights by names and
+    shapes: it runs where timm is not installed (the detector's machine), while the timm models
+    themselves need timm (the negative control of the block)."""
+    code = """
+import sys
+
+sys.modules["timm"] = None  # `import timm` raises ImportError
+from lambda_det.checkpoint.timm_classifier import convert_classifier_checkpoint  # noqa: F401
+from lambda_det.cli import convert_timm_checkpoint  # noqa: F401
+
+try:
+    import lambda_det.modeling.timm_models  # noqa: F401
+except ImportError:
+    print("ok")
+"""
+    result = run_python("-c", code)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]

@@ -19,6 +19,7 @@ import torch
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.checkpoint import counted_weights, load_checkpoint_file
+from lambda_det.checkpoint.timm_classifier import convert_classifier_checkpoint
 from lambda_det.cli.arguments import (
     add_debug_and_overrides,
     parse_command_line,
@@ -27,7 +28,6 @@ from lambda_det.cli.arguments import (
 )
 from lambda_det.cli.checks import check_model
 from lambda_det.config import resolve_config_file
-from lambda_det.modeling.timm_models import convert_classifier_checkpoint
 from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import atomic_path, check_output_file, check_writable_folder
 

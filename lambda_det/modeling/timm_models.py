@@ -1,5 +1,6 @@
-"""The LambdaResNet family as timm models, to pretrain on ImageNet with timm's tools, and the
-conversion of such a classifier into weights for the Detectron2 backbone.
+"""The LambdaResNet family as timm models, to pretrain on ImageNet with timm's tools (the
+conversion of such a classifier into weights for the Detectron2 backbone:
+:mod:`lambda_det.checkpoint.timm_classifier`).
 
 Importing this module registers, for every depth d of
 :data:`~lambda_det.modeling.lambda_resnet.DEPTHS`:
@@ -12,9 +13,8 @@ Importing this module registers, for every depth d of
 arguments go to :class:`~lambda_det.modeling.LambdaResNet` (e.g. ``scope=23``,
 ``norm="SyncBN"``). Each name has a pretrained cfg in timm's registry (preprocessing, no
 weights), and the models keep timm's model contract (docs/ecosystem.md). The state dict has the
-backbone's own keys plus ``linear.*`` (the classifier), so :func:`convert_classifier_checkpoint`
-only drops the classifier and adds the detector's prefix. Needs torch and timm, not detectron2
-(docs/timm.md).
+backbone's own keys plus ``linear.*`` (the classifier), so the conversion only drops the
+classifier and adds the detector's prefix. Needs torch and timm, not detectron2 (docs/timm.md).
 """
 
 import inspect
@@ -31,7 +31,7 @@ from lambda_det.modeling.lambda_resnet import DEPTHS, STAGES, LambdaResNet
 from lambda_det.modeling.mixers import mixer_options
 from lambda_det.utils.errors import UserError
 
-__all__ = ["TimmLambdaResNet", "convert_classifier_checkpoint", "TIMM_VARIANTS", "PRETRAINED_CFG"]
+__all__ = ["TimmLambdaResNet", "TIMM_VARIANTS", "PRETRAINED_CFG"]
 
 # name pattern: LambdaResNet keyword arguments
 TIMM_VARIANTS = {
@@ -456,61 +456,3 @@ def resnetrs350_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
 @register_model
 def resnetrs420_se_det(pretrained: bool = False, **kwargs) -> TimmLambdaResNet:
     return _create("resnetrs420_se_det", pretrained, 420, kwargs, placement="none", se=True)
-
-
-def convert_classifier_checkpoint(
-    checkpoint: Dict, model: nn.Module, use_ema: bool = False
-) -> Dict[str, torch.Tensor]:
-    """The backbone weights of a timm classifier checkpoint, named as in ``model`` (a detector
-    built from the config to fine-tune, e.g. on the meta device: only names and shapes are used).
-
-    Args:
-        checkpoint: as :func:`lambda_det.checkpoint.load_checkpoint_file` reads a timm file:
-            ``state_dict`` (and ``state_dict_ema``) from timm's train.py, or a bare state dict.
-        use_ema: take the exponential moving average of the weights (timm's ``--model-ema``).
-
-    Raises:
-        ValueError: the checkpoint is not a classifier of the config's backbone (another depth,
-            placement, width or mixer), naming what differs.
-    """
-    if isinstance(checkpoint.get("model"), dict) and "state_dict" in checkpoint["model"]:
-        checkpoint = checkpoint["model"]  # load_checkpoint_file puts other layouts under "model"
-    key = "state_dict_ema" if use_ema else "state_dict"
-    if key in checkpoint:
-        state = checkpoint[key]
-    elif use_ema:
-        raise UserError("the checkpoint has no state_dict_ema (timm writes it with --model-ema)")
-    else:
-        state = checkpoint.get("model", checkpoint)
-    state = {
-        name[len("module.") :] if name.startswith("module.") else name: value
-        for name, value in state.items()
-        if not name.startswith(("linear.", "module.linear."))
-    }
-    prefixes = [name for name, module in model.named_modules() if isinstance(module, LambdaResNet)]
-    if len(prefixes) != 1:
-        raise UserError(
-            f"the config's model has {len(prefixes)} LambdaResNet backbones, not 1 "
-            f"(is MODEL.BACKBONE.NAME a lambda_det backbone?)"
-        )
-    prefix = prefixes[0] + "." if prefixes[0] else ""
-    wanted = {
-        name[len(prefix) :]: tensor.shape
-        for name, tensor in model.state_dict().items()
-        if name.startswith(prefix)
-    }
-    missing = sorted(set(wanted) - set(state))
-    unexpected = sorted(set(state) - set(wanted))
-    mismatched = [
-        f"{name} {tuple(state[name].shape)} vs {tuple(wanted[name])}"
-        for name in sorted(set(wanted) & set(state))
-        if tuple(state[name].shape) != tuple(wanted[name])
-    ]
-    if missing or unexpected or mismatched:
-        raise UserError(
-            f"the classifier is not the config's backbone (MODEL.LAMBDA_RESNET: another depth, "
-            f"placement, width or mixer?): {len(missing)} backbone weights missing "
-            f"{missing[:3]}, {len(unexpected)} unexpected {unexpected[:3]}, {len(mismatched)} of "
-            f"another shape (checkpoint vs backbone) {mismatched[:3]}"
-        )
-    return {prefix + name: value for name, value in state.items()}

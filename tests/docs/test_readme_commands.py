@@ -136,8 +136,8 @@ def test_each_timm_recipe_converts_into_its_config():
     from timm.utils import ParseKwargs
 
     import lambda_det.modeling.timm_models  # noqa: F401
+    from lambda_det.checkpoint.timm_classifier import convert_classifier_checkpoint
     from lambda_det.cli.checks import check_model
-    from lambda_det.modeling.timm_models import convert_classifier_checkpoint
 
     timm_parser = argparse.ArgumentParser()  # the options of timm's train.py read here
     timm_parser.add_argument("--model")
