@@ -6,6 +6,7 @@ import io
 import pytest
 import torch
 import torch._dynamo
+from conftest import TINY_BN_MODEL, overrides
 
 import lambda_det.data
 from lambda_det.engine import Trainer
@@ -15,18 +16,8 @@ from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
-DETECTOR = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "MODEL.LAMBDA_RESNET.NORM",
-    "BN",
-    "MODEL.FPN.NORM",
-    "BN",
-]
+# The tiny BN model's backbone and FPN settings (the heads' norms play no part here).
+DETECTOR = overrides({key: value for key, value in TINY_BN_MODEL.items() if "ROI" not in key})
 
 
 def tiny_lambda_resnet(scope):

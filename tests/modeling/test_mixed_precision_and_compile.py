@@ -3,6 +3,7 @@ CPU."""
 
 import pytest
 import torch
+from conftest import TINY_BN_MODEL, overrides
 
 import lambda_det.data
 from lambda_det.engine import Trainer
@@ -11,38 +12,19 @@ from lambda_det.run_config import load_config
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
-TINY = [
-    "MODEL.DEVICE",
-    "cpu",
-    "MODEL.LAMBDA_RESNET.WIDTH_MULTIPLIER",
-    "0.25",
-    "MODEL.LAMBDA_RESNET.SCOPE",
-    "3",
-    "MODEL.LAMBDA_RESNET.NORM",
-    "BN",
-    "MODEL.FPN.NORM",
-    "BN",
-    "MODEL.ROI_BOX_HEAD.NORM",
-    "BN",
-    "MODEL.ROI_MASK_HEAD.NORM",
-    "BN",
-    "SOLVER.IMS_PER_BATCH",
-    "2",
-    "SOLVER.MAX_ITER",
-    "2",
-    "SOLVER.WARMUP_ITERS",
-    "1",
-    "SOLVER.STEPS",
-    "(1,)",
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "DATASETS.TEST",
-    "()",
-    "DATALOADER.DETERMINISTIC",
-    "True",
-    "SEED",
-    "3",
-]
+TINY = overrides(
+    {
+        **TINY_BN_MODEL,
+        "SOLVER.IMS_PER_BATCH": 2,
+        "SOLVER.MAX_ITER": 2,
+        "SOLVER.WARMUP_ITERS": 1,
+        "SOLVER.STEPS": (1,),
+        "DATALOADER.NUM_WORKERS": 0,
+        "DATASETS.TEST": (),
+        "DATALOADER.DETERMINISTIC": True,
+        "SEED": 3,
+    }
+)
 
 
 @pytest.mark.slow
