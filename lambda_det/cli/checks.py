@@ -19,7 +19,13 @@ from lambda_det.engine import preflight
 from lambda_det.run_config import load_config
 from lambda_det.utils.setting import Setting
 
-__all__ = ["load_run_config", "check_device", "check_model", "meta_yaml_model", "check_weights_fit"]
+__all__ = [
+    "load_run_config",
+    "check_device",
+    "check_model",
+    "build_yaml_model",
+    "check_weights_fit",
+]
 
 
 def load_run_config(args: argparse.Namespace):
@@ -49,15 +55,17 @@ def check_model(cfg) -> nn.Module:
     of the config (depth, placement, scope, norms, features) in a fraction of a second, with
     no memory and no random numbers drawn."""
     with torch.device("meta"):
-        return meta_yaml_model(cfg)
+        return build_yaml_model(cfg, "meta")
 
 
-def meta_yaml_model(cfg) -> nn.Module:
-    """detectron2's ``build_model`` with MODEL.DEVICE meta (under a meta device context)."""
-    meta = cfg.clone()
-    meta.defrost()
-    meta.MODEL.DEVICE = "meta"
-    return build_model(meta)
+def build_yaml_model(cfg, device: str) -> nn.Module:
+    """detectron2's ``build_model`` with MODEL.DEVICE ``device`` (for "meta", call it under a
+    meta device context)."""
+    if device != cfg.MODEL.DEVICE:
+        cfg = cfg.clone()
+        cfg.defrost()
+        cfg.MODEL.DEVICE = device
+    return build_model(cfg)
 
 
 def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:

@@ -15,7 +15,7 @@ import argparse
 import copy
 import os
 import sys
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from detectron2.config import instantiate
@@ -40,7 +40,7 @@ from lambda_det.cli.arguments import (
     parse_command_line,
     reporting_user_errors,
 )
-from lambda_det.cli.checks import check_weights_fit, load_run_config, meta_yaml_model
+from lambda_det.cli.checks import build_yaml_model, check_weights_fit, load_run_config
 from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command
 from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX,
@@ -56,6 +56,7 @@ from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine import lazy_training, preflight
 from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
+from lambda_det.engine.prebuilt import PrebuiltModel, build_before_launch
 from lambda_det.engine.preflight import (
     check_batch_size,
     check_compiled_batch,
@@ -68,6 +69,7 @@ from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 from lambda_det.utils.errors import UserError
+from lambda_det.utils.setting import Setting
 
 __all__ = [
     "ConfigSystem",
@@ -104,10 +106,11 @@ class ConfigSystem(NamedTuple):
     load: Callable[[argparse.Namespace], Any]  # the config of the command line
     settings: Callable[[Any], RunSettings]  # what the run reads, with its keys
     scale: Callable[[Any, int], Any]  # the config for a number of processes
-    build_model: Callable[[Any], nn.Module]  # the model (built under a device context)
-    # What every process runs: (args, the --eval-only plan or None, the config when the
-    # process that loaded it runs it, else None).
-    run: Callable[[argparse.Namespace, Optional[Evaluation], Any], Any]
+    build_model: Callable[[Any, str], nn.Module]  # the model, on a device
+    with_seed: Callable[[Any, int], Any]  # the config with its seed set
+    # What every process runs: (args, the --eval-only plan or None, and when the process
+    # that loaded the config runs it: the config and the model built before launch).
+    run: Callable[[argparse.Namespace, Optional[Evaluation], Any, Optional[PrebuiltModel]], Any]
     tool: str = "tools/train_net.py"  # the script, for the command that resumes a run
 
 
@@ -137,11 +140,17 @@ def argument_parser(
     return parser
 
 
-def run(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=None):
+def run(
+    args: argparse.Namespace,
+    evaluation: Optional[Evaluation] = None,
+    cfg=None,
+    prebuilt: Optional[PrebuiltModel] = None,
+):
     """What every process of tools/train_net.py runs (detectron2's ``main(args)``):
     ``evaluation``, where an ``--eval-only`` run writes and what it loads (decided before
-    launch: :func:`plan_evaluation`); ``cfg``, the config as :func:`main` loaded it, when this
-    is the process that loaded it (None: load it)."""
+    launch: :func:`plan_evaluation`); ``cfg``, the config as :func:`main` loaded it, and
+    ``prebuilt``, the model it built, when this is the process that loaded it (None: load the
+    config, build the model)."""
     quiet_detectron2_warnings()
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
@@ -149,14 +158,14 @@ def run(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=N
             cfg = setup_cfg(args, evaluation, cfg)
             output_dir.append(cfg.OUTPUT_DIR)
             if args.eval_only:
-                model = Trainer.build_model(cfg)
+                model = Trainer.build_model(cfg, prebuilt)
                 settings = yaml_run_settings(cfg)
                 load_weights(
                     model,
                     evaluation_weights(settings.output_dir, settings.training.weights, args.resume),
                 )
                 return Trainer.test(cfg, model)
-            trainer = Trainer(cfg)
+            trainer = Trainer(cfg, prebuilt)
             trainer.resume_or_load(resume=args.resume)
         with (
             reporting_user_errors(args.debug, errors=(OutputWriteError,)),
@@ -165,7 +174,12 @@ def run(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=N
             return trainer.train()
 
 
-def run_lazy(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=None):
+def run_lazy(
+    args: argparse.Namespace,
+    evaluation: Optional[Evaluation] = None,
+    cfg=None,
+    prebuilt: Optional[PrebuiltModel] = None,
+):
     """What every process of tools/lazyconfig_train_net.py runs (arguments as :func:`run`)."""
     quiet_detectron2_warnings()
     output_dir = []  # the run's, once its config is read
@@ -181,7 +195,7 @@ def run_lazy(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, 
             scale_to_world_size(cfg, comm.get_world_size())
             plain_default_setup(cfg, args)
             if args.eval_only:
-                model = instantiate(cfg.model).to(cfg.train.device)
+                model = lazy_training.build_model(cfg, prebuilt)
                 settings = lazy_run_settings(cfg)
                 weights = evaluation_weights(
                     settings.output_dir, settings.training.weights, args.resume
@@ -189,7 +203,7 @@ def run_lazy(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, 
                 AtomicCheckpointer(model, require="all").load(weights, checkpointables=[])
                 return lazy_training.evaluate(cfg, model)
         with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
-            return lazy_training.train(cfg, args.resume)
+            return lazy_training.train(cfg, args.resume, prebuilt)
 
 
 def interrupted_line(
@@ -238,27 +252,43 @@ def plan_evaluation(output_dir: str, weights: str) -> Evaluation:
 
 def check_config_before_launch(
     args: argparse.Namespace, system: ConfigSystem, cfg, run: RunSettings
-) -> nn.Module:
+) -> Tuple[nn.Module, Optional[PrebuiltModel]]:
     """What the config alone decides, checked before the output folder is touched: the device,
-    the model (built on the meta device, returned for the weights' checks) and, for training,
-    every setting that would fail after launch (as the user wrote it) and, for the batch
-    scaled to the processes, whether it splits over them and the memory a process needs at
-    least; with test sets, the memory an evaluation process needs at least
-    (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``."""
+    the model and, for training, every setting that would fail after launch (as the user wrote
+    it) and, for the batch scaled to the processes, whether it splits over them and the memory
+    a process needs at least; with test sets, the memory an evaluation process needs at least
+    (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``.
+
+    Returns the model on the meta device, for the weights' checks, and the run's model when
+    the run is this process (:func:`runs_in_this_process`): built here, once, with the run's
+    seed (:func:`lambda_det.engine.prebuilt.build_before_launch`), else None (every process
+    builds its own; the checks build one on the meta device)."""
     preflight.check_device(run.device, args.num_gpus)
-    with torch.device("meta"):
-        model = system.build_model(cfg)
+    if not args.eval_only:
+        check_training_settings(run.training)
+    seed = preflight.check_seed(run.training.seed)
+    prebuilt = None
+    if runs_in_this_process(args):
+        prebuilt = build_before_launch(lambda: system.build_model(cfg, run.device.value), seed)
+        model = prebuilt.meta_copy()
+    else:
+        with torch.device("meta"):
+            model = system.build_model(cfg, "meta")
     if run.data.test.value:  # evaluated by --eval-only, or at the end of training
         check_evaluation_memory(model, run.training.test_size, run.device.value, args.num_gpus)
     if args.eval_only:
-        return model
-    check_training_settings(run.training)
+        return model, prebuilt
     world_size = args.num_gpus * args.num_machines
     scaled = system.settings(system.scale(cfg, world_size)).training
     check_batch_size(scaled.batch.value, world_size, key=scaled.batch.key)
     check_compiled_batch(scaled.compiled, scaled.batch.value, world_size, key=scaled.batch.key)
     check_training_memory(model, scaled, run.device.value, args.num_gpus, world_size)
-    return model
+    return model, prebuilt
+
+
+def runs_in_this_process(args: argparse.Namespace) -> bool:
+    """Whether the run is the launching process's own (one process in all, as launch decides)."""
+    return args.num_gpus * args.num_machines == 1
 
 
 def prepare_training_output_dir(
@@ -320,6 +350,29 @@ def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
     return load_lazy_config(args.config_file, args.opts)
 
 
+def with_drawn_seed(system: ConfigSystem, cfg, seed: Setting, drawn: int):
+    """The config of a one-process run whose ``seed`` is negative ("a new one each run"), with
+    the seed ``drawn`` for the model built before launch: the run seeds with it too, and its
+    config.yaml records it."""
+    print(f"{seed.key} {seed.value}: this run's seed is {drawn} (its config.yaml records it)")
+    return system.with_seed(cfg, drawn)
+
+
+def with_yaml_seed(cfg, seed: int):
+    """The yaml config with SEED ``seed``."""
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.SEED = seed
+    cfg.freeze()
+    return cfg
+
+
+def with_lazy_seed(cfg: DictConfig, seed: int) -> DictConfig:
+    """The recipe with train.seed ``seed``."""
+    cfg.train.seed = seed
+    return cfg
+
+
 def scale_yaml_to_world_size(cfg, world_size: int):
     """detectron2's ``auto_scale_workers`` (SOLVER.REFERENCE_WORLD_SIZE), its assertion as a
     UserError."""
@@ -339,7 +392,8 @@ YAML_CONFIGS = ConfigSystem(
     load=load_run_config,
     settings=yaml_run_settings,
     scale=scale_yaml_to_world_size,
-    build_model=meta_yaml_model,
+    build_model=build_yaml_model,
+    with_seed=with_yaml_seed,
     run=run,
 )
 
@@ -350,7 +404,8 @@ LAZY_CONFIGS = ConfigSystem(
     load=load_lazy_run_config,
     settings=lazy_run_settings,
     scale=lambda cfg, world_size: scale_to_world_size(copy.deepcopy(cfg), world_size),
-    build_model=lambda cfg: instantiate(cfg.model),
+    build_model=lambda cfg, device: instantiate(cfg.model).to(device),
+    with_seed=with_lazy_seed,
     run=run_lazy,
     tool="tools/lazyconfig_train_net.py",
 )
@@ -377,7 +432,9 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
             cfg = system.load(args)
             run = system.settings(cfg)
             output_dir.append(run.output_dir.value)
-            model = check_config_before_launch(args, system, cfg, run)
+            model, prebuilt = check_config_before_launch(args, system, cfg, run)
+            if prebuilt is not None and prebuilt.seed != run.training.seed.value:
+                cfg = with_drawn_seed(system, cfg, run.training.seed, prebuilt.seed)
         cpu = torch.device(run.device.value).type == "cpu"
         return launch_checked(
             system.run,
@@ -387,6 +444,7 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
             cpu=cpu,
             output_dir_key=run.output_dir.key,
             cfg=cfg,
+            prebuilt=prebuilt,
         )
 
 
@@ -398,14 +456,16 @@ def launch_checked(
     cpu: bool,
     output_dir_key: str = "OUTPUT_DIR",
     cfg=None,
+    prebuilt: Optional[PrebuiltModel] = None,
 ) -> int:
     """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
-    that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg)``
-    in every process, ``evaluation`` being what ``check`` returned (on the CPU, ``--num-gpus N``
-    starts N gloo processes: detectron2's launch needs CUDA). ``cfg``, the config this process
-    loaded, goes to a run in this process (one process in all); started processes load their
-    own. Returns the exit status: 2 when a check or a worker reported a user error, 130 / 143
-    when SIGINT / SIGTERM stopped the workers. ``output_dir_key`` names the folder in errors."""
+    that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg,
+    prebuilt)`` in every process, ``evaluation`` being what ``check`` returned (on the CPU,
+    ``--num-gpus N`` starts N gloo processes: detectron2's launch needs CUDA). ``cfg``, the
+    config this process loaded, and ``prebuilt``, the model it built, go to a run in this
+    process (one process in all); started processes load and build their own. Returns the
+    exit status: 2 when a check or a worker reported a user error, 130 / 143 when SIGINT /
+    SIGTERM stopped the workers. ``output_dir_key`` names the folder in errors."""
     lock = None
     with reporting_user_errors(args.debug):
         if args.machine_rank == 0:
@@ -413,7 +473,7 @@ def launch_checked(
     try:
         with reporting_user_errors(args.debug):
             evaluation = check()
-        in_this_process = args.num_gpus * args.num_machines == 1  # as launch decides
+        in_this_process = runs_in_this_process(args)
         launch(
             run_function,
             args.num_gpus,
@@ -421,7 +481,7 @@ def launch_checked(
             machine_rank=args.machine_rank,
             dist_url=args.dist_url,
             cpu=cpu,
-            args=(args, evaluation, cfg if in_this_process else None),
+            args=(args, evaluation, *((cfg, prebuilt) if in_this_process else (None, None))),
         )
     except ProcessExitedException as error:  # a worker reported a user error or an interrupt
         if error.exit_code not in (USAGE_ERROR_STATUS, *INTERRUPTED_STATUSES):

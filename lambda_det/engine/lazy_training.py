@@ -19,6 +19,7 @@ from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.interrupt import InterruptCheckpoint
+from lambda_det.engine.prebuilt import PrebuiltModel
 from lambda_det.engine.preflight import check_training_settings
 from lambda_det.engine.run_logging import resume_metrics, run_writers
 from lambda_det.engine.run_settings import lazy_training_settings
@@ -26,7 +27,7 @@ from lambda_det.engine.trainer import FinalEvalHook, build_step_trainer, write_e
 from lambda_det.utils.atomic import DISK_ERRNOS, reporting_write_errors
 from lambda_det.utils.run_defaults import AMP_DTYPE
 
-__all__ = ["train", "evaluate"]
+__all__ = ["build_model", "train", "evaluate"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,18 +80,26 @@ def _deterministic_train_loader(cfg: DictConfig, seed: int) -> DeterministicTrai
     )
 
 
-def train(cfg: DictConfig, resume: bool) -> None:
+def build_model(cfg: DictConfig, prebuilt: Optional[PrebuiltModel] = None) -> torch.nn.Module:
+    """``cfg.model`` on train.device; ``prebuilt``: the model built before launch
+    (:mod:`lambda_det.engine.prebuilt`), taken here instead."""
+    model = instantiate(cfg.model) if prebuilt is None else prebuilt.take()
+    return model.to(cfg.train.device)
+
+
+def train(cfg: DictConfig, resume: bool, prebuilt: Optional[PrebuiltModel] = None) -> None:
     """Train ``cfg.model`` for train.max_iter iterations, checkpointing and evaluating as
     ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint.
     With train.deterministic, every iteration is a function of (train.seed, iteration), so that
     a resumed run continues exactly. Under
     :func:`~lambda_det.engine.interrupt.stopping_on_signals`, SIGINT or SIGTERM saves the
-    iteration in flight and stops, as the yaml trainer does."""
+    iteration in flight and stops, as the yaml trainer does. ``prebuilt``: the model built
+    before launch, trained instead of one built here (:func:`build_model`)."""
     check_training_settings(lazy_training_settings(cfg))  # as before launch, for API callers
     seed = _deterministic_seed(cfg)
     if seed is not None:
         seed_all_rng(seed)  # the same initial weights on every rank and every run
-    model = instantiate(cfg.model).to(cfg.train.device)
+    model = build_model(cfg, prebuilt)
     logger.info("Model:\n%s", model)
     if cfg.train.get("compile_backbone", False):
         model.backbone.compile()  # in place: parameter names and checkpoints stay the same

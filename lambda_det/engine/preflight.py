@@ -28,6 +28,7 @@ from lambda_det.utils.errors import UserError
 from lambda_det.utils.setting import Setting, is_integer, override
 
 __all__ = [
+    "check_seed",
     "Setting",
     "BackboneSettings",
     "TrainingSettings",
@@ -184,6 +185,17 @@ def check_compiled_batch(
         f"processes), where torch.compile trains lambda layers with wrong gradients: use 2 "
         f"or more images per process, or set {compiled.key} False"
     )
+
+
+def check_seed(seed: Setting) -> int:
+    """The seed of a run (SEED, train.seed): an integer, as detectron2 seeds numpy, torch and
+    random with it; negative draws a new one each run."""
+    if not is_integer(seed.value):
+        raise UserError(
+            f"{seed.key} must be an integer, got {seed.value!r}: set {seed.key} to a number "
+            f"such as 0, or -1 for a new seed each run"
+        )
+    return seed.value
 
 
 def check_training_settings(settings: TrainingSettings) -> None:

@@ -3,6 +3,7 @@ configs), and what the LazyConfig training loop (:mod:`.lazy_training`) shares w
 step trainer (DDP, mixed precision) and the record of evaluation results."""
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -39,6 +40,7 @@ from lambda_det.data.checks import load_training_dicts, yaml_data_settings
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.interrupt import InterruptCheckpoint
+from lambda_det.engine.prebuilt import PrebuiltModel
 from lambda_det.engine.preflight import (
     check_batch_size,
     check_compiled_batch,
@@ -208,7 +210,9 @@ class Trainer(DefaultTrainer):
       (:func:`~lambda_det.engine.run_logging.resume_metrics`).
     """
 
-    def __init__(self, cfg: CfgNode):
+    def __init__(self, cfg: CfgNode, prebuilt: Optional[PrebuiltModel] = None):
+        """``prebuilt``: the model tools/train_net.py built before launch, for a run in its
+        process (:mod:`lambda_det.engine.prebuilt`), trained instead of a model built here."""
         # DefaultTrainer.__init__ (below) builds the trainer with lambda_det's parts. Before it
         # builds the model: its logger and scaled config (scaling again changes nothing), for
         # the checks and the seed.
@@ -233,7 +237,12 @@ class Trainer(DefaultTrainer):
             ),
             checkpointer=AtomicCheckpointer,
         ):
-            super().__init__(cfg)
+            if prebuilt is not None:  # DefaultTrainer.__init__ builds with self.build_model(cfg)
+                self.build_model = functools.partial(self.build_model, prebuilt=prebuilt)
+            try:
+                super().__init__(cfg)
+            finally:
+                self.__dict__.pop("build_model", None)
 
     def build_hooks(self):
         hooks = super().build_hooks()
@@ -272,15 +281,20 @@ class Trainer(DefaultTrainer):
             self.data_loader.start_iteration = self.start_iter
 
     @classmethod
-    def build_model(cls, cfg):
-        """Detectron2's model; with ``MODEL.LAMBDA_RESNET.COMPILE`` its backbone compiled by
+    def build_model(cls, cfg, prebuilt: Optional[PrebuiltModel] = None):
+        """Detectron2's model (``prebuilt``: the model built before launch, taken where the
+        run would build it); with ``MODEL.LAMBDA_RESNET.COMPILE`` its backbone compiled by
         ``torch.compile`` (in place: parameter names and checkpoints stay the same).
 
         Decision: ``dynamic=False``, one graph per input size. Training's LSJ crops have one
         size; at a second size (evaluation) torch's automatic dynamic shapes did not finish
         compiling the lambda layers in 15 minutes on 2 CPU cores, while a static recompile
         took about 3 minutes."""
-        model = super().build_model(cfg)
+        if prebuilt is None:
+            model = super().build_model(cfg)
+        else:
+            model = prebuilt.take()
+            logger.info("Model:\n%s", model)  # as DefaultTrainer.build_model logs the model
         if cfg.MODEL.LAMBDA_RESNET.get("COMPILE", False):
             model.backbone.compile(dynamic=False)
         return model

@@ -5,7 +5,6 @@ its own keys, and a user's mistake in one line where a bug keeps its traceback."
 import cv2
 import numpy as np
 import pytest
-from conftest import TINY_OVERRIDES
 
 from lambda_det.cli import lazyconfig_train_net, predict
 from lambda_det.cli import train_net as cli
@@ -223,35 +222,3 @@ def test_the_lazy_tool_names_its_output_folder_key(tmp_path, capsys):
         lazyconfig_train_net.main(["--config", "lambda_r26_shapes", f"train.output_dir={tmp_path}"])
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.startswith(f"error: train.output_dir '{tmp_path}' is in use")
-
-
-def counting(function, calls: list):
-    def counted(*args, **kwargs):
-        calls.append(function.__name__)
-        return function(*args, **kwargs)
-
-    return counted
-
-
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_a_run_in_one_process_loads_its_config_once_and_builds_the_model_once(
-    tmp_path, monkeypatch, shapes
-):
-    """The config that the checks before launch read is the run's; the model they build is on
-    the meta device (no memory, no random numbers), the run's is built once."""
-    from lambda_det.cli import checks
-    from lambda_det.engine import trainer
-
-    loads, meta_builds, builds = [], [], []
-    for module in (checks, trainer):
-        monkeypatch.setattr(module, "load_config", counting(module.load_config, loads))
-    monkeypatch.setattr(checks, "build_model", counting(checks.build_model, meta_builds))
-    monkeypatch.setattr(
-        trainer.Trainer,
-        "build_model",
-        classmethod(counting(trainer.Trainer.build_model.__func__, builds)),
-    )
-    assert cli.main(["--config", SHAPES, *TINY_OVERRIDES, "OUTPUT_DIR", str(tmp_path)]) == 0
-    assert (len(loads), len(meta_builds), len(builds)) == (1, 1, 1)
-    assert (tmp_path / "model_final.pth").is_file()

@@ -1,0 +1,144 @@
+"""The model of a one-process run, built once, before launch: the checks before launch read it
+(as a copy on the meta device, :meth:`PrebuiltModel.meta_copy`) and the run trains or
+evaluates it (:meth:`PrebuiltModel.take`).
+
+A run builds its model after detectron2's ``default_setup`` has seeded the random generators;
+a model built before launch must draw the same numbers and leave the run the same random state.
+:func:`build_before_launch` seeds as ``default_setup`` will seed rank 0 (the only rank of a
+one-process run), builds, and keeps the state of the generators after the build;
+:meth:`PrebuiltModel.take` restores that state where the run would have built the model, so the
+run's weights, data order and losses are those of a run that builds its own model. What the
+build logs is kept and logged there too, into the run's log, which does not exist before launch
+(its log.txt would be written before the checks)."""
+
+import contextlib
+import copy
+import itertools
+import logging
+import os
+import random
+from typing import Callable, List, NamedTuple, Optional, Sequence
+
+import numpy as np
+import torch
+from detectron2.utils.env import seed_all_rng
+from torch import nn
+
+__all__ = ["RandomState", "PrebuiltModel", "build_before_launch"]
+
+
+class RandomState(NamedTuple):
+    """The state of every generator that detectron2's ``seed_all_rng`` seeds."""
+
+    torch_cpu: torch.Tensor
+    torch_cuda: Optional[List[torch.Tensor]]  # None while CUDA is not initialised
+    numpy: tuple
+    python: tuple
+    hash_seed: Optional[str]  # PYTHONHASHSEED, for the processes a run starts
+
+    @classmethod
+    def capture(cls) -> "RandomState":
+        return cls(
+            torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
+            np.random.get_state(),
+            random.getstate(),
+            os.environ.get("PYTHONHASHSEED"),
+        )
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch_cpu)
+        if self.torch_cuda is not None:
+            torch.cuda.set_rng_state_all(self.torch_cuda)
+        np.random.set_state(self.numpy)
+        random.setstate(self.python)
+        if self.hash_seed is None:
+            os.environ.pop("PYTHONHASHSEED", None)
+        else:
+            os.environ["PYTHONHASHSEED"] = self.hash_seed
+
+
+class _KeptRecords(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records: List[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _keeping_logs(kept: _KeptRecords):
+    """Every record logged inside goes to ``kept`` instead of the loggers' handlers (their
+    levels, which decide what the run's log shows, are applied when the records are logged
+    again: :func:`_log_again`)."""
+    root = logging.getLogger()
+    named = root.manager.loggerDict.values()  # with placeholders for unnamed parents
+    loggers = [root, *(logger for logger in named if isinstance(logger, logging.Logger))]
+    saved = [(logger, logger.handlers, logger.propagate, logger.level) for logger in loggers]
+    for logger in loggers:
+        logger.handlers, logger.propagate = [], True
+    root.handlers = [kept]
+    root.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        for logger, handlers, propagate, level in saved:
+            logger.handlers, logger.propagate = handlers, propagate
+            logger.setLevel(level)
+
+
+def _log_again(records: List[logging.LogRecord]) -> None:
+    for record in records:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
+
+
+class PrebuiltModel:
+    """A model built before launch (:func:`build_before_launch`), the seed it was built with,
+    the random state its build left and the records it logged."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        seed: int,
+        random_state: RandomState,
+        records: Sequence[logging.LogRecord] = (),
+    ):
+        self.model = model
+        self.seed = seed  # the run's seed
+        self.random_state = random_state
+        self.records = list(records)
+
+    def meta_copy(self) -> nn.Module:
+        """The model with its parameters and buffers on the meta device, made without building
+        it again or copying a weight: the checks' memory estimates run its forward pass there."""
+        memo = {}
+        for tensor in itertools.chain(self.model.parameters(), self.model.buffers()):
+            meta = torch.empty_like(tensor, device="meta")
+            if isinstance(tensor, nn.Parameter):
+                meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
+            memo[id(tensor)] = meta
+        return copy.deepcopy(self.model, memo)
+
+    def take(self) -> nn.Module:
+        """The model, for the run, at the point where the run would have built it: the random
+        generators are set to the state the build left, and what the build logged is logged."""
+        self.random_state.restore()
+        _log_again(self.records)
+        self.records = []
+        return self.model
+
+
+def build_before_launch(build: Callable[[], nn.Module], seed: int) -> PrebuiltModel:
+    """``build()`` after seeding every generator with ``seed`` (the config's SEED or
+    train.seed), as detectron2's ``default_setup`` seeds rank 0. A negative seed ("a new one
+    each run") is drawn here (:attr:`PrebuiltModel.seed`): the run must seed with it too."""
+    if seed < 0:
+        seed = int.from_bytes(os.urandom(4), "big") >> 1  # < 2**31, for numpy's seed
+    seed_all_rng(seed)
+    kept = _KeptRecords()
+    with _keeping_logs(kept):
+        model = build()
+    return PrebuiltModel(model, seed, RandomState.capture(), kept.records)
