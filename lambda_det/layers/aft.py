@@ -70,7 +70,7 @@ What remains, all far outside the usual range:
 
 TorchScript: ``torch.jit.script`` compiles every variant (eager's outputs bit for bit). It has no
 autocast switch for a device known only at run time, so a scripted mixer mixes under the
-caller's autocast policy instead of float32: script for running without autocast.
+caller's autocast policy rather than in float32: run scripted mixers without autocast.
 """
 
 from typing import Final, List, Optional, Sequence, Tuple
