@@ -1,10 +1,10 @@
 """Argument and input checks the layers share: errors that name the bad value."""
 
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
-from lambda_det.layers._tracing import static_sizes
+from lambda_det.layers._tracing import size_list
 
 
 def check_int(name: str, value, minimum: int) -> None:
@@ -19,27 +19,34 @@ def check_choice(name: str, value, choices: Tuple[int, ...]) -> None:
         raise ValueError(f"{name} must be {' or '.join(map(str, choices))}, got {value!r}")
 
 
+def shape_text(sizes: List[int]) -> str:
+    """``sizes`` as Python prints a tuple, "(2, 3)" or "(9,)", also in TorchScript (which
+    prints a list of sizes as "[2, 3]")."""
+    text = ", ".join([str(size) for size in sizes])
+    return f"({text},)" if len(sizes) == 1 else f"({text})"
+
+
 def check_layer_input(
     layer: str, x: torch.Tensor, spatial_dims: int, in_channels: int
-) -> Tuple[int, ...]:
-    """The spatial sizes of a (B, C, H, W) or (B, C, L) input, as ints.
+) -> List[int]:
+    """The spatial sizes of a (B, C, H, W) or (B, C, L) input, as ints (TorchScript compiles it).
 
     Also while tracing: a trace is specialised to its example, so a wrong example must fail
     here rather than export a model that silently computes something else.
     """
-    shape = static_sizes(x)
+    shape = size_list(x)
     if len(shape) != 2 + spatial_dims:
         layout = "(B, C, H, W)" if spatial_dims == 2 else "(B, C, L)"
         raise ValueError(
             f"{layer}(spatial_dims={spatial_dims}) expects a {layout} tensor, "
-            f"got shape {tuple(shape)}"
+            f"got shape {shape_text(shape)}"
         )
     if shape[1] != in_channels:
         raise ValueError(
             f"{layer} expects {in_channels} input channels, got {shape[1]} "
-            f"(input shape {tuple(shape)})"
+            f"(input shape {shape_text(shape)})"
         )
-    return tuple(shape[2:])
+    return shape[2:]
 
 
 def check_odd(name: str, value, alternative: str = "") -> None:

@@ -5,11 +5,9 @@ import inspect
 from typing import Dict
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 CONV = {1: nn.Conv1d, 2: nn.Conv2d}
-CONV_FUNCTION = {1: F.conv1d, 2: F.conv2d}
 BATCH_NORM = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d}
 _AVG_POOL = {1: nn.AvgPool1d, 2: nn.AvgPool2d}
 
@@ -26,6 +24,12 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     Long sums (over positions, windows, tiles) overflow float16 and lose bfloat16 precision.
     """
     return torch.promote_types(dtype, torch.float32)
+
+
+def smallest_normal(dtype: torch.dtype) -> float:
+    """``torch.finfo(dtype).tiny`` for the dtypes :func:`compute_dtype` gives, float32 and
+    float64: TorchScript has no ``torch.finfo``."""
+    return 2.0**-1022 if dtype == torch.float64 else 2.0**-126
 
 
 def autocast_device_type(device: torch.device) -> str:

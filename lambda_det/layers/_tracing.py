@@ -1,7 +1,7 @@
 """What the layers share about tracing: torch.jit.trace and torch.fx."""
 
 import warnings
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 
@@ -19,6 +19,13 @@ def static_sizes(tensor: torch.Tensor) -> Tuple[int, ...]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         return tuple(int(size) for size in tensor.shape)
+
+
+def size_list(tensor: torch.Tensor) -> List[int]:
+    """:func:`static_sizes` as a list: what TorchScript, whose sizes are ints already, compiles."""
+    if torch.jit.is_scripting():
+        return tensor.shape
+    return list(static_sizes(tensor))
 
 
 def fx_leaf_call(module: torch.nn.Module, *args) -> torch.fx.Proxy:

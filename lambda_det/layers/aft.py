@@ -67,27 +67,35 @@ What remains, all far outside the usual range:
   earlier outputs at rounding level (and through the underflow above); mathematically they do not;
 * AFT-conv with a window that covers part of the input and e^w_i << 1 inside it loses relative
   precision in ``conv + sum`` (inherent to the paper's form).
+
+TorchScript: ``torch.jit.script`` compiles every variant (eager's outputs bit for bit). It has no
+autocast switch for a device known only at run time, so a scripted mixer mixes under the
+caller's autocast policy rather than in float32: run scripted mixers without autocast.
 """
 
-import math
-from typing import Optional, Tuple
+from typing import Final, List, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
+from lambda_det.layers._checks import (
+    check_choice,
+    check_int,
+    check_layer_input,
+    check_odd,
+    shape_text,
+)
 from lambda_det.layers._common import (
     CONV,
-    CONV_FUNCTION,
     autocast_device_type,
     compute_dtype,
+    smallest_normal,
     strided_pool,
 )
-from lambda_det.layers._tracing import static_sizes
+from lambda_det.layers._tracing import size_list, static_sizes
 
 __all__ = ["AFTFull", "AFTLocal", "AFTSimple", "AFTConv", "aft_mix", "aft_conv_mix"]
-# Gain/shift reparameterisation of AFT-conv: std = sqrt(var + eps), so a 1x1 window (std 0) works.
-_REPARAM_EPS = 1e-5
 
 
 def aft_mix(
@@ -129,32 +137,45 @@ def aft_mix(
             f"positions, got {static_sizes(position_bias)}"
         )
     with torch.autocast(device_type=autocast_device_type(values.device), enabled=False):
-        dtype = compute_dtype(queries.dtype)
-        keys = keys.to(dtype)  # b c t'
-        values = values.to(dtype)  # b c t'
-        key_weights = torch.exp(keys - keys.detach().amax(dim=-1, keepdim=True))  # b c t', <= 1
-        weighted_values = key_weights * values  # b c t'
-        if position_bias is None:
-            if causal:
-                numerator = weighted_values.cumsum(dim=-1)  # b c t
-                denominator = key_weights.cumsum(dim=-1)  # b c t
-            else:
-                numerator = weighted_values.sum(dim=-1, keepdim=True)  # b c 1
-                denominator = key_weights.sum(dim=-1, keepdim=True)  # b c 1
+        return _aft_mix(queries, keys, values, position_bias, causal)
+
+
+def _aft_mix(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    position_bias: Optional[torch.Tensor],
+    causal: bool,
+) -> torch.Tensor:
+    """:func:`aft_mix` without its checks and autocast switch, as the mixers (and TorchScript)
+    run it."""
+    dtype = compute_dtype(queries.dtype)
+    keys = keys.to(dtype)  # b c t'
+    values = values.to(dtype)  # b c t'
+    key_weights = torch.exp(keys - keys.detach().amax(dim=-1, keepdim=True))  # b c t', <= 1
+    weighted_values = key_weights * values  # b c t'
+    if position_bias is None:
+        if causal:
+            numerator = weighted_values.cumsum(dim=-1)  # b c t
+            denominator = key_weights.cumsum(dim=-1)  # b c t
         else:
-            bias = position_bias.to(dtype)  # t t'
-            if causal:
-                future = torch.ones(length, length, dtype=torch.bool, device=bias.device).triu(
-                    diagonal=1
-                )  # t t'
-                bias = bias.masked_fill(future, float("-inf"))  # t t'
-            position_weights = torch.exp(
-                bias - bias.detach().amax(dim=-1, keepdim=True)
-            )  # t t', <= 1, 0 in the future
-            numerator = weighted_values @ position_weights.T  # b c t
-            denominator = key_weights @ position_weights.T  # b c t
-        denominator = denominator.clamp_min(torch.finfo(dtype).tiny)
-        output = torch.sigmoid(queries.to(dtype)) * numerator / denominator  # b c t
+            numerator = weighted_values.sum(dim=-1, keepdim=True)  # b c 1
+            denominator = key_weights.sum(dim=-1, keepdim=True)  # b c 1
+    else:
+        bias = position_bias.to(dtype)  # t t'
+        if causal:
+            length = size_list(values)[-1]
+            future = torch.ones(length, length, dtype=torch.bool, device=bias.device).triu(
+                diagonal=1
+            )  # t t'
+            bias = bias.masked_fill(future, float("-inf"))  # t t'
+        position_weights = torch.exp(
+            bias - bias.detach().amax(dim=-1, keepdim=True)
+        )  # t t', <= 1, 0 in the future
+        numerator = weighted_values @ position_weights.T  # b c t
+        denominator = key_weights @ position_weights.T  # b c t
+    denominator = denominator.clamp_min(smallest_normal(dtype))
+    output = torch.sigmoid(queries.to(dtype)) * numerator / denominator  # b c t
     return output.to(queries.dtype)
 
 
@@ -200,44 +221,58 @@ def aft_conv_mix(
             f"kernel must have shape (heads={heads}, s, ...) with {spatial_dims} odd "
             f"window sizes, got {static_sizes(kernel)}"
         )
-    # Offsets beyond size - 1 reach no position of this input: crop them (cheaper, same result).
-    radii = tuple(min(size // 2, extent - 1) for size, extent in zip(window, spatial))
-    crop = tuple(slice(size // 2 - r, size // 2 + r + 1) for size, r in zip(window, radii))
     with torch.autocast(device_type=autocast_device_type(values.device), enabled=False):
-        dtype = compute_dtype(queries.dtype)
-        kernel = kernel.to(dtype)[(slice(None),) + crop]  # h (2r+1)...
-        # Every position in every window: no bias-0 pairs, so no "+ sum" term to cancel against.
-        window_covers_input = all(size // 2 >= extent - 1 for size, extent in zip(window, spatial))
-        shift = kernel.detach().flatten(1).amax(dim=1)  # h
-        if not window_covers_input:
-            shift = shift.clamp_min(0)  # >= the 0 bias of the pairs outside the window too
-        shift = shift.reshape(heads, *([1] * spatial_dims))  # h 1...
-        if window_covers_input:
-            local_kernel = torch.exp(kernel - shift)  # h (2r+1)..., in (0, 1]
-        else:
-            local_kernel = torch.exp(kernel - shift) - torch.exp(-shift)  # h (2r+1)..., in (-1, 1]
+        return _aft_conv_mix(queries, keys, values, kernel)
 
-        keys = keys.to(dtype)  # b h ...
-        key_max = keys.detach().flatten(2).amax(dim=-1)  # b h
-        key_weights = torch.exp(keys - key_max.reshape(batch, heads, *([1] * spatial_dims)))
-        key_weights = key_weights.unsqueeze(2)  # b h 1 ..., <= 1
-        # Numerator and denominator channels go through the same per-head kernel in one conv.
-        stacked = torch.cat([key_weights * values.to(dtype), key_weights], dim=2)  # b h (c+1) ...
-        as_images = stacked.transpose(1, 2).reshape(batch * (channels + 1), heads, *spatial)
-        local = CONV_FUNCTION[spatial_dims](
-            as_images, local_kernel.unsqueeze(1), padding=radii, groups=heads
-        )  # (b c+1) h ...
-        local = local.reshape(batch, channels + 1, heads, *spatial).transpose(1, 2)  # b h (c+1) ...
-        if window_covers_input:
-            mixed = local  # b h (c+1) ...
-        else:
-            totals = stacked.flatten(3).sum(dim=-1)  # b h (c+1)
-            totals = totals.reshape(batch, heads, channels + 1, *([1] * spatial_dims))
-            global_scale = torch.exp(-shift).unsqueeze(1)  # h 1 1..., in (0, 1]
-            mixed = local + global_scale * totals  # b h (c+1) ...
-        numerator = mixed[:, :, :channels]  # b h c ...
-        denominator = mixed[:, :, channels:].clamp_min(torch.finfo(dtype).tiny)  # b h 1 ...
-        output = torch.sigmoid(queries.to(dtype)) * numerator / denominator  # b h c ...
+
+def _aft_conv_mix(
+    queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, kernel: torch.Tensor
+) -> torch.Tensor:
+    """:func:`aft_conv_mix` without its checks and autocast switch, as AFT-conv (and
+    TorchScript) runs it."""
+    shape = size_list(values)
+    batch, heads, channels, spatial = shape[0], shape[1], shape[2], shape[3:]
+    window, spatial_dims = size_list(kernel)[1:], len(spatial)
+    # Offsets beyond size - 1 reach no position of this input: crop them (cheaper, same result).
+    radii = [min(size // 2, extent - 1) for size, extent in zip(window, spatial)]
+    dtype = compute_dtype(queries.dtype)
+    kernel = kernel.to(dtype)
+    for axis, radius in enumerate(radii):
+        kernel = kernel.narrow(1 + axis, window[axis] // 2 - radius, 2 * radius + 1)  # h (2r+1)...
+    # Every position in every window: no bias-0 pairs, so no "+ sum" term to cancel against.
+    window_covers_input = all([size // 2 >= extent - 1 for size, extent in zip(window, spatial)])
+    shift = kernel.detach().flatten(1).amax(dim=1)  # h
+    if not window_covers_input:
+        shift = shift.clamp_min(0)  # >= the 0 bias of the pairs outside the window too
+    shift = shift.reshape([heads] + [1] * spatial_dims)  # h 1...
+    if window_covers_input:
+        local_kernel = torch.exp(kernel - shift)  # h (2r+1)..., in (0, 1]
+    else:
+        local_kernel = torch.exp(kernel - shift) - torch.exp(-shift)  # h (2r+1)..., in (-1, 1]
+
+    keys = keys.to(dtype)  # b h ...
+    key_max = keys.detach().flatten(2).amax(dim=-1)  # b h
+    key_weights = torch.exp(keys - key_max.reshape([batch, heads] + [1] * spatial_dims))
+    key_weights = key_weights.unsqueeze(2)  # b h 1 ..., <= 1
+    # Numerator and denominator channels go through the same per-head kernel in one conv.
+    stacked = torch.cat([key_weights * values.to(dtype), key_weights], dim=2)  # b h (c+1) ...
+    as_images = stacked.transpose(1, 2).reshape([batch * (channels + 1), heads] + spatial)
+    local_kernel = local_kernel.unsqueeze(1)  # h 1 (2r+1)...
+    if spatial_dims == 1:
+        local = F.conv1d(as_images, local_kernel, padding=radii, groups=heads)  # (b c+1) h L
+    else:
+        local = F.conv2d(as_images, local_kernel, padding=radii, groups=heads)  # (b c+1) h H W
+    local = local.reshape([batch, channels + 1, heads] + spatial).transpose(1, 2)  # b h (c+1) ...
+    if window_covers_input:
+        mixed = local  # b h (c+1) ...
+    else:
+        totals = stacked.flatten(3).sum(dim=-1)  # b h (c+1)
+        totals = totals.reshape([batch, heads, channels + 1] + [1] * spatial_dims)
+        global_scale = torch.exp(-shift).unsqueeze(1)  # h 1 1..., in (0, 1]
+        mixed = local + global_scale * totals  # b h (c+1) ...
+    numerator = mixed[:, :, :channels]  # b h c ...
+    denominator = mixed[:, :, channels:].clamp_min(smallest_normal(dtype))  # b h 1 ...
+    output = torch.sigmoid(queries.to(dtype)) * numerator / denominator  # b h c ...
     return output.to(queries.dtype)
 
 
@@ -286,6 +321,8 @@ class _AFTMixer(nn.Module):
         self.stride = stride
         self.spatial_dims = spatial_dims
         self.causal = causal
+        # The name its input errors give (TorchScript compiles no type(self).__name__).
+        self.layer_name = type(self).__name__
 
         conv = CONV[spatial_dims]
         key_channels = hidden_dim if key_channels is None else key_channels
@@ -302,16 +339,25 @@ class _AFTMixer(nn.Module):
             if projection.bias is not None:
                 nn.init.zeros_(projection.bias)
 
-    def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
-        spatial = check_layer_input(type(self).__name__, x, self.spatial_dims, self.in_channels)
+    def _check_input(self, x: torch.Tensor) -> List[int]:
+        spatial = check_layer_input(self.layer_name, x, self.spatial_dims, self.in_channels)
         self._check_spatial(spatial)
         return spatial
 
-    def _check_spatial(self, spatial: Tuple[int, ...]) -> None:
+    def _check_spatial(self, spatial: List[int]) -> None:
         pass
 
-    def position_bias(self, spatial: Tuple[int, ...]) -> Optional[torch.Tensor]:
-        """The dense bias ``w[t, t']``, (T, T), for an input of this size; None for w = 0."""
+    def position_bias(self, spatial: Sequence[int]) -> Optional[torch.Tensor]:
+        """The dense bias ``w[t, t']``, (T, T), for an input of this size; None for w = 0.
+
+        Computed in the parameters' dtype promoted to at least float32, outside autocast.
+        """
+        device = self.to_keys.weight.device
+        with torch.autocast(device_type=autocast_device_type(device), enabled=False):
+            return self._position_bias(list(spatial))
+
+    def _position_bias(self, spatial: List[int]) -> Optional[torch.Tensor]:
+        """:meth:`position_bias` inside the mixer's autocast switch."""
         return None
 
     def extra_repr(self) -> str:
@@ -327,16 +373,15 @@ class _AFTMixer(nn.Module):
         queries: torch.Tensor,
         keys: torch.Tensor,
         values: torch.Tensor,
-        spatial: Tuple[int, ...],
+        spatial: List[int],
     ) -> torch.Tensor:
-        """Y from the projections (B, d, *spatial), in their dtype; (B, d, T)."""
-        batch, num_positions = queries.shape[0], math.prod(spatial)
-        return aft_mix(
-            queries.reshape(batch, self.hidden_dim, num_positions),
-            keys.reshape(batch, self.hidden_dim, num_positions),
-            values.reshape(batch, self.hidden_dim, num_positions),
-            self.position_bias(spatial),
-            causal=self.causal,
+        """Y from the projections (B, d, *spatial), in their dtype, outside autocast; (B, d, T)."""
+        return _aft_mix(
+            queries.flatten(2),
+            keys.flatten(2),
+            values.flatten(2),
+            self._position_bias(spatial),
+            self.causal,
         )  # b d t
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -349,14 +394,17 @@ class _AFTMixer(nn.Module):
             (B, out_channels, H, W) (halved, rounding up, when stride=2), in x's dtype.
         """
         spatial = self._check_input(x)
-        batch = x.shape[0]
-        queries = self.to_queries(x)  # b d ...
-        keys = self.to_keys(x)  # b d ... (b heads ... for AFT-conv)
-        values = self.to_values(x)  # b d ...
-        with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
-            dtype = compute_dtype(x.dtype)
-            mixed = self._mix(queries.to(dtype), keys.to(dtype), values.to(dtype), spatial)
-            mixed = mixed.reshape(batch, self.hidden_dim, *spatial)  # b d ...
+        batch, dtype = x.shape[0], compute_dtype(x.dtype)
+        queries = self.to_queries(x).to(dtype)  # b d ...
+        keys = self.to_keys(x).to(dtype)  # b d ... (b heads ... for AFT-conv)
+        values = self.to_values(x).to(dtype)  # b d ...
+        if torch.jit.is_scripting():
+            # TorchScript compiles no autocast switch: see the module docstring.
+            mixed = self._mix(queries, keys, values, spatial)
+        else:
+            with torch.autocast(device_type=autocast_device_type(x.device), enabled=False):
+                mixed = self._mix(queries, keys, values, spatial)
+        mixed = mixed.reshape([batch, self.hidden_dim] + spatial)  # b d ...
         output = self.to_output(mixed.to(x.dtype))  # b out ...
         return self.pool(output).to(x.dtype)
 
@@ -392,40 +440,35 @@ class _FactorizedBiasMixer(_AFTMixer):
         nn.init.normal_(self.position_u, std=0.1)
         nn.init.normal_(self.position_v, std=0.1)
 
-    def _check_spatial(self, spatial: Tuple[int, ...]) -> None:
+    def _check_spatial(self, spatial: List[int]) -> None:
         if max(spatial) > self.max_size:
             raise ValueError(
-                f"{type(self).__name__}: input size {spatial} exceeds max_size={self.max_size} "
-                f"positions per axis that its position biases cover; build it with a larger "
-                f"max_size"
+                f"{self.layer_name}: input size {shape_text(spatial)} exceeds max_size="
+                f"{self.max_size} positions per axis that its position biases cover; build it "
+                f"with a larger max_size"
             )
 
-    def _positions(self, spatial: Tuple[int, ...], device: torch.device) -> torch.Tensor:
+    def _positions(self, spatial: List[int], device: torch.device) -> torch.Tensor:
         """(T, spatial_dims) grid coordinates in row-major order."""
         grids = torch.meshgrid(
-            *[torch.arange(size, device=device) for size in spatial], indexing="ij"
+            [torch.arange(size, device=device) for size in spatial], indexing="ij"
         )
         return torch.stack([grid.reshape(-1) for grid in grids], dim=-1)  # t D
 
     def _in_window(self, positions: torch.Tensor) -> Optional[torch.Tensor]:
         return None
 
-    def position_bias(self, spatial: Tuple[int, ...]) -> torch.Tensor:
-        """The dense bias ``w[t, t']`` for an input of this size, shape (T, T), T = prod(spatial).
-
-        Computed in the parameters' dtype promoted to at least float32, outside autocast.
-        """
-        device = self.position_u.device
-        positions = self._positions(spatial, device)  # t D
+    def _position_bias(self, spatial: List[int]) -> torch.Tensor:
+        """w[t, t'] for an input of this size, shape (T, T), T = prod(spatial)."""
+        positions = self._positions(spatial, self.position_u.device)  # t D
         index = positions[:, 0]
         for axis in range(1, positions.shape[1]):
             index = index * self.max_size + positions[:, axis]  # t, row of u and v
-        with torch.autocast(device_type=autocast_device_type(device), enabled=False):
-            dtype = compute_dtype(self.position_u.dtype)
-            bias = self.position_u[index].to(dtype) @ self.position_v[index].to(dtype).T  # t t'
-            in_window = self._in_window(positions)
-            if in_window is not None:
-                bias = bias * in_window.to(dtype)  # t t', 0 (not -inf) outside the window
+        dtype = compute_dtype(self.position_u.dtype)
+        bias = self.position_u[index].to(dtype) @ self.position_v[index].to(dtype).T  # t t'
+        in_window = self._in_window(positions)
+        if in_window is not None:
+            bias = bias * in_window.to(dtype)  # t t', 0 (not -inf) outside the window
         return bias
 
 
@@ -542,6 +585,8 @@ class AFTConv(_AFTMixer):
     """
 
     _REPR = ("hidden_dim", "heads", "window_size", "stride", "spatial_dims")
+    # The reparameterisation's std = sqrt(var + eps), so that a 1x1 window (std 0) works.
+    _REPARAM_EPS: Final[float] = 1e-5
 
     def __init__(
         self,
@@ -588,23 +633,33 @@ class AFTConv(_AFTMixer):
         """
         device = self.position_weight.device
         with torch.autocast(device_type=autocast_device_type(device), enabled=False):
-            dtype = compute_dtype(self.position_weight.dtype)
-            raw = self.position_weight.to(dtype).flatten(1)  # h s^D
-            mean = raw.mean(dim=1, keepdim=True)  # h 1
-            var = raw.var(dim=1, unbiased=False, keepdim=True)  # h 1
-            normalized = (raw - mean) / torch.sqrt(var + _REPARAM_EPS)  # h s^D
-            kernel = (
-                self.position_gain.to(dtype)[:, None] * normalized
-                + self.position_shift.to(dtype)[:, None]
-            )  # h s^D
+            return self._position_kernel()
+
+    def _position_kernel(self) -> torch.Tensor:
+        """:meth:`position_kernel` inside the mixer's autocast switch."""
+        dtype = compute_dtype(self.position_weight.dtype)
+        raw = self.position_weight.to(dtype).flatten(1)  # h s^D
+        mean = raw.mean(dim=1, keepdim=True)  # h 1
+        var = raw.var(dim=1, unbiased=False, keepdim=True)  # h 1
+        normalized = (raw - mean) / torch.sqrt(var + self._REPARAM_EPS)  # h s^D
+        kernel = (
+            self.position_gain.to(dtype)[:, None] * normalized
+            + self.position_shift.to(dtype)[:, None]
+        )  # h s^D
         return kernel.reshape(self.position_weight.shape)  # h s ...
 
-    def _mix(self, queries, keys, values, spatial):
+    def _mix(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        spatial: List[int],
+    ) -> torch.Tensor:
         batch, per_head = queries.shape[0], self.hidden_dim // self.heads
-        output = aft_conv_mix(
-            queries.reshape(batch, self.heads, per_head, *spatial),
+        output = _aft_conv_mix(
+            queries.reshape([batch, self.heads, per_head] + spatial),
             keys,  # b h ...
-            values.reshape(batch, self.heads, per_head, *spatial),
-            self.position_kernel(),
+            values.reshape([batch, self.heads, per_head] + spatial),
+            self._position_kernel(),
         )  # b h c ...
-        return output.reshape(batch, self.hidden_dim, *spatial)  # b d ...
+        return output.reshape([batch, self.hidden_dim] + spatial)  # b d ...

@@ -383,7 +383,7 @@ class LambdaLayer(nn.Module):
         )
 
     def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
-        spatial = check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels)
+        spatial = tuple(check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels))
         if self.scope is None and max(spatial) - 1 > self.position_embedding.radius:
             raise ValueError(
                 f"global LambdaLayer: input size {spatial} exceeds the "

@@ -1,6 +1,7 @@
 """The AFT mixers against a loop transcription of the paper's formula, and their properties."""
 
 import copy
+import io
 import itertools
 import math
 
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from lambda_det.layers import AFTConv, AFTFull, AFTLocal, AFTSimple, aft_conv_mix, aft_mix
+from lambda_det.layers._common import smallest_normal
 
 
 def reference_position_bias(layer, spatial):
@@ -575,6 +577,69 @@ def test_jit_trace_matches_eager(cls, kwargs):
     x = torch.randn(1, 8, 6, 5)
     traced = torch.jit.trace(layer, (x,))
     torch.testing.assert_close(traced(x), layer(x))
+
+
+def scripted_and_reloaded(layer: torch.nn.Module) -> torch.jit.ScriptModule:
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(layer), buffer)
+    buffer.seek(0)
+    return torch.jit.load(buffer)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_torchscript_equals_eager_forward_and_gradients(case):
+    """torch.jit.script compiles every variant into a saveable module with the eager parameter
+    names and eager's outputs bit for bit. Gradients to rounding: from its second call on,
+    TorchScript's executor differentiates parts of the optimised graph with its own autodiff
+    formulas (not eager autograd's), which round differently."""
+    cls, kwargs, shape = CASES[case]
+    layer = make(cls, in_channels=shape[1], **kwargs)
+    scripted = scripted_and_reloaded(layer)
+    assert [name for name, _ in scripted.named_parameters()] == [
+        name for name, _ in layer.named_parameters()
+    ]
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    expected = layer(x)
+    expected_gradients = gradients(expected, [x, *layer.parameters()])
+    for _ in range(2):  # the first call profiles the graph, the second runs it optimised
+        actual = scripted(x)
+        torch.testing.assert_close(actual, expected, rtol=0, atol=0)
+        for got, want in zip(gradients(actual, [x, *scripted.parameters()]), expected_gradients):
+            if want is None:
+                assert got is None
+            else:
+                torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "factory,shape,message",
+    [
+        (lambda: AFTFull(8, max_size=4), (1, 8, 5, 3), r"input size \(5, 3\) exceeds max_size=4"),
+        (
+            lambda: AFTLocal(8, window_size=2, max_size=8, spatial_dims=1),
+            (1, 8, 9),
+            r"AFTLocal: input size \(9,\) exceeds max_size=8",
+        ),
+        (
+            lambda: AFTConv(8, heads=2),
+            (8, 5, 5),
+            r"AFTConv\(spatial_dims=2\) expects a \(B, C, H, W\) tensor, got shape \(8, 5, 5\)",
+        ),
+        (lambda: AFTSimple(8), (1, 6, 5, 5), "AFTSimple expects 8 input channels, got 6"),
+    ],
+)
+def test_torchscript_checks_its_input(factory, shape, message):
+    """A scripted layer gives the eager error (as TorchScript's exception type)."""
+    layer, x = factory(), torch.randn(shape)
+    with pytest.raises(ValueError, match=message):
+        layer(x)
+    with pytest.raises(torch.jit.Error, match=message):
+        torch.jit.script(layer)(x)
+
+
+def test_smallest_normal_is_finfo_tiny():
+    for dtype in (torch.float32, torch.float64):
+        assert smallest_normal(dtype) == torch.finfo(dtype).tiny
 
 
 def test_each_variant_shows_its_options():

@@ -10,7 +10,7 @@ from conftest import TINY_BN_MODEL, overrides
 
 import lambda_det.data
 from lambda_det.engine import Trainer
-from lambda_det.layers import LambdaLayer
+from lambda_det.layers import AFTConv, LambdaLayer
 from lambda_det.modeling import lambda_resnet
 from lambda_det.run_config import load_config
 
@@ -192,6 +192,31 @@ def test_torchscript_backbone_and_fpn_equal_eager():
             torch.testing.assert_close(actual[name], expected[name], rtol=1e-4, atol=1e-5)
     with pytest.raises(Exception, match=r"takes \(N, C, H, W\) images, got shape \(3, 64, 64\)"):
         torch.jit.script(tiny_lambda_resnet(3))(torch.randn(3, 64, 64))
+
+
+@pytest.mark.slow
+def test_torchscript_aft_conv_backbone_and_fpn_equal_eager_bit_for_bit():
+    """With AFT-conv blocks (MIXER "aft_conv"), torch.jit.script of the backbone alone and under
+    detectron2's FPN computes eager's floats."""
+    import detectron2.export  # noqa: F401
+    from detectron2.layers import ShapeSpec
+    from detectron2.modeling import build_backbone
+
+    torch.manual_seed(0)
+    cfg = load_config(
+        "aft_conv_r26_shapes", ["MODEL.LAMBDA_RESNET.NORM", "BN", "MODEL.FPN.NORM", ""]
+    )
+    x = torch.randn(1, 3, 64, 96)
+    for model in (
+        lambda_resnet(26, width_multiplier=0.25, mixer="aft_conv").eval(),
+        build_backbone(cfg, ShapeSpec(channels=3)).eval(),
+    ):
+        assert any(isinstance(module, AFTConv) for module in model.modules())
+        scripted = torch.jit.script(model)
+        expected, actual = model(x), scripted(x)
+        assert actual.keys() == expected.keys()
+        for name in expected:
+            torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=0)
 
 
 @pytest.mark.slow
