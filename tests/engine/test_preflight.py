@@ -26,6 +26,7 @@ from lambda_det.engine.preflight import GIB, Setting, check_device, training_mem
 from lambda_det.engine.run_settings import lazy_training_settings, yaml_training_settings
 from lambda_det.layers import LambdaLayer
 from lambda_det.run_config import load_config
+from lambda_det.utils.errors import UserError
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 LAZY_TINY = [*LAZY_TINY_OVERRIDES, "train.max_iter=2"]
@@ -584,3 +585,14 @@ def test_both_tools_refuse_a_run_without_checkpoint(tool, flags, killed_run, lau
     after = snapshot(killed_run)
     after.pop("run.lock")  # the lock is taken before the folder is read
     assert after == before
+
+
+@pytest.mark.parametrize("value", ["0", 0.5, True, None])
+def test_a_seed_that_is_not_an_integer_is_refused(value):
+    """Overrides are type-checked against the recipe's seed; a recipe may still set any value."""
+    with pytest.raises(UserError, match=f"train.seed must be an integer, got {value!r}: set "):
+        preflight.check_seed(Setting("train.seed", value))
+
+
+def test_an_integer_seed_is_the_runs():
+    assert [preflight.check_seed(Setting("SEED", value)) for value in (-1, 0, 7)] == [-1, 0, 7]
