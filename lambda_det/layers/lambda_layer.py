@@ -454,9 +454,9 @@ class LambdaLayer(nn.Module):
         queries = queries.reshape(-1, dim_k, num_positions)
         output = position_output.reshape(-1, dim_v, num_positions)
         if torch.jit.is_scripting():
-            # Under the caller's autocast (see _forward_scripted) the einsums give bfloat16 next
-            # to float32 queries: the in-place form rejects mixed dtypes, the out-of-place one is
-            # autocast and casts them alike. Without autocast, the same bits.
+            # TorchScript keeps the caller's autocast on (module docstring): there the einsums
+            # give bfloat16 next to float32 queries, which the in-place form rejects and the
+            # out-of-place one (an autocast op) casts alike. Without autocast, the same bits.
             output = torch.baddbmm(output, per_head, queries)
         else:
             output = output.baddbmm_(per_head, queries)
