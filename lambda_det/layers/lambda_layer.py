@@ -59,6 +59,11 @@ those sizes); ``torch.fx`` records the layer as one call; TorchScript runs every
 Numerics: the projections follow the surrounding autocast policy, but the key softmax, the lambdas
 and the outputs are computed in float32 (large sums over m and r^2 overflow fp16 and lose bf16
 precision); the result is returned in the input's dtype.
+
+TorchScript: a scripted ``torch.autocast(..., enabled=False)`` block leaves the caller's autocast
+on, so a scripted layer computes its lambdas and outputs under the caller's autocast policy
+rather than in float32 (within bfloat16 rounding of eager's outputs under CPU bfloat16
+autocast): run scripted layers without autocast for eager's numerics.
 """
 
 import math
@@ -68,7 +73,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lambda_det.layers._checks import check_choice, check_int, check_layer_input, check_odd
+from lambda_det.layers._checks import (
+    check_choice,
+    check_int,
+    check_layer_input,
+    check_odd,
+    shape_text,
+)
 from lambda_det.layers._common import (
     BATCH_NORM,
     CONV,
@@ -278,7 +289,7 @@ class LambdaLayer(nn.Module):
         return self._forward(x, context_mask)
 
     def _forward(self, x: torch.Tensor, context_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        spatial = self._check_input(x)
+        spatial = tuple(self._check_input(x))
         impl = self.resolve_impl(spatial, x.device.type)
         if torch.jit.is_tracing() and impl != "tiled":
             # Sizes as graph values (0-d tensors) rather than constants: with the full-radius
@@ -324,24 +335,13 @@ class LambdaLayer(nn.Module):
 
         Decision: TorchScript cannot compile the "tiled" form (an autograd Function whose tiles
         are cut in Python); "conv" computes the same function (up to rounding) in the least
-        memory of the other two.
+        memory of the other two. No autocast switch: TorchScript runs none (module docstring).
         """
         if context_mask is not None:
             raise ValueError(
                 "LambdaLayer takes a context_mask in eager mode only, not in TorchScript"
             )
-        if x.dim() != 2 + self.spatial_dims or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"LambdaLayer expects (B, {self.in_channels}, ...) with "
-                f"{self.spatial_dims} spatial axes, got shape {x.shape}"
-            )
-        spatial = x.shape[2:]
-        if self.scope is None and max(spatial) - 1 > self.position_embedding.radius:
-            raise ValueError(
-                f"global LambdaLayer: input size {spatial} exceeds the "
-                f"{self.position_embedding.radius + 1} positions per axis its "
-                f"relative embeddings cover"
-            )
+        spatial = self._check_input(x)
         batch, num_positions = x.shape[0], 1
         for size in spatial:
             num_positions *= size
@@ -382,11 +382,12 @@ class LambdaLayer(nn.Module):
             self.value_norm(self.to_values(x)),
         )
 
-    def _check_input(self, x: torch.Tensor) -> Tuple[int, ...]:
-        spatial = tuple(check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels))
+    def _check_input(self, x: torch.Tensor) -> List[int]:
+        """The spatial sizes of a valid input (TorchScript compiles it)."""
+        spatial = check_layer_input("LambdaLayer", x, self.spatial_dims, self.in_channels)
         if self.scope is None and max(spatial) - 1 > self.position_embedding.radius:
             raise ValueError(
-                f"global LambdaLayer: input size {spatial} exceeds the "
+                f"global LambdaLayer: input size {shape_text(spatial)} exceeds the "
                 f"{self.position_embedding.radius + 1} positions per axis its relative "
                 f"embeddings cover; build it with a larger max_size, or use a local scope"
             )
@@ -439,6 +440,7 @@ class LambdaLayer(nn.Module):
 
         Added in place into the position output, a fresh tensor, by one batched GEMM: at the
         detection sizes a separate (b, h, v, n) result and sum cost a few percent of the layer.
+        (TorchScript adds out of place: see the comment below.)
 
         Args:
             position_output: (b, h, v, n); queries: (b, h, k, n); keys: (b, k, u, m);
@@ -448,9 +450,16 @@ class LambdaLayer(nn.Module):
         dim_v = values.shape[1]
         content_lambda = torch.einsum("bkum,bvum->bvk", keys.softmax(dim=-1), values)
         per_head = content_lambda[:, None].expand(batch, heads, dim_v, dim_k)  # b h v k
-        output = position_output.reshape(-1, dim_v, num_positions).baddbmm_(
-            per_head.reshape(-1, dim_v, dim_k), queries.reshape(-1, dim_k, num_positions)
-        )
+        per_head = per_head.reshape(-1, dim_v, dim_k)
+        queries = queries.reshape(-1, dim_k, num_positions)
+        output = position_output.reshape(-1, dim_v, num_positions)
+        if torch.jit.is_scripting():
+            # TorchScript keeps the caller's autocast on (module docstring): there the einsums
+            # give bfloat16 next to float32 queries, which the in-place form rejects and the
+            # out-of-place one (an autocast op) casts alike. Without autocast, the same bits.
+            output = torch.baddbmm(output, per_head, queries)
+        else:
+            output = output.baddbmm_(per_head, queries)
         return output.view(position_output.shape)  # b h v n
 
     def _position_output_einsum(self, queries, values, spatial):

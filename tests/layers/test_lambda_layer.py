@@ -366,6 +366,36 @@ def test_jit_trace_runs_at_other_sizes(impl, scope, stride):
             torch.testing.assert_close(traced(x), layer(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(scope=3),
+        dict(scope=None, stride=2, max_size=8),
+        dict(scope=3, spatial_dims=1),
+        dict(scope=5, stride=2, position_embedding=RelativePositionEmbedding(4, 2, 2)),
+    ],
+    ids=["local", "global_stride2", "sequence", "shared_embedding_stride2"],
+)
+@pytest.mark.parametrize("impl", ("auto",) + IMPLEMENTATIONS)
+def test_torchscript_under_bf16_autocast_is_eager_to_bf16_rounding(impl, options):
+    """TorchScript cannot turn autocast off (module docstring): a scripted layer under CPU
+    bfloat16 autocast runs its "conv" form with its lambdas in bfloat16. Stated tolerance: output
+    and input gradient within 2 bfloat16 epsilons (2^-6) of the largest magnitude of eager's, the
+    same layer under the same autocast."""
+    layer = LambdaLayer(16, heads=2, dim_k=4, dim_u=2, impl=impl, **options).eval()
+    scripted = torch.jit.script(layer)
+    x = torch.randn(2, 16, *([8] * layer.spatial_dims), requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = layer(x)
+        expected_gradient = gradients(expected, [x])[0]
+        for _ in range(2):  # the first call profiles the graph, the second runs it optimised
+            actual = scripted(x)
+            assert actual.dtype == torch.float32
+            for got, want in ((actual, expected), (gradients(actual, [x])[0], expected_gradient)):
+                tolerance = 2 * torch.finfo(torch.bfloat16).eps * want.abs().max().item()
+                torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
+
+
 @pytest.mark.slow
 def test_torch_compile_gets_gradients_wrong_at_batch_1():
     """Why training refuses a compiled backbone at 1 image per process

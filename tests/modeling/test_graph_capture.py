@@ -139,13 +139,34 @@ def test_torchscript_runs_the_conv_form(options):
     torch.testing.assert_close(loaded(x), layer(x), rtol=1e-5, atol=1e-5)
 
 
-def test_torchscript_checks_its_input():
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        (
+            (1, 8, 9, 9),
+            r"input size \(9, 9\) exceeds the 8 positions per axis its relative embeddings "
+            r"cover; build it with a larger max_size",
+        ),
+        (
+            (1, 4, 9, 9),
+            r"LambdaLayer expects 8 input channels, got 4 \(input shape \(1, 4, 9, 9\)\)",
+        ),
+        ((8, 9, 9), r"expects a \(B, C, H, W\) tensor, got shape \(8, 9, 9\)"),
+    ],
+    ids=["too_large", "channels", "rank"],
+)
+def test_torchscript_checks_its_input(shape, message):
+    """A scripted layer gives the eager error (as TorchScript's exception type)."""
+    layer, x = LambdaLayer(8, heads=2, dim_k=4, scope=None, max_size=8), torch.randn(shape)
+    with pytest.raises(ValueError, match=message):
+        layer(x)
+    with pytest.raises(torch.jit.Error, match=message):
+        torch.jit.script(layer)(x)
+
+
+def test_torchscript_takes_no_context_mask():
     scripted = torch.jit.script(LambdaLayer(8, heads=2, dim_k=4, scope=None, max_size=8))
-    with pytest.raises(Exception, match="exceeds the 8 positions per axis"):
-        scripted(torch.randn(1, 8, 9, 9))
-    with pytest.raises(Exception, match=r"expects \(B, 8, ...\) with 2 spatial axes"):
-        scripted(torch.randn(1, 4, 9, 9))
-    with pytest.raises(Exception, match="context_mask in eager mode only"):
+    with pytest.raises(torch.jit.Error, match="context_mask in eager mode only"):
         scripted(torch.randn(1, 8, 3, 3), torch.ones(9, 9, dtype=torch.bool))
 
 
