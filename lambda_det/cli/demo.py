@@ -27,9 +27,14 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.cli.arguments import add_debug_argument, parse_command_line, reporting_user_errors
 from lambda_det.cli.checks import check_device
-from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command, run_child
+from lambda_det.cli.interrupts import (
+    TRAIN_NET,
+    Interrupted,
+    reporting_interrupts,
+    rerun_command,
+    run_child,
+)
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
-from lambda_det.compat import CHECKOUT
 from lambda_det.config import resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import Predictor, draw, write_image
@@ -39,8 +44,7 @@ from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporti
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.text import read_text
 
-DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
-TRAIN_NET = CHECKOUT / "tools/train_net.py"  # what trains the demo's run
+DEFAULT_CONFIG = "Demo/lambda_r26_shapes.yaml"  # shipped: a checkout's and a package's
 # What the demo adds to a training run's files; --force moves them aside with the run.
 DEMO_FILES = ("ap_table.md", "ap_by_size.png", "predictions.png")
 
@@ -135,8 +139,7 @@ def demo(args: argparse.Namespace) -> int:
             if previous:
                 print(f"--force: moved the previous run to {previous}", flush=True)
         command = [
-            sys.executable,
-            str(TRAIN_NET),
+            *TRAIN_NET,
             "--config-file",
             config_file,
             "--resume" if last_checkpoint(str(output)) else "--restart",

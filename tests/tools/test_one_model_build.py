@@ -12,7 +12,6 @@ from detectron2.modeling import GeneralizedRCNN
 
 from lambda_det.cli import lazyconfig_train_net
 from lambda_det.cli import train_net as cli
-from lambda_det.config.lazy import resolve_lazy_config_file
 from lambda_det.engine.prebuilt import RandomState
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -62,10 +61,7 @@ def assert_same_weights(first: dict, second: dict) -> None:
 def run_building_its_own_model(system: cli.ConfigSystem, argv: list) -> None:
     """What each process of a run over several processes runs: it loads the config and builds
     the model after default_setup."""
-    args = cli.parse_command_line(cli.argument_parser(), argv)
-    if system is cli.LAZY_CONFIGS:
-        args.config_file = resolve_lazy_config_file(args.config_file)
-    system.run(args, None, None, None)
+    system.run(cli.training_command_line(argv, system), None, None, None)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
@@ -75,13 +71,11 @@ def test_a_run_in_one_process_loads_and_builds_once_and_trains_as_one_that_build
     """With SEED -1 (a seed drawn before launch, recorded in config.yaml), against a run of
     that seed whose process builds its own model (as every process of a multi-process run)."""
     from lambda_det.cli import checks
-    from lambda_det.engine import trainer
 
     main, argv, system, seed_key = TOOLS[tool]
     loads, builds = [], []
     with monkeypatch.context() as counted:
-        for module in (checks, trainer):
-            counted.setattr(module, "load_config", counting(module.load_config, loads))
+        counted.setattr(checks, "load_config", counting(checks.load_config, loads))
         counted.setattr(cli, "load_lazy_config", counting(cli.load_lazy_config, loads))
         counted.setattr(GeneralizedRCNN, "__init__", counting(GeneralizedRCNN.__init__, builds))
         assert main(argv(tmp_path / "drawn", -1)) == 0
