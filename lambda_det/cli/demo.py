@@ -4,6 +4,7 @@ the CPU, evaluate it with COCO AP by object size, print the table and draw its p
     python tools/demo.py                 # reuses a finished run in the output folder
     python tools/demo.py --force         # trains again
     python tools/demo.py --config configs/Demo/aft_conv_r26_shapes.yaml
+    python -m lambda_det.cli.demo        # the same, from an installed package
 
 Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.json,
 ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued (Ctrl-C or
@@ -30,6 +31,7 @@ from lambda_det.cli.checks import check_device
 from lambda_det.cli.interrupts import (
     TRAIN_NET,
     Interrupted,
+    invoked_as,
     reporting_interrupts,
     rerun_command,
     run_child,
@@ -87,7 +89,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
     # --force again would move the interrupted run aside and start over.
-    args.command = rerun_command("tools/demo.py", argv, drop=["--force"])
+    args.command = rerun_command(invoked_as("tools/demo.py"), argv, drop=["--force"])
     with (
         reporting_interrupts(
             lambda interrupt: f"interrupted by {interrupt.name}: run {args.command} to continue"
@@ -183,3 +185,7 @@ def demo(args: argparse.Namespace) -> int:
     )
     print(f"demo finished in {time.time() - start:.0f} s")
     return 0
+
+
+if __name__ == "__main__":  # python -m lambda_det.cli.demo: the demo of an installed package
+    sys.exit(main())

@@ -22,7 +22,6 @@ from conftest import (
 )
 
 from lambda_det.cli import compare_backbones
-from lambda_det.cli.interrupts import TRAIN_NET
 from lambda_det.cli.compare import (
     RECIPE_FILE,
     RunFailedError,
@@ -34,6 +33,7 @@ from lambda_det.cli.compare import (
     train_command,
     variant_presets,
 )
+from lambda_det.cli.interrupts import TRAIN_NET
 from lambda_det.reports.compare_report import (
     format_comparison,
     mean_std,
@@ -386,6 +386,28 @@ def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
     assert counts["lambda"]["backbone_parameters"] < counts["conv"]["backbone_parameters"]
     for count in counts.values():
         assert 0 < count["backbone_parameters"] < count["parameters"]
+
+
+def test_the_plan_loads_the_config_once_per_variant(tmp_path, monkeypatch):
+    """Each seed's run is the variant's config with its SEED and OUTPUT_DIR: the recipe each
+    folder records is the config its child loads from the run's overrides."""
+    from lambda_det.cli import compare
+
+    loads = []
+
+    def counted(*args, **kwargs):
+        loads.append(args)
+        return load_config(*args, **kwargs)
+
+    with monkeypatch.context() as counting:
+        counting.setattr(compare, "load_config", counted)
+        comparison = plan(tmp_path, variants=("conv", "se", "lambda"), seeds=(0, 1, 2))
+    assert len(loads) == 3
+    for run in comparison.runs:
+        cfg = load_config(comparison.config_file, run.opts, freeze=False)
+        assert (cfg.SEED, cfg.OUTPUT_DIR) == (run.seed, str(run.folder))
+        cfg.OUTPUT_DIR = ""
+        assert run.recipe == cfg.dump()
 
 
 def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datasets_root):
