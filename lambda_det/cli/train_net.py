@@ -433,15 +433,17 @@ def training_command_line(
     argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS
 ) -> argparse.Namespace:
     """The command line of a training tool, as every process of the run reads it (nothing
-    changes it afterwards): ``config_file``, the path of the file or NAME given
-    (``system.resolve``: the file default_setup logs; an unknown NAME is a user error, one
-    line), and ``command``, how the tool was started and ``argv`` (:func:`interrupted_line`)."""
+    changes it afterwards), its launch options checked (:func:`check_launch_arguments`):
+    ``config_file``, the path of the file or NAME given (``system.resolve``: the file
+    default_setup logs; an unknown NAME is a user error, one line), and ``command``, how the
+    tool was started and ``argv`` (:func:`interrupted_line`)."""
     parser = argument_parser(system.output_dir_key, system.datasets_help)
     parser.description = system.description
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
     print("Command Line Args:", args)
     with reporting_user_errors(args.debug):
+        check_launch_arguments(args)
         config_file = system.resolve(args.config_file)
     return argparse.Namespace(
         **{**vars(args), "config_file": config_file, "command": (invoked_as(system.tool), argv)}
@@ -455,7 +457,6 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
     output_dir = []
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
-            check_launch_arguments(args)
             cfg = system.load(args)
             run = system.settings(cfg)
             output_dir.append(run.output_dir.value)

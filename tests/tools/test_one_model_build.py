@@ -18,7 +18,6 @@ from lambda_det.cli import train_net as cli
 from lambda_det.config import resolve_config_file
 from lambda_det.engine.launch import launch
 from lambda_det.engine.prebuilt import RandomState
-from lambda_det.engine.preflight import check_launch_arguments
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -134,20 +133,19 @@ def test_main_leaves_the_command_line_as_parsed(tmp_path, monkeypatch, datasets_
     argv = coco_run_argv(datasets_root, "own_shapes_main", tmp_path / "run")
     seen = {}
 
-    def checking(args):
-        seen["checked"], seen["args"] = copy.deepcopy(vars(args)), args
-        return check_launch_arguments(args)
+    def loading(args):
+        seen["loaded"], seen["args"] = copy.deepcopy(vars(args)), args
+        return cli.load_run_config(args)
 
     def launching(run, *positional, args, **options):
         seen["launched"] = args[0]
         return launch(run, *positional, args=args, **options)
 
-    monkeypatch.setattr(cli, "check_launch_arguments", checking)
     monkeypatch.setattr(cli, "launch", launching)
-    assert cli.main(argv) == 0
-    assert seen["launched"] is seen["args"] and vars(seen["args"]) == seen["checked"]
-    assert seen["checked"]["config_file"] == resolve_config_file("lambda_r26_shapes")
-    assert seen["checked"]["opts"] == argv[6:]
+    assert cli.main(argv, system=cli.YAML_CONFIGS._replace(load=loading)) == 0
+    assert seen["launched"] is seen["args"] and vars(seen["args"]) == seen["loaded"]
+    assert seen["loaded"]["config_file"] == resolve_config_file("lambda_r26_shapes")
+    assert seen["loaded"]["opts"] == argv[6:]
     assert_trained_on(tmp_path / "run", argv[3:6])
 
 
