@@ -2,7 +2,9 @@
 module, ``python -m lambda_det.cli.train_net``: it needs no checkout beside the package."""
 
 import shutil
+import signal
 import sys
+import types
 
 import pytest
 from conftest import (
@@ -16,6 +18,8 @@ from conftest import (
 )
 
 from lambda_det.cli import compare, compare_backbones, demo
+from lambda_det.cli import train_net as cli
+from lambda_det.engine.interrupt import Interrupted
 
 MODULE_COMMAND = [sys.executable, "-m", "lambda_det.cli.train_net"]
 
@@ -45,6 +49,26 @@ def test_the_comparison_trains_through_the_installed_module(tmp_path, monkeypatc
     monkeypatch.setattr(compare, "run_child", recording(commands))
     assert compare_backbones.main(comparison_options(tmp_path / "cmp")) == 1
     assert [command[:4] for command in commands] == [[*MODULE_COMMAND, "--config-file"]]
+
+
+@pytest.mark.parametrize(
+    "main_module, argv0, started",
+    [
+        ("lambda_det.cli.train_net", cli.__file__, "-m lambda_det.cli.train_net"),
+        (None, "tools/train_net.py", "tools/train_net.py"),  # the control: the script
+    ],
+)
+def test_a_run_started_as_the_module_is_continued_as_the_module(
+    main_module, argv0, started, monkeypatch
+):
+    spec = main_module and types.SimpleNamespace(name=main_module)
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=spec))
+    monkeypatch.setattr(sys, "argv", [argv0])
+    args = cli.training_command_line(["--config-file", DEMO_CONFIG, "--resume"])
+    assert cli.interrupted_line(Interrupted(signal.SIGTERM), args, []) == (
+        "interrupted by SIGTERM before the run's first checkpoint: start again with: "
+        f"python {started} --restart --config-file {DEMO_CONFIG}"
+    )
 
 
 def installed_copy(site) -> None:
