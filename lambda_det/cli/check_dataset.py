@@ -73,10 +73,10 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def check_config_datasets(args: argparse.Namespace) -> str:
     """The run's datasets through tools/train_net.py's own pre-flight; returns the summary."""
-    args.opts = list(args.arguments)
+    opts = list(args.arguments)
     if args.images:
-        args.opts += ["DATALOADER.CHECK_IMAGES", args.images]
-    cfg = load_run_config(args)
+        opts += ["DATALOADER.CHECK_IMAGES", args.images]
+    cfg = load_run_config(args, opts)
     start = time.perf_counter()
     count = check_run_datasets(
         yaml_data_settings(cfg), training=not args.eval_only, threads=args.threads
@@ -95,8 +95,7 @@ def check_named_datasets(args: argparse.Namespace) -> str:
     """Each NAME as a training set of the default config, timed; returns the summary."""
     if args.eval_only:
         raise UserError("--eval-only checks a config's test sets: pass --config FILE")
-    args.opts = ["DATASETS.TRAIN", repr(tuple(args.arguments))]
-    cfg = load_run_config(args)
+    cfg = load_run_config(args, ["DATASETS.TRAIN", repr(tuple(args.arguments))])
     mode = args.images or cfg.DATALOADER.CHECK_IMAGES
     start = time.perf_counter()
     dicts = load_training_dicts(yaml_data_settings(cfg), check_files=True)

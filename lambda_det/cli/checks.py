@@ -7,6 +7,7 @@ checks before launch, the timm converter, backbone comparisons)."""
 import argparse
 import logging
 import warnings
+from typing import Optional, Sequence
 
 import torch
 from torch import nn
@@ -28,16 +29,15 @@ __all__ = [
 ]
 
 
-def load_run_config(args: argparse.Namespace):
-    """The config of ``--config-file`` and the trailing overrides (``args.opts``), with the
-    ``--coco-dataset`` triples added to ``DATASETS.COCO_INSTANCES`` as an override in
-    ``args.opts``, so that every process registers them; its datasets registered in this
-    process (:func:`lambda_det.data.register_datasets`)."""
-    cfg = load_config(args.config_file, args.opts, freeze=False)
+def load_run_config(args: argparse.Namespace, opts: Optional[Sequence[str]] = None):
+    """The config of ``--config-file`` and the trailing overrides (``opts``, default
+    ``args.opts``), with the ``--coco-dataset`` triples (``args.coco_dataset``) added to
+    ``DATASETS.COCO_INSTANCES``; its datasets registered in this process
+    (:func:`lambda_det.data.register_datasets`). Every process of a run loads its config here,
+    from the same command line, which it leaves as it is."""
+    cfg = load_config(args.config_file, args.opts if opts is None else opts, freeze=False)
     if args.coco_dataset:  # merged as load_config merges overrides: the file is read once
-        added = coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES, args.coco_dataset)
-        args.opts = [*args.opts, *added]
-        cfg.merge_from_list(added)
+        cfg.merge_from_list(coco_dataset_overrides(cfg.DATASETS.COCO_INSTANCES, args.coco_dataset))
     cfg.freeze()
     register_datasets(cfg)
     return cfg

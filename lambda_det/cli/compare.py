@@ -1,6 +1,6 @@
 """A backbone comparison under one recipe: every (variant, seed) pair trained and evaluated by
-tools/train_net.py into its own folder, ``OUTPUT/<variant>/seed<SEED>/``, then reported by
-:mod:`lambda_det.reports.compare_report`.
+train_net (:data:`lambda_det.cli.interrupts.TRAIN_NET`) into its own folder,
+``OUTPUT/<variant>/seed<SEED>/``, then reported by :mod:`lambda_det.reports.compare_report`.
 
 A variant is a name and ``MODEL.LAMBDA_RESNET.*`` overrides on the shared config: only the
 backbone may differ, so the recipe stays the same. Each run is a separate train_net.py process
@@ -18,7 +18,6 @@ continue; the child's own line is dropped (:func:`lambda_det.cli.interrupts.run_
 import os
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -176,6 +175,15 @@ def _recipe(cfg) -> str:
     return cfg.dump()
 
 
+def _with_run(cfg, seed: int, folder: Path):
+    """``cfg`` with one run's SEED and OUTPUT_DIR."""
+    cfg = cfg.clone()
+    cfg.defrost()
+    cfg.SEED, cfg.OUTPUT_DIR = seed, str(folder)
+    cfg.freeze()
+    return cfg
+
+
 def _check_folder(run: PairRun) -> None:
     """A pair's folder is new, empty, or holds a run of the same recipe (never mixed or
     replaced: the user's results stay)."""
@@ -253,6 +261,8 @@ def plan_comparison(
     output = Path(output).resolve()
     parameters, models, runs = {}, {}, []
     for variant in variants:
+        # Loaded once; each seed's run is this config with its SEED and OUTPUT_DIR, as the
+        # child merges them from its command line (run_opts).
         cfg = load_config(config_file, opts + variant.overrides + ("SEED", str(seeds[0])))
         if not cfg.DATASETS.TEST:
             raise UserError(
@@ -283,9 +293,7 @@ def plan_comparison(
         for seed in seeds:
             folder = output / variant.name / f"seed{seed}"
             run_opts = opts + variant.overrides + ("SEED", str(seed), "OUTPUT_DIR", str(folder))
-            run = PairRun(
-                variant, seed, folder, run_opts, _recipe(load_config(config_file, run_opts))
-            )
+            run = PairRun(variant, seed, folder, run_opts, _recipe(_with_run(cfg, seed, folder)))
             _check_folder(run)
             runs.append(run)
     return Comparison(
@@ -294,15 +302,15 @@ def plan_comparison(
 
 
 def train_command(
-    train_net: str, comparison: Comparison, run: PairRun, num_gpus: int = 1
+    train_net: Sequence[str], comparison: Comparison, run: PairRun, num_gpus: int = 1
 ) -> List[str]:
-    """The train_net.py command of one pair: ``--resume`` continues an interrupted run from its
-    last checkpoint; without one, ``--restart`` starts it from scratch (the files of a run
+    """The train_net command of one pair (``train_net``: the words that start it,
+    :data:`lambda_det.cli.interrupts.TRAIN_NET`): ``--resume`` continues an interrupted run from
+    its last checkpoint; without one, ``--restart`` starts it from scratch (the files of a run
     stopped before its first checkpoint move to previous_<date-time>/)."""
     start = "--resume" if run.started else "--restart"
     return [
-        sys.executable,
-        train_net,
+        *train_net,
         "--config-file",
         comparison.config_file,
         "--num-gpus",
@@ -313,10 +321,14 @@ def train_command(
 
 
 def run_comparison(
-    comparison: Comparison, train_net: str, num_gpus: int = 1, log: Callable[[str], None] = print
+    comparison: Comparison,
+    train_net: Sequence[str],
+    num_gpus: int = 1,
+    log: Callable[[str], None] = print,
 ) -> None:
     """Train and evaluate every unfinished pair, one after another (each on ``num_gpus``
-    processes through train_net.py's launcher); finished pairs are reused.
+    processes through train_net's launcher; ``train_net``: the command that starts it, as for
+    :func:`train_command`); finished pairs are reused.
 
     Raises:
         RunFailedError: a run exited with an error or wrote no eval_results.json; the runs

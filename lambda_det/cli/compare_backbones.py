@@ -34,13 +34,11 @@ from lambda_det.cli.compare import (
     plan_comparison,
     run_comparison,
 )
-from lambda_det.compat import CHECKOUT
+from lambda_det.cli.interrupts import TRAIN_NET
 from lambda_det.engine.interrupt import stopping_on_signals
 from lambda_det.reports.compare_report import summarize, write_report
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder
 from lambda_det.utils.errors import UserError
-
-TRAIN_NET = CHECKOUT / "tools" / "train_net.py"  # what trains each run
 
 # The shared overrides are the KEY VALUE pairs whose KEY is a config key (upper case, e.g.
 # MODEL.DEVICE) and not an option's value: they may follow --seeds 0 1 2 or precede --output.
@@ -158,7 +156,7 @@ def main(argv=None) -> int:
     log(f"{len(variants)} variants x {len(args.seeds)} seeds under {comparison.output}")
     try:
         with stopping_on_signals(), reporting_user_errors(args.debug, errors=(OutputWriteError,)):
-            run_comparison(comparison, str(TRAIN_NET), args.num_gpus, log=log)
+            run_comparison(comparison, TRAIN_NET, args.num_gpus, log=log)
     except RunFailedError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1

@@ -4,6 +4,7 @@ the CPU, evaluate it with COCO AP by object size, print the table and draw its p
     python tools/demo.py                 # reuses a finished run in the output folder
     python tools/demo.py --force         # trains again
     python tools/demo.py --config configs/Demo/aft_conv_r26_shapes.yaml
+    python -m lambda_det.cli.demo        # the same, from an installed package
 
 Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.json,
 ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued (Ctrl-C or
@@ -27,9 +28,15 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones)
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.cli.arguments import add_debug_argument, parse_command_line, reporting_user_errors
 from lambda_det.cli.checks import check_device
-from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command, run_child
+from lambda_det.cli.interrupts import (
+    TRAIN_NET,
+    Interrupted,
+    invoked_as,
+    reporting_interrupts,
+    rerun_command,
+    run_child,
+)
 from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
-from lambda_det.compat import CHECKOUT
 from lambda_det.config import resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import Predictor, draw, write_image
@@ -39,8 +46,7 @@ from lambda_det.utils.atomic import atomic_write, check_writable_folder, reporti
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.text import read_text
 
-DEFAULT_CONFIG = "configs/Demo/lambda_r26_shapes.yaml"
-TRAIN_NET = CHECKOUT / "tools/train_net.py"  # what trains the demo's run
+DEFAULT_CONFIG = "Demo/lambda_r26_shapes.yaml"  # shipped: a checkout's and a package's
 # What the demo adds to a training run's files; --force moves them aside with the run.
 DEMO_FILES = ("ap_table.md", "ap_by_size.png", "predictions.png")
 
@@ -83,7 +89,7 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
     # --force again would move the interrupted run aside and start over.
-    args.command = rerun_command("tools/demo.py", argv, drop=["--force"])
+    args.command = rerun_command(invoked_as("tools/demo.py"), argv, drop=["--force"])
     with (
         reporting_interrupts(
             lambda interrupt: f"interrupted by {interrupt.name}: run {args.command} to continue"
@@ -135,8 +141,7 @@ def demo(args: argparse.Namespace) -> int:
             if previous:
                 print(f"--force: moved the previous run to {previous}", flush=True)
         command = [
-            sys.executable,
-            str(TRAIN_NET),
+            *TRAIN_NET,
             "--config-file",
             config_file,
             "--resume" if last_checkpoint(str(output)) else "--restart",
@@ -180,3 +185,7 @@ def demo(args: argparse.Namespace) -> int:
     )
     print(f"demo finished in {time.time() - start:.0f} s")
     return 0
+
+
+if __name__ == "__main__":  # python -m lambda_det.cli.demo: the demo of an installed package
+    sys.exit(main())

@@ -1,18 +1,19 @@
 """Ctrl-C and SIGTERM in the tools: one line on stderr and exit status 130 / 143 (128 + the
 signal's number, as a shell reports a process it ended), never a KeyboardInterrupt traceback.
 Training saves the iteration in flight first (:mod:`lambda_det.engine.interrupt`); the tools
-that train through a tools/train_net.py child (the demo, the comparison) wait for it
+that train through a train_net child (the demo, the comparison: :data:`TRAIN_NET`) wait for it
 (:func:`run_child`)."""
 
 import codecs
 import collections
 import contextlib
+import os
 import shlex
 import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 from detectron2.utils import comm
 
@@ -22,11 +23,16 @@ __all__ = [
     "Interrupted",
     "reporting_interrupts",
     "rerun_command",
+    "invoked_as",
+    "TRAIN_NET",
     "run_child",
     "STDERR_DELAY_S",
     "INTERRUPT_GRACE_S",
 ]
 
+# The command of a training child: the installed module, which needs no checkout (its
+# tools/train_net.py runs the same main()).
+TRAIN_NET = (sys.executable, "-m", "lambda_det.cli.train_net")
 # How late a child's stderr is shown: what it writes after a Ctrl-C (its own line about the
 # interrupt) arrives after the parent has seen the interrupt (within a poll of 0.05 s), and
 # is dropped: the parent says it for the command the user typed.
@@ -55,13 +61,28 @@ def reporting_interrupts(line: Callable[[Interrupted], Optional[str]]) -> Iterat
 
 
 def rerun_command(
-    tool: str, argv: Sequence[str], add: Sequence[str] = (), drop: Sequence[str] = ()
+    tool: Union[str, Sequence[str]],
+    argv: Sequence[str],
+    add: Sequence[str] = (),
+    drop: Sequence[str] = (),
 ) -> str:
     """``python TOOL ARGV`` for the user to type, with the options ``add`` (when missing) and
-    without ``drop`` (e.g. ``--resume`` instead of ``--restart``)."""
+    without ``drop`` (e.g. ``--resume`` instead of ``--restart``); ``tool``: a script, or the
+    words that start it (:func:`invoked_as`)."""
     words = [word for word in argv if word not in drop]
     words = [option for option in add if option not in words] + words
-    return shlex.join(["python", tool, *words])
+    start = [tool] if isinstance(tool, str) else list(tool)
+    return shlex.join(["python", *start, *words])
+
+
+def invoked_as(script: str) -> List[str]:
+    """How this process's tool was started, for :func:`rerun_command`: ``-m MODULE`` when Python
+    ran a lambda_det module (as the demo and the comparison start training: :data:`TRAIN_NET`),
+    the path the user gave when they ran ``script`` from another folder, else ``script``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name.startswith("lambda_det."):
+        return ["-m", spec.name]
+    return [sys.argv[0] if os.path.basename(sys.argv[0]) == os.path.basename(script) else script]
 
 
 class _DelayedStderr:

@@ -41,7 +41,12 @@ from lambda_det.cli.arguments import (
     reporting_user_errors,
 )
 from lambda_det.cli.checks import build_yaml_model, check_weights_fit, load_run_config
-from lambda_det.cli.interrupts import Interrupted, reporting_interrupts, rerun_command
+from lambda_det.cli.interrupts import (
+    Interrupted,
+    invoked_as,
+    reporting_interrupts,
+    rerun_command,
+)
 from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX,
     OutputDirLock,
@@ -49,6 +54,7 @@ from lambda_det.cli.output_dir import (
     prepare_output_dir,
 )
 from lambda_det.compat import quiet_detectron2_warnings
+from lambda_det.config import resolve_config_file
 from lambda_det.config.lazy import load_lazy_config, resolve_lazy_config_file, scale_to_world_size
 from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_run_datasets
@@ -76,6 +82,7 @@ __all__ = [
     "YAML_CONFIGS",
     "LAZY_CONFIGS",
     "argument_parser",
+    "training_command_line",
     "main",
     "load_lazy_run_config",
     "scale_yaml_to_world_size",
@@ -103,6 +110,7 @@ class ConfigSystem(NamedTuple):
     description: str
     output_dir_key: str  # how the help and the errors name the output folder
     datasets_help: str  # where --coco-dataset's NAME goes
+    resolve: Callable[[Optional[str]], str]  # the path of --config-file's file or NAME
     load: Callable[[argparse.Namespace], Any]  # the config of the command line
     settings: Callable[[Any], RunSettings]  # what the run reads, with its keys
     scale: Callable[[Any, int], Any]  # the config for a number of processes
@@ -150,12 +158,12 @@ def run(
     ``evaluation``, where an ``--eval-only`` run writes and what it loads (decided before
     launch: :func:`plan_evaluation`); ``cfg``, the config as :func:`main` loaded it, and
     ``prebuilt``, the model it built, when this is the process that loaded it (None: load the
-    config, build the model)."""
+    config from ``args`` as :func:`main` did, build the model)."""
     quiet_detectron2_warnings()
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
-            cfg = setup_cfg(args, evaluation, cfg)
+            cfg = setup_cfg(load_run_config(args) if cfg is None else cfg, args, evaluation)
             output_dir.append(cfg.OUTPUT_DIR)
             if args.eval_only:
                 model = Trainer.build_model(cfg, prebuilt)
@@ -185,10 +193,8 @@ def run_lazy(
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
-            register_datasets()
-            register_coco_triples(args.coco_dataset, source="--coco-dataset")
-            if cfg is None:
-                cfg = load_lazy_config(args.config_file, args.opts)
+            if cfg is None:  # a started process: as main() loaded it, datasets registered
+                cfg = load_lazy_run_config(args)
             if evaluation is not None:
                 cfg.train.output_dir, cfg.train.init_checkpoint = evaluation
             output_dir.append(cfg.train.output_dir)
@@ -337,16 +343,26 @@ def check_before_launch(
     return None
 
 
-def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
-    """The recipe of ``--config-file`` (a path or a shipped recipe's name, resolved in
-    ``args`` for what default_setup logs) and the trailing ``key=value`` overrides, with the
-    bundled datasets and the ``--coco-dataset`` triples registered in this process (every
-    training process registers them again: :func:`run_lazy`)."""
-    if not args.config_file:
+def resolve_yaml_config(name: Optional[str]) -> str:
+    """The path of a yaml config file or shipped config's NAME; "" (detectron2's defaults)
+    without one."""
+    return resolve_config_file(name) if name else ""
+
+
+def resolve_lazy_recipe(name: Optional[str]) -> str:
+    """The path of a LazyConfig recipe or shipped recipe's NAME."""
+    if not name:
         raise UserError(
             "pass a recipe: --config-file PATH.py, or --config NAME (e.g. lambda_r152_mask_rcnn)"
         )
-    args.config_file = resolve_lazy_config_file(args.config_file)
+    return resolve_lazy_config_file(name)
+
+
+def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
+    """The recipe of ``--config-file`` (its path: :func:`training_command_line`) and the
+    trailing ``key=value`` overrides, with the bundled datasets and the ``--coco-dataset``
+    triples registered in this process (every process of a run loads it here:
+    :func:`run_lazy`)."""
     register_datasets()
     register_coco_triples(args.coco_dataset, source="--coco-dataset")
     return load_lazy_config(args.config_file, args.opts)
@@ -391,6 +407,7 @@ YAML_CONFIGS = ConfigSystem(
     description="Train or evaluate a yaml config (configs/).",
     output_dir_key="OUTPUT_DIR",
     datasets_help="DATASETS.TRAIN / TEST (the run's config keeps it in DATASETS.COCO_INSTANCES)",
+    resolve=resolve_yaml_config,
     load=load_run_config,
     settings=yaml_run_settings,
     scale=scale_yaml_to_world_size,
@@ -403,6 +420,7 @@ LAZY_CONFIGS = ConfigSystem(
     description="Train or evaluate a LazyConfig recipe (configs/LazyConfigs/).",
     output_dir_key="train.output_dir",
     datasets_help="dataloader.train.dataset.names / dataloader.test.dataset.names",
+    resolve=resolve_lazy_recipe,
     load=load_lazy_run_config,
     settings=lazy_run_settings,
     scale=lambda cfg, world_size: scale_to_world_size(copy.deepcopy(cfg), world_size),
@@ -413,24 +431,34 @@ LAZY_CONFIGS = ConfigSystem(
 )
 
 
-def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS) -> int:
-    """tools/train_net.py (``system`` :data:`YAML_CONFIGS`) and tools/lazyconfig_train_net.py
-    (:data:`LAZY_CONFIGS`): returns the exit status."""
+def training_command_line(
+    argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS
+) -> argparse.Namespace:
+    """The command line of a training tool, as every process of the run reads it (nothing
+    changes it afterwards), its launch options checked (:func:`check_launch_arguments`):
+    ``config_file``, the path of the file or NAME given (``system.resolve``: the file
+    default_setup logs; an unknown NAME is a user error, one line), and ``command``, how the
+    tool was started and ``argv`` (:func:`interrupted_line`)."""
     parser = argument_parser(system.output_dir_key, system.datasets_help)
     parser.description = system.description
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_command_line(parser, argv)
     print("Command Line Args:", args)
-    invoked = (
-        sys.argv[0]
-        if os.path.basename(sys.argv[0]) == os.path.basename(system.tool)
-        else system.tool
+    with reporting_user_errors(args.debug):
+        check_launch_arguments(args)
+        config_file = system.resolve(args.config_file)
+    return argparse.Namespace(
+        **{**vars(args), "config_file": config_file, "command": (invoked_as(system.tool), argv)}
     )
-    args.command = (invoked, argv)  # for the line of an interrupted run
+
+
+def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS) -> int:
+    """tools/train_net.py (``system`` :data:`YAML_CONFIGS`) and tools/lazyconfig_train_net.py
+    (:data:`LAZY_CONFIGS`): returns the exit status."""
+    args = training_command_line(argv, system)
     output_dir = []
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
         with reporting_user_errors(args.debug):
-            check_launch_arguments(args)
             cfg = system.load(args)
             run = system.settings(cfg)
             output_dir.append(run.output_dir.value)
@@ -493,3 +521,7 @@ def launch_checked(
         if lock is not None:
             lock.release()
     return 0
+
+
+if __name__ == "__main__":  # python -m lambda_det.cli.train_net: the demo's and comparisons' runs
+    sys.exit(main())

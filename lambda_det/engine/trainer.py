@@ -34,7 +34,6 @@ from lambda_det.compat.internals import (
     plain_config_printouts,
     release_eval_function,
 )
-from lambda_det.config import resolve_config_file
 from lambda_det.data import build_mapper, register_datasets
 from lambda_det.data.checks import load_training_dicts, yaml_data_settings
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
@@ -48,7 +47,6 @@ from lambda_det.engine.preflight import (
 )
 from lambda_det.engine.run_logging import resume_metrics, run_writers, setup_run_logging
 from lambda_det.engine.run_settings import yaml_training_settings
-from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
 __all__ = [
@@ -66,18 +64,17 @@ logger = logging.getLogger(__name__)
 
 
 def setup_cfg(
+    cfg: CfgNode,
     args: argparse.Namespace,
     evaluation: Optional[Tuple[str, str]] = None,
-    cfg: Optional[CfgNode] = None,
 ) -> CfgNode:
-    """The frozen config of ``--config-file`` and trailing overrides
-    (:func:`lambda_det.run_config.load_config`; ``cfg``: that config when this process has
-    loaded it already), its datasets registered (:func:`lambda_det.data.register_datasets`),
-    with detectron2's ``default_setup`` (logging, seeds, the config dumped to OUTPUT_DIR).
+    """The run's frozen config: ``cfg`` (as :func:`lambda_det.cli.checks.load_run_config`
+    loaded it from the command line ``args``, whose ``config_file`` is a path) with its datasets
+    registered (:func:`lambda_det.data.register_datasets`), and detectron2's ``default_setup``
+    (logging, seeds, the config file logged and the config dumped to OUTPUT_DIR).
     ``evaluation``: the (OUTPUT_DIR, MODEL.WEIGHTS) of an ``--eval-only`` run, as the launching
     process decided them (:func:`lambda_det.cli.train_net.plan_evaluation`)."""
-    args.config_file = resolve_config_file(args.config_file) if args.config_file else ""
-    cfg = load_config(args.config_file, args.opts, freeze=False) if cfg is None else cfg.clone()
+    cfg = cfg.clone()
     cfg.defrost()
     register_datasets(cfg)
     if evaluation is not None:

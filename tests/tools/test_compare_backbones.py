@@ -33,6 +33,7 @@ from lambda_det.cli.compare import (
     train_command,
     variant_presets,
 )
+from lambda_det.cli.interrupts import TRAIN_NET
 from lambda_det.reports.compare_report import (
     format_comparison,
     mean_std,
@@ -387,6 +388,28 @@ def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
         assert 0 < count["backbone_parameters"] < count["parameters"]
 
 
+def test_the_plan_loads_the_config_once_per_variant(tmp_path, monkeypatch):
+    """Each seed's run is the variant's config with its SEED and OUTPUT_DIR: the recipe each
+    folder records is the config its child loads from the run's overrides."""
+    from lambda_det.cli import compare
+
+    loads = []
+
+    def counted(*args, **kwargs):
+        loads.append(args)
+        return load_config(*args, **kwargs)
+
+    with monkeypatch.context() as counting:
+        counting.setattr(compare, "load_config", counted)
+        comparison = plan(tmp_path, variants=("conv", "se", "lambda"), seeds=(0, 1, 2))
+    assert len(loads) == 3
+    for run in comparison.runs:
+        cfg = load_config(comparison.config_file, run.opts, freeze=False)
+        assert (cfg.SEED, cfg.OUTPUT_DIR) == (run.seed, str(run.folder))
+        cfg.OUTPUT_DIR = ""
+        assert run.recipe == cfg.dump()
+
+
 def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datasets_root):
     shapes = datasets_root / "lambda_det_shapes_v1"
     triple = ["OWN_SHAPES", str(shapes / "train.json"), str(shapes / "train")]
@@ -406,7 +429,7 @@ def test_coco_datasets_named_on_the_command_line_reach_every_run(tmp_path, datas
         cfg = load_config("lambda_r26_shapes", run.opts)
         assert [list(entry) for entry in cfg.DATASETS.COCO_INSTANCES] == [triple]
         assert tuple(cfg.DATASETS.TEST) == ("OWN_SHAPES",)
-        command = train_command("train_net.py", comparison, run)
+        command = train_command(TRAIN_NET, comparison, run)
         assert "DATASETS.COCO_INSTANCES" in command and str(shapes / "train.json") in " ".join(
             command
         )
@@ -481,7 +504,7 @@ def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_one
     (interrupted.folder / "last_checkpoint").write_text("model_0000099.pth")
     (interrupted.folder / "model_0000099.pth").write_bytes(b"")  # what it points at
     lines = []
-    run_comparison(plan(tmp_path), str(train_net), num_gpus=2, log=lines.append)
+    run_comparison(plan(tmp_path), [sys.executable, str(train_net)], num_gpus=2, log=lines.append)
     assert lines[0] == f"[1/4] conv seed 0: finished, reusing {finished.folder}"
     assert lines[1].startswith(
         f"[2/4] conv seed 1: continuing from its last checkpoint in {interrupted.folder}"
@@ -501,7 +524,7 @@ def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_one
         assert (run.folder / RECIPE_FILE).read_text() == run.recipe
     # A second invocation trains nothing.
     lines.clear()
-    run_comparison(plan(tmp_path), str(train_net), log=lines.append)
+    run_comparison(plan(tmp_path), [sys.executable, str(train_net)], log=lines.append)
     assert len(calls.read_text().splitlines()) == 3
     assert all("finished, reusing" in line for line in lines) and len(lines) == 4
 
@@ -512,7 +535,7 @@ def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):
     compare = compare_backbones
     comparison = plan(tmp_path)
     with pytest.raises(RunFailedError, match=r"conv seed 0 failed \(exit status 2\)"):
-        run_comparison(comparison, str(train_net), log=lambda line: None)
+        run_comparison(comparison, [sys.executable, str(train_net)], log=lambda line: None)
     assert capsys.readouterr().err == "error: bad dataset\n"  # the child's own line, shown
     # The CLI: a mistake in the input is one line and status 2, before anything trains.
     with pytest.raises(SystemExit) as exit_info:
@@ -581,7 +604,7 @@ def _ctrl_c_names_the_run(tmp_path, capfd):
     presser = threading.Thread(target=press_ctrl_c)
     presser.start()
     with pytest.raises(RunInterrupted) as info:
-        run_comparison(comparison, str(train_net), log=lambda line: None)
+        run_comparison(comparison, [sys.executable, str(train_net)], log=lambda line: None)
     presser.join()
     assert str(info.value) == (
         f"conv seed 0 in {comparison.runs[0].folder}: the same command continues the "
@@ -767,6 +790,6 @@ def test_compare_backbones_end_to_end_with_an_interruption(
     stamps = {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
     assert compare_backbones.main(command[2:]) == 0
     again = capsys.readouterr().out
-    assert again.count("finished, reusing") == 4 and "train_net.py" not in again
+    assert again.count("finished, reusing") == 4 and TRAIN_NET[-1] not in again
     assert stamps == {p: p.stat().st_mtime_ns for p in output.glob("*/seed*/*") if p.is_file()}
     assert json.loads((output / "comparison.json").read_text()) == summary
