@@ -7,9 +7,10 @@ detectron2 that changes one fails there rather than somewhere in a run.
 
 Checked against detectron2 0.6 (the pb1-detectron2 build that tools/build_detectron2.py installs
 into .venv/) and detectron2's main branch at commit 02b5c4e, with fvcore 0.1.5.post20221221. They
-differ here in one place: main creates the per-machine process group with
+differ here in one place that needs two ways: main creates the per-machine process group with
 ``comm.create_local_process_group``, 0.6 only inside its own ``launch``
-(:func:`set_local_process_group`).
+(:func:`set_local_process_group`). Elsewhere one way serves both (:func:`next_training_batch`,
+:func:`write_step_metrics`).
 
 detectron2 and fvcore are imported inside the functions: lambda_det.modeling imports this module
 without detectron2 (:func:`add_default_flop_handles`).
@@ -19,7 +20,8 @@ methods ``_load_file`` (which fvcore documents as the one to override for other 
 ``_load_model`` (as detectron2's ``DetectionCheckpointer`` does), and its ``FinalEvalHook`` relies
 on ``EvalHook.after_train``'s use of ``_do_eval`` and ``_func``; the test lists these too. And
 :mod:`lambda_det.compat.torch_export` stands in for a few detectron2 functions, private ones
-included, while a model is exported (tests/export/ check their signatures).
+included, while a model is exported (tests/compat/test_torch_export.py and tests/export/ check
+them).
 """
 
 import contextlib
