@@ -42,9 +42,10 @@ from lambda_det.utils.atomic import (
     check_writable_folder,
     reporting_write_errors,
 )
+from lambda_det.utils.errors import ExistingFileError, IsAFolderError
 
 # What an output folder that cannot be written or holds earlier results raises.
-OUTPUT_ERRORS = (OutputWriteError, FileExistsError, IsADirectoryError)
+OUTPUT_ERRORS = (OutputWriteError, ExistingFileError, IsAFolderError)
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:

@@ -46,24 +46,18 @@ from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
 from detectron2.config import CfgNode  # noqa: E402
 from detectron2.data import DatasetMapper as Detectron2DatasetMapper  # noqa: E402
 
-from lambda_det.checkpoint import (  # noqa: E402
-    CorruptCheckpointError,
-    UnsafeCheckpointError,
-    load_checkpoint_file,
-)
+from lambda_det.checkpoint import load_checkpoint_file  # noqa: E402
 from lambda_det.compat.internals import detectron2_tool_patches  # noqa: E402
 from lambda_det.config import CfgNode as SafeCfgNode  # noqa: E402
-from lambda_det.config import ConfigFileError  # noqa: E402
 from lambda_det.config.lazy import load_lazy_config_file  # noqa: E402
 
 # Imported before detectron2's get_cfg is patched: it takes detectron2's own.
 from lambda_det.run_config import get_cfg as lambda_det_get_cfg  # noqa: E402
+from lambda_det.utils.errors import MissingFileError  # noqa: E402
 
 __all__ = ["main", "detectron2_tool_path", "lambda_det_in_detectron2"]
 
 USAGE = "usage: python -m lambda_det.d2tool [--debug] SCRIPT [SCRIPT'S ARGUMENTS ...]"
-# The errors of a script's input (not of the script): one line each, without --debug.
-INPUT_ERRORS = (FileNotFoundError, ConfigFileError, UnsafeCheckpointError, CorruptCheckpointError)
 # Distributions whose files may include detectron2's tools/ (pb1-detectron2 installs them).
 DETECTRON2_DISTRIBUTIONS = ("pb1-detectron2", "detectron2")
 
@@ -126,7 +120,7 @@ def detectron2_tool_path(script: str) -> str:
         if tools
         else "the installed detectron2 has no tools/ scripts"
     )
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"detectron2 script {script!r} is neither a file nor installed ({there}): pass the path "
         f"of tools/{name} in a clone of https://github.com/facebookresearch/detectron2"
     )
@@ -172,7 +166,7 @@ _detectron2_checkpointer_load = DetectionCheckpointer.load
 def _load_checkpoint(self, path: str, *args, **kwargs):
     """``DetectionCheckpointer.load``, with a missing local file named (fvcore asserts)."""
     if path and "://" not in path and not os.path.isfile(path):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"checkpoint {path!r} does not exist: pass the path or URL of a "
             f"weights file (MODEL.WEIGHTS, or a LazyConfig's "
             f"train.init_checkpoint), or '' for none"
@@ -202,13 +196,14 @@ def lambda_det_in_detectron2() -> Iterator[None]:
 
 def run_script(path: str, args: Sequence[str], debug: bool = False) -> None:
     """Run the script at ``path`` as ``__main__`` with command line ``args``; an error of its
-    input (:data:`INPUT_ERRORS`) is one line (with ``debug``, its traceback)."""
+    input (a :class:`lambda_det.utils.errors.UserError` of lambda_det's loaders) is one line (with
+    ``debug``, its traceback)."""
     from lambda_det.cli.arguments import reporting_user_errors
 
     argv = sys.argv
     sys.argv = [path, *args]
     try:
-        with reporting_user_errors(debug, INPUT_ERRORS), lambda_det_in_detectron2():
+        with reporting_user_errors(debug), lambda_det_in_detectron2():
             runpy.run_path(path, run_name="__main__")
     finally:
         sys.argv = argv

@@ -23,7 +23,6 @@ from detectron2.config import CfgNode
 from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data import transforms as T
 from detectron2.evaluation.coco_evaluation import instances_to_coco_json
-from detectron2.modeling import build_model
 from detectron2.utils.visualizer import ColorMode, Visualizer
 from torch import nn
 from tqdm import tqdm
@@ -31,8 +30,9 @@ from tqdm import tqdm
 from lambda_det.checkpoint import load_weights
 from lambda_det.data.checks import read_checked_image
 from lambda_det.data.mapper import build_mapper
+from lambda_det.modeling.build import build_detectron2_model
 from lambda_det.utils.atomic import OutputWriteError, atomic_path, file_identity
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import ExistingFileError, MissingFileError, NotAFolderError, UserError
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -87,7 +87,7 @@ def collect_inputs(inputs: Sequence[str]) -> List[str]:
                 if path.suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES
             )
             if not found:
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"input folder {entry!r} holds no image or video "
                     f"({', '.join(IMAGE_SUFFIXES + VIDEO_SUFFIXES)})"
                 )
@@ -96,7 +96,7 @@ def collect_inputs(inputs: Sequence[str]) -> List[str]:
         else:
             found = sorted(glob.glob(entry, recursive=True))
             if not found:
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"input {entry!r} is not a file, a folder or a glob that matches files"
                 )
         for path in found:
@@ -162,7 +162,7 @@ def check_output_folder(
         FileExistsError: a file would be written over; the message names it and the fix.
     """
     if output.exists() and not output.is_dir():
-        raise NotADirectoryError(f"--output {str(output)!r} is a file: pass a folder")
+        raise NotAFolderError(f"--output {str(output)!r} is a file: pass a folder")
     if not output.is_dir():
         return  # a new folder: nothing to lose
     written = [output / name for name in (*also_writes, *drawing_names(files))]
@@ -171,7 +171,7 @@ def check_output_folder(
     for path in written:
         source = read.get(file_identity(path)) if path.exists() else None
         if source is not None:
-            raise FileExistsError(
+            raise ExistingFileError(
                 f"--output {str(output)!r} holds {source}, which would be "
                 f"written over by {path.name}: pass another --output"
             )
@@ -181,7 +181,7 @@ def check_output_folder(
         path for path in files if os.path.samefile(os.path.dirname(os.path.abspath(path)), output)
     ]
     if held:
-        raise FileExistsError(
+        raise ExistingFileError(
             f"--output {str(output)!r} holds the input {held[0]!r}: pass "
             f"another --output, or --overwrite to write beside the inputs "
             f"(an input is never written over)"
@@ -189,7 +189,7 @@ def check_output_folder(
     existing = [path.name for path in written if os.path.lexists(path)]  # a link too
     if existing:
         more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
-        raise FileExistsError(
+        raise ExistingFileError(
             f"--output {str(output)!r} already holds "
             f"{', '.join(existing[:3])}{more}, which this run writes: pass "
             f"another --output, or --overwrite to replace them"
@@ -236,7 +236,7 @@ def build_trained_model(cfg: CfgNode, weights: Optional[str] = None) -> nn.Modul
         FileNotFoundError: the weights file does not exist.
         UnsafeCheckpointError, CorruptCheckpointError: the file cannot be loaded safely.
     """
-    model = build_model(cfg)
+    model = build_detectron2_model(cfg)
     load_weights(model, cfg.MODEL.WEIGHTS if weights is None else weights)
     return model.eval()
 

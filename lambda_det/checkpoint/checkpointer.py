@@ -29,7 +29,7 @@ from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
 
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import IsAFolderError, MissingFileError, UserError
 from lambda_det.utils.setting import Setting, override
 from lambda_det.utils.text import read_text
 
@@ -49,11 +49,11 @@ __all__ = [
 ]
 
 
-class CorruptCheckpointError(RuntimeError):
+class CorruptCheckpointError(UserError, RuntimeError):
     """A checkpoint file that cannot be read back (truncated, corrupt, or not a checkpoint)."""
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(UserError, pickle.UnpicklingError):
     """A checkpoint that holds more than tensors, arrays and plain data: loading it could run
     code, so it is refused."""
 
@@ -478,7 +478,7 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
             PathManager.get_local_path(weights)
         except OSError as error:  # urllib's URLError and HTTPError are OSErrors
             reason = getattr(error, "reason", None) or error
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{key} {weights!r} cannot be downloaded ({reason}): download it where there "
                 f"is network access and pass the local file, "
                 f"{override(key, 'path/to/' + os.path.basename(weights))}"
@@ -486,7 +486,7 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
         finally:
             download_logger.setLevel(level)
     elif not os.path.isfile(weights):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{key} file {weights!r} does not exist: pass the path of a "
             f"checkpoint, or {override(key, '')} to start from scratch"
         )
@@ -577,5 +577,5 @@ def checkpoint_to_resume(output_dir: str) -> Optional[str]:
     if not name:
         raise UserError(f"{pointer} is empty: {fix}")
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{pointer} names {name!r}, a folder, not a checkpoint: {fix}")
-    raise FileNotFoundError(f"{pointer} names {name!r}, which does not exist: {fix}")
+        raise IsAFolderError(f"{pointer} names {name!r}, a folder, not a checkpoint: {fix}")
+    raise MissingFileError(f"{pointer} names {name!r}, which does not exist: {fix}")

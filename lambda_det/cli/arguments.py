@@ -5,14 +5,10 @@ status 2 (as argparse's own usage errors), the traceback kept for ``--debug``.""
 import argparse
 import contextlib
 import os
-import pickle
 import re
 import sys
 from typing import Optional, Sequence, Tuple
 
-from lambda_det.checkpoint import CorruptCheckpointError
-from lambda_det.cli.output_dir import OutputDirBusyError
-from lambda_det.utils.atomic import OutputWriteError
 from lambda_det.utils.errors import UserError
 
 __all__ = [
@@ -25,28 +21,14 @@ __all__ = [
 ]
 
 USAGE_ERROR_STATUS = 2  # as argparse's own usage errors
-# Raised while a run reads its inputs (config, datasets, weights, OUTPUT_DIR): the project's
-# UserError (a mistake the message names, with its fix; ConfigFileError, NotTextError and
-# WeightsMismatchError are ones), the OS's errors of a path the user gave, and the refusals of a
-# checkpoint (pickle.UnpicklingError: UnsafeCheckpointError) or a folder. Any other exception,
-# a bare ValueError or KeyError included, is a bug and keeps its traceback; so is anything once
-# training has started, but for a disk that cannot be written (OutputWriteError).
-USER_ERRORS = (
-    UserError,
-    FileNotFoundError,
-    FileExistsError,
-    NotADirectoryError,
-    IsADirectoryError,
-    pickle.UnpicklingError,
-    CorruptCheckpointError,
-    OutputDirBusyError,
-    OutputWriteError,
-)
-
-
-# detectron2's (fvcore's) error of a name that one of its registries lacks: a config's
-# MODEL.META_ARCHITECTURE, MODEL.BACKBONE.NAME, MODEL.ROI_HEADS.NAME, ... names it.
-UNKNOWN_REGISTRY_NAME = re.compile(r"No object named '.*' found in '.*' registry!")
+# The project's exception of a user's mistake (the message names it, with its fix): a config's
+# (ConfigFileError), a file's (MissingFileError, NotTextError, UnsafeCheckpointError,
+# CorruptCheckpointError), a folder's (OutputDirBusyError, OutputWriteError), a model's
+# (WeightsMismatchError, a name that detectron2's registries lack). Any other exception, a
+# builtin FileNotFoundError, KeyError or ValueError included, is a bug and keeps its traceback;
+# so is anything once training has started, but for a disk that cannot be written
+# (OutputWriteError).
+USER_ERRORS = (UserError,)
 
 
 def _one_line(error: BaseException) -> str:
@@ -54,24 +36,15 @@ def _one_line(error: BaseException) -> str:
     return " ".join(str(message).split())
 
 
-def _is_user_error(error: Exception, errors: Tuple[type, ...]) -> bool:
-    return isinstance(error, errors) or (
-        UserError in errors
-        and isinstance(error, KeyError)
-        and UNKNOWN_REGISTRY_NAME.fullmatch(_one_line(error)) is not None
-    )
-
-
 @contextlib.contextmanager
 def reporting_user_errors(debug: bool = False, errors: Tuple[type, ...] = USER_ERRORS):
-    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`, which also takes the
-    KeyError of a name that detectron2's registries lack: :data:`UNKNOWN_REGISTRY_NAME`) into
+    """Turn an exception of ``errors`` (default :data:`USER_ERRORS`) into
     ``error: <message>`` on stderr and exit status 2 (with ``debug``, let it through with its
     traceback). Any other exception keeps its traceback."""
     try:
         yield
     except Exception as error:
-        if debug or not _is_user_error(error, errors):
+        if debug or not isinstance(error, errors):
             raise
         print(f"error: {_one_line(error)}", file=sys.stderr, flush=True)
         raise SystemExit(USAGE_ERROR_STATUS) from None

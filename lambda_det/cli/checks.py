@@ -9,13 +9,13 @@ import logging
 import warnings
 
 import torch
-from detectron2.modeling import build_model
 from torch import nn
 
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.data import register_datasets
 from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.engine import preflight
+from lambda_det.modeling.build import build_detectron2_model
 from lambda_det.run_config import load_config
 from lambda_det.utils.setting import Setting
 
@@ -59,13 +59,13 @@ def check_model(cfg) -> nn.Module:
 
 
 def build_yaml_model(cfg, device: str) -> nn.Module:
-    """detectron2's ``build_model`` with MODEL.DEVICE ``device`` (for "meta", call it under a
-    meta device context)."""
+    """detectron2's ``build_model`` (:func:`build_detectron2_model`) with MODEL.DEVICE
+    ``device`` (for "meta", call it under a meta device context)."""
     if device != cfg.MODEL.DEVICE:
         cfg = cfg.clone()
         cfg.defrost()
         cfg.MODEL.DEVICE = device
-    return build_model(cfg)
+    return build_detectron2_model(cfg)
 
 
 def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:

@@ -32,7 +32,7 @@ from lambda_det.data.coco import coco_dataset_overrides
 from lambda_det.modeling.mixers import MIXERS
 from lambda_det.run_config import config_differences, get_cfg, load_config
 from lambda_det.utils.atomic import atomic_path, reporting_write_errors
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import ExistingFileError, UserError
 
 __all__ = [
     "Variant",
@@ -189,7 +189,7 @@ def _check_folder(run: PairRun) -> None:
                 f"it was started with, or pass another --output"
             )
     elif run.folder.is_dir() and any(run.folder.iterdir()):
-        raise FileExistsError(
+        raise ExistingFileError(
             f"{run.folder} holds files but no {RECIPE_FILE}, so it is not a "
             f"run of this comparison: pass another --output"
         )

@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.utils.atomic import OutputWriteError, refuse_symlink, reporting_write_errors
+from lambda_det.utils.errors import ExistingFileError, UserError
 
 __all__ = [
     "OutputDirLock",
@@ -48,7 +49,7 @@ RUN_FILES = (
 WRITTEN_IN_PLACE = ("config.yaml", "log.txt*", "metrics.json", "events.out.tfevents.*")
 
 
-class OutputDirBusyError(RuntimeError):
+class OutputDirBusyError(UserError, RuntimeError):
     """Another process holds the OUTPUT_DIR's lock."""
 
 
@@ -202,14 +203,14 @@ def prepare_output_dir(
     if not restart:
         moved = f"the previous run's files are moved to {PREVIOUS_RUN_PREFIX}<date-time>/"
         if latest is not None:
-            raise FileExistsError(
+            raise ExistingFileError(
                 f"{key} {output_dir!r} already holds a run (last checkpoint {latest}): pass "
                 f"--resume to continue it, another {key} to keep it, or --restart to start over "
                 f"in it ({moved})"
             )
         held = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
         nothing = "it has no checkpoint to resume from, " if resume else ""
-        raise FileExistsError(
+        raise ExistingFileError(
             f"{key} {output_dir!r} holds a run that stopped before its first checkpoint "
             f"({held}): {nothing}pass --restart to start over in it ({moved}), or another "
             f"{key}"

@@ -266,23 +266,25 @@ def check_config_before_launch(
     preflight.check_device(run.device, args.num_gpus)
     if not args.eval_only:
         check_training_settings(run.training)
-    seed = preflight.check_seed(run.training.seed)
-    prebuilt = None
+    world_size = args.num_gpus * args.num_machines
+    seed = preflight.check_seed(run.training.seed, world_size)
+    prebuilt, held = None, 0
     if runs_in_this_process(args):
         prebuilt = build_before_launch(lambda: system.build_model(cfg, run.device.value), seed)
         model = prebuilt.meta_copy()
+        held = prebuilt.nbytes()  # on the CPU, memory no longer available but the run's
     else:
         with torch.device("meta"):
             model = system.build_model(cfg, "meta")
+    device = run.device.value
     if run.data.test.value:  # evaluated by --eval-only, or at the end of training
-        check_evaluation_memory(model, run.training.test_size, run.device.value, args.num_gpus)
+        check_evaluation_memory(model, run.training.test_size, device, args.num_gpus, held)
     if args.eval_only:
         return model, prebuilt
-    world_size = args.num_gpus * args.num_machines
     scaled = system.settings(system.scale(cfg, world_size)).training
     check_batch_size(scaled.batch.value, world_size, key=scaled.batch.key)
     check_compiled_batch(scaled.compiled, scaled.batch.value, world_size, key=scaled.batch.key)
-    check_training_memory(model, scaled, run.device.value, args.num_gpus, world_size)
+    check_training_memory(model, scaled, device, args.num_gpus, world_size, held)
     return model, prebuilt
 
 

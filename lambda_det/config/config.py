@@ -23,7 +23,7 @@ import yaml
 
 from lambda_det.compat import import_detectron2
 from lambda_det.utils import run_defaults
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import MissingFileError, UserError
 from lambda_det.utils.text import not_text
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
@@ -227,7 +227,7 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
         with PathManager.open(path, "r") as f:  # as detectron2's CfgNode opens a config
             data = _load_plain_yaml(f, where)
     except OSError:  # missing, a folder, unreadable
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{where} does not exist or is not a readable file"
             + (" (a relative _BASE_ is relative to the file naming it)" if chain else "")
         ) from None
@@ -393,7 +393,7 @@ def merge_config(cfg: CN, config_file: Optional[str] = None, opts: Sequence[str]
             )
         try:
             cfg.merge_from_file(path)
-        except ConfigFileError:
+        except (ConfigFileError, MissingFileError):
             raise  # names the file already
         except (KeyError, ValueError, AssertionError, yaml.YAMLError) as error:
             raise _config_error(error, f"in config file {path}", cfg) from None

@@ -22,7 +22,7 @@ from detectron2.utils.file_io import PathManager  # noqa: E402
 
 from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean  # noqa: E402
 from lambda_det.config.config import _load_plain_yaml  # noqa: E402
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import MissingFileError, UserError
 
 __all__ = [
     "load_lazy_config",
@@ -227,8 +227,14 @@ def load_lazy_config_file(filename: str, keys=None):
     ``!!python/...`` tags); a ``.py`` recipe is Python and runs as detectron2 runs it.
 
     Raises:
+        MissingFileError: no such local file.
         ConfigFileError: a yaml config with a tag (or a yaml syntax error); names the file.
     """
+    if "://" not in filename and not os.path.isfile(filename):
+        raise MissingFileError(
+            f"LazyConfig {filename!r} does not exist: pass the path of a .py recipe or of a "
+            f"saved .yaml config"
+        )
     if os.path.splitext(filename)[1] not in (".yaml", ".yml"):
         return _detectron2_lazy_config_load(filename, keys)
     with PathManager.open(filename) as f:

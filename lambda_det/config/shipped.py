@@ -5,6 +5,8 @@ face; the config loaders resolve names here, so the config package needs no mode
 from pathlib import Path
 from typing import List
 
+from lambda_det.utils.errors import MissingFileError
+
 __all__ = ["config_root", "list_configs", "get_config_file"]
 
 
@@ -47,12 +49,12 @@ def get_config_file(name: str) -> str:
     if len(matches) == 1:
         return str(root / matches[0])
     if matches:
-        raise FileNotFoundError(f"config name {name!r} is ambiguous: give one of {matches}")
+        raise MissingFileError(f"config name {name!r} is ambiguous: give one of {matches}")
     shipped = [
         relative
         for relative in list_configs()
         if not Path(relative).name.startswith("Base") and "/common/" not in relative
     ]
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"config {name!r} is neither a file nor a shipped config; shipped: {', '.join(shipped)}"
     )

@@ -37,7 +37,7 @@ from detectron2.structures import BoxMode
 from detectron2.utils.file_io import PathManager
 from PIL import Image
 
-from lambda_det.utils.errors import UserError, UserKeyError
+from lambda_det.utils.errors import MissingFileError, UserError, UserKeyError
 from lambda_det.utils.run_defaults import CHECK_IMAGES
 from lambda_det.utils.setting import Setting, is_integer, override
 
@@ -201,7 +201,7 @@ def load_dataset(name: str) -> List[dict]:
             if builtin or not json_file
             else ("check the path it was registered with (DATASETS.COCO_INSTANCES, --coco-dataset)")
         )
-        raise FileNotFoundError(f"{where}: {error}; {hint}") from None
+        raise MissingFileError(f"{where}: {error}; {hint}") from None
     except KeyError as error:
         message = str(error.args[0]) if error.args else ""
         if message.startswith("Encountered category_id="):  # detectron2's load_coco_json
@@ -481,7 +481,7 @@ def check_dataset_dicts(
         if not file_name:
             raise UserError(f"image record {record.get('image_id')!r} has no file_name{where}")
         if not os.path.isfile(file_name):
-            raise FileNotFoundError(f"image file {file_name} does not exist{where}")
+            raise MissingFileError(f"image file {file_name} does not exist{where}")
         annotations = record.get("annotations", [])
         for number, annotation in enumerate(annotations, 1):
             which = (
@@ -670,7 +670,7 @@ def check_image_file(
                 missing_end = _END_MARKERS[kind][1]
                 detection_utils.read_image(file_name, format=image_format)
     except FileNotFoundError:
-        raise FileNotFoundError(f"image file {file_name} does not exist: {fix}") from None
+        raise MissingFileError(f"image file {file_name} does not exist: {fix}") from None
     except Exception as error:  # PIL raises OSError, SyntaxError, ValueError, ... for bad files
         problem = (
             f"is truncated (no {missing_end} at its end, and decoding fails: {error})"

@@ -18,7 +18,7 @@ from detectron2.data import DatasetMapper as Detectron2DatasetMapper
 from detectron2.data import detection_utils
 from detectron2.data import transforms as T
 
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import MissingFileError, UserError
 
 __all__ = [
     "build_lsj_augmentations",
@@ -112,7 +112,7 @@ class DatasetMapper(Detectron2DatasetMapper):
                 raise
             file_name = dataset_dict.get("file_name")
             if isinstance(error, FileNotFoundError):
-                raise FileNotFoundError(
+                raise MissingFileError(
                     f"image file {file_name} no longer exists: restore it "
                     f"or remove it from the annotation file"
                 ) from error

@@ -71,21 +71,32 @@ class _KeptRecords(logging.Handler):
 def _keeping_logs(kept: _KeptRecords):
     """Every record logged inside goes to ``kept`` instead of the loggers' handlers (their
     levels, which decide what the run's log shows, are applied when the records are logged
-    again: :func:`_log_again`)."""
+    again: :func:`_log_again`). What the code inside sets up (a handler, a logger that stops
+    propagating) stays; when it raises, its records are logged at once."""
     root = logging.getLogger()
     named = root.manager.loggerDict.values()  # with placeholders for unnamed parents
     loggers = [root, *(logger for logger in named if isinstance(logger, logging.Logger))]
-    saved = [(logger, logger.handlers, logger.propagate, logger.level) for logger in loggers]
+    saved = [(logger, logger.handlers, logger.propagate) for logger in loggers]
+    level = root.level
     for logger in loggers:
         logger.handlers, logger.propagate = [], True
     root.handlers = [kept]
     root.setLevel(logging.DEBUG)
+    failed = True
     try:
         yield
+        failed = False
     finally:
-        for logger, handlers, propagate, level in saved:
-            logger.handlers, logger.propagate = handlers, propagate
-            logger.setLevel(level)
+        for logger, handlers, propagate in saved:
+            added = [handler for handler in logger.handlers if handler is not kept]
+            logger.handlers = handlers + added
+            if logger.propagate:  # as set above; False: set inside
+                logger.propagate = propagate
+        if root.level == logging.DEBUG:
+            root.setLevel(level)
+        if failed:
+            _log_again(kept.records)
+            kept.records = []
 
 
 def _log_again(records: List[logging.LogRecord]) -> None:
@@ -121,6 +132,11 @@ class PrebuiltModel:
                 meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
             memo[id(tensor)] = meta
         return copy.deepcopy(self.model, memo)
+
+    def nbytes(self) -> int:
+        """The bytes of the model's parameters and buffers."""
+        tensors = itertools.chain(self.model.parameters(), self.model.buffers())
+        return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
 
     def take(self) -> nn.Module:
         """The model, for the run, at the point where the run would have built it: the random

@@ -187,13 +187,20 @@ def check_compiled_batch(
     )
 
 
-def check_seed(seed: Setting) -> int:
-    """The seed of a run (SEED, train.seed): an integer, as detectron2 seeds numpy, torch and
-    random with it; negative draws a new one each run."""
+def check_seed(seed: Setting, world_size: int = 1) -> int:
+    """The seed of a run (SEED, train.seed) over ``world_size`` processes: an integer,
+    negative to draw a new one each run; detectron2 seeds numpy, torch and random of process
+    ``rank`` with seed + rank, and numpy takes seeds below 2**32."""
     if not is_integer(seed.value):
         raise UserError(
             f"{seed.key} must be an integer, got {seed.value!r}: set {seed.key} to a number "
             f"such as 0, or -1 for a new seed each run"
+        )
+    if seed.value + world_size > 2**32:
+        processes = f" plus the rank of each of {world_size} processes" if world_size > 1 else ""
+        raise UserError(
+            f"{seed.key} {seed.value}{processes} exceeds numpy's largest seed, 2**32 - 1: set "
+            f"{seed.key} to a smaller number"
         )
     return seed.value
 
@@ -424,13 +431,14 @@ def _memory_available_on_this_machine() -> Optional[int]:
         return None
 
 
-def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
+def available_memory(device: str, processes: int, held: int = 0) -> Optional[Tuple[int, str]]:
     """The bytes each of ``processes`` training processes of this machine can have on
     ``device``, and what they are, in words; None when unknown.
 
     On a GPU, its total memory (each process has its own GPU; asking for the free memory
     would open a CUDA context in the launching process for the whole run). On the CPU, the
-    available memory shared by the processes.
+    available memory shared by the processes, plus ``held``: bytes that this process already
+    holds for the run (a model built before the check), no longer available but the run's.
     """
     parsed = torch.device(device)
     if parsed.type == "cuda":
@@ -442,6 +450,7 @@ def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
     available = _memory_available_on_this_machine()
     if available is None:
         return None
+    available += held
     where = f"the machine has {available / GIB:.1f} GiB available"
     if processes > 1:
         where += f", {available / processes / GIB:.1f} GiB for each of {processes} processes"
@@ -465,11 +474,17 @@ def _lower_bound(
 
 
 def check_training_memory(
-    model: nn.Module, settings: TrainingSettings, device: str, num_gpus: int, world_size: int
+    model: nn.Module,
+    settings: TrainingSettings,
+    device: str,
+    num_gpus: int,
+    world_size: int,
+    held: int = 0,
 ) -> Optional[int]:
     """Refuse a training whose lower bound of memory per process (:func:`inputs_lower_bound`
     at once, then :func:`training_memory_lower_bound`) exceeds what the process can have
-    (:func:`available_memory`): it would fail, or swap for hours, after allocating.
+    (:func:`available_memory`, ``held`` as there): it would fail, or swap for hours, after
+    allocating.
 
     Returns:
         the lower bound in bytes, or None where the input size or the memory is unknown.
@@ -479,7 +494,7 @@ def check_training_memory(
     """
     if settings.input_size is None or not hasattr(model, "backbone"):
         return None
-    limit = available_memory(device, num_gpus)
+    limit = available_memory(device, num_gpus, held)
     if limit is None:
         return None
     images = settings.batch.value // world_size
@@ -504,11 +519,12 @@ def check_training_memory(
 
 
 def check_evaluation_memory(
-    model: nn.Module, test_size: Optional[Setting], device: str, num_gpus: int
+    model: nn.Module, test_size: Optional[Setting], device: str, num_gpus: int, held: int = 0
 ) -> Optional[int]:
     """Refuse an evaluation (``--eval-only``, or a training run's) whose lower bound of memory
-    per process, one image of the test size at a time, exceeds what the process can have:
-    :func:`inputs_lower_bound` at once, then :func:`evaluation_memory_lower_bound`.
+    per process, one image of the test size at a time, exceeds what the process can have
+    (``held`` as in :func:`available_memory`): :func:`inputs_lower_bound` at once, then
+    :func:`evaluation_memory_lower_bound`.
 
     Returns:
         the lower bound in bytes, or None where the test size or the memory is unknown.
@@ -518,7 +534,7 @@ def check_evaluation_memory(
     """
     if test_size is None or not hasattr(model, "backbone"):
         return None
-    limit = available_memory(device, num_gpus)
+    limit = available_memory(device, num_gpus, held)
     if limit is None:
         return None
     available, where = limit

@@ -12,7 +12,7 @@ from detectron2.structures import Boxes, Instances
 
 from lambda_det.export._archive import load_program, zip_kind
 from lambda_det.export.files import FILE_SUFFIXES, METADATA_NAME, PathLike, metadata_path
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import MissingFileError, UserError
 
 _ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
 
@@ -39,7 +39,7 @@ class ExportedModel:
     def __init__(self, path: PathLike):
         path = str(path)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"exported model {path!r} does not exist")
+            raise MissingFileError(f"exported model {path!r} does not exist")
         if path.endswith(FILE_SUFFIXES["onnx"]):
             try:
                 import onnxruntime

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Union
 
 from lambda_det.utils.atomic import check_output_file
+from lambda_det.utils.errors import IsAFolderError
 
 EXPORT_FORMATS = ("torchscript", "onnx", "torch_export")
 FILE_SUFFIXES = {"torchscript": ".ts", "onnx": ".onnx", "torch_export": ".pt2"}
@@ -41,7 +42,7 @@ def check_export_output(
         (metadata_path(output), f"the metadata file {str(metadata_path(output))!r} of --output"),
     ):
         if os.path.isdir(path):
-            raise IsADirectoryError(
+            raise IsAFolderError(
                 f"{what} is a folder: pass another file path, e.g. "
                 f"{os.path.join(output, 'model.ts')!r}"
             )

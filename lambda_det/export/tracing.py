@@ -20,7 +20,7 @@ import lambda_det.modeling  # noqa: F401  (registers the backbones that build_mo
 from lambda_det.data.mapper import build_mapper
 from lambda_det.export.files import PathLike
 from lambda_det.layers import LambdaLayer
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import MissingFileError, UserError
 
 
 def sample_image(
@@ -41,7 +41,7 @@ def sample_image(
     """
     if path is not None:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"sample image {str(path)!r} does not exist")
+            raise MissingFileError(f"sample image {str(path)!r} does not exist")
         image = detection_utils.read_image(str(path), format=cfg.INPUT.FORMAT)  # H W C
     else:
         if size is None:

@@ -68,9 +68,10 @@ What remains, all far outside the usual range:
 * AFT-conv with a window that covers part of the input and e^w_i << 1 inside it loses relative
   precision in ``conv + sum`` (inherent to the paper's form).
 
-TorchScript: ``torch.jit.script`` compiles every variant (eager's outputs bit for bit). It has no
-autocast switch for a device known only at run time, so a scripted mixer mixes under the
-caller's autocast policy rather than in float32: run scripted mixers without autocast.
+TorchScript: ``torch.jit.script`` compiles every variant (eager's outputs bit for bit). A scripted
+``torch.autocast(..., enabled=False)`` block leaves the caller's autocast on, so a scripted mixer
+mixes under the caller's autocast policy rather than in float32: run scripted mixers without
+autocast.
 """
 
 from typing import Final, List, Optional, Sequence, Tuple

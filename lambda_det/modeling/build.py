@@ -14,6 +14,7 @@ build names the value to set otherwise.
 """
 
 import logging
+import re
 
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import (
@@ -22,6 +23,7 @@ from detectron2.modeling import (
     META_ARCH_REGISTRY,
     ROI_HEADS_REGISTRY,
     GeneralizedRCNN,
+    build_model,
 )
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.roi_heads import Res5ROIHeads
@@ -31,6 +33,7 @@ from lambda_det.modeling.mixers import MIXERS, mixer_options_from_config
 from lambda_det.utils.errors import UserError, UserKeyError
 
 __all__ = [
+    "build_detectron2_model",
     "build_lambda_resnet_backbone",
     "build_lambda_resnet_fpn_backbone",
     "build_retinanet_lambda_resnet_fpn_backbone",
@@ -72,6 +75,21 @@ UNUSED_RESNETS_KEYS = {
 RES5_HEAD_KEYS = ("NUM_GROUPS", "WIDTH_PER_GROUP", "RES2_OUT_CHANNELS")
 # Detectron2's ImageNet-pretrained ResNets (what stock configs load): they fit no LambdaResNet.
 STOCK_IMAGENET_WEIGHTS = "ImageNetPretrained/"
+# fvcore's KeyError for a name that one of detectron2's registries lacks.
+_UNKNOWN_REGISTRY_NAME = re.compile(r"No object named '.*' found in '.*' registry!")
+
+
+def build_detectron2_model(cfg):
+    """detectron2's ``build_model(cfg)``, where a name that its registries lack (the config's
+    MODEL.META_ARCHITECTURE, MODEL.BACKBONE.NAME, MODEL.ROI_HEADS.NAME, ...) is a
+    :class:`UserKeyError` with fvcore's message: the config names it, not the code."""
+    try:
+        return build_model(cfg)
+    except KeyError as error:
+        message = str(error.args[0]) if error.args else ""
+        if isinstance(error, UserKeyError) or not _UNKNOWN_REGISTRY_NAME.fullmatch(message):
+            raise
+        raise UserKeyError(message) from error
 
 
 def backbone_setting(cfg, key: str):

@@ -5,7 +5,7 @@ makes it a detectron2 ``Backbone`` (detectron2's norms and frozen norms, ``outpu
 the same parameters and state dict keys.
 """
 
-from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -173,6 +173,9 @@ class LambdaResNet(nn.Module):
         mixer: the name of a registered mixer (:mod:`lambda_det.modeling.mixers`): "lambda"
             (LambdaLayer), "aft_conv" (AFTConv, the Attention Free Transformer's conv form, for
             head-to-head comparisons), ...
+        stem: builds the stem from (in_channels, out_channels, norm factory): a module that
+            takes the image and returns out_channels at stride 4. Default: ResNet-RS's
+            (:class:`~lambda_det.modeling.blocks.ResNetRSStem`), the paper's.
         **options: the mixer's options, defaults its layer's (see its builder in
             :mod:`lambda_det.modeling.mixers`). "lambda": heads, dim_k, dim_u, scope (None for
             global context), impl, max_size (global context only), share_position_embeddings
@@ -199,6 +202,7 @@ class LambdaResNet(nn.Module):
         in_channels: int = 3,
         drop_path_rate: float = 0.0,
         mixer: str = "lambda",
+        stem: Callable[[int, int, Norm], nn.Module] = ResNetRSStem,
         **options,
     ):
         super().__init__()
@@ -215,7 +219,7 @@ class LambdaResNet(nn.Module):
             options = {**options, "norm": norm}  # the mixer's norms are the backbone's
 
         stem_width = int(64 * width_multiplier)
-        self.stem = ResNetRSStem(in_channels, stem_width, norm)
+        self.stem = stem(in_channels, stem_width, norm)
         self._out_feature_channels = {"stem": stem_width}
         self._out_feature_strides = {"stem": 4}
         default_features = ["linear"] if num_classes is not None else list(STAGES)

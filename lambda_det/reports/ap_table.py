@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, Mapping, Optional
 
 from lambda_det.reports.plots import plot_ap_bars
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.errors import MissingFileError, UserError
 from lambda_det.utils.text import read_text
 
 __all__ = ["PAPER_TABLE_14", "SIZE_METRICS", "load_results", "format_ap_table", "plot_ap_by_size"]
@@ -48,9 +48,9 @@ def load_results(path: str, dataset: Optional[str] = None) -> Results:
         for name in ("eval_results.json", "metrics.json"):
             if (path / name).is_file():
                 return load_results(str(path / name), dataset)
-        raise FileNotFoundError(f"{path} has neither eval_results.json nor metrics.json")
+        raise MissingFileError(f"{path} has neither eval_results.json nor metrics.json")
     if not path.is_file():
-        raise FileNotFoundError(f"no results file at {path}")
+        raise MissingFileError(f"no results file at {path}")
     fix = "pass a run's folder, its eval_results.json or its metrics.json"
     text = read_text(path, fix)
     if path.name == "metrics.json":  # one JSON object per line; keep the last value of each key

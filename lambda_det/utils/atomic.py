@@ -10,6 +10,8 @@ import tempfile
 import uuid
 from typing import Container, Iterator, Mapping, Optional, Tuple, Union
 
+from lambda_det.utils.errors import ExistingFileError, IsAFolderError, UserError
+
 __all__ = [
     "atomic_path",
     "atomic_write",
@@ -29,7 +31,7 @@ PathLike = Union[str, os.PathLike]
 DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
-class OutputWriteError(RuntimeError):
+class OutputWriteError(UserError, RuntimeError):
     """A file or folder that a tool writes cannot be written (read-only, full, a system folder
     such as /sys, or a file in the way); the message names the path and the fix."""
 
@@ -142,17 +144,19 @@ def check_output_file(
     """
     what = what or f"{option} {os.fspath(path)!r}"
     if os.path.isdir(path):
-        raise IsADirectoryError(f"{what} is a folder: pass a file path as {option}")
+        raise IsAFolderError(f"{what} is a folder: pass a file path as {option}")
     if not os.path.lexists(path):
         return
     identity = file_identity(path)
     for role, read in (reads or {}).items():
         if identity is not None and read is not None and file_identity(read) == identity:
-            raise FileExistsError(
+            raise ExistingFileError(
                 f"{what} is {role}, which this command reads: pass another {option}"
             )
     if not overwrite:
-        raise FileExistsError(f"{what} exists: pass another {option}, or --overwrite to replace it")
+        raise ExistingFileError(
+            f"{what} exists: pass another {option}, or --overwrite to replace it"
+        )
 
 
 def refuse_symlink(path: PathLike, fix: str) -> None:

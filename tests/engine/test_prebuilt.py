@@ -123,3 +123,47 @@ def test_what_the_build_logs_reaches_the_runs_log_where_the_run_takes_the_model(
         package.handlers, package.propagate = saved[:2]
         package.setLevel(saved[2])
     assert [record.getMessage() for record in records] == ["built at width 4"]
+
+
+def test_what_the_build_sets_up_stays_set_up():
+    package = logging.getLogger("lambda_det.tests.sets_up")
+    handler = logging.NullHandler()
+
+    def build_setting_up_logging():
+        package.addHandler(handler)
+        package.propagate = False
+        return nn.Identity()
+
+    try:
+        build_before_launch(build_setting_up_logging, 0)
+        assert package.handlers == [handler] and package.propagate is False
+    finally:
+        package.handlers, package.propagate = [], True
+
+
+def test_what_a_failed_build_logged_is_logged_at_once():
+    package = logging.getLogger("lambda_det.tests")
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    package.addHandler(handler)
+    package.setLevel(logging.INFO)
+
+    def failing_build():
+        logging_build()
+        raise ValueError("no such depth")
+
+    try:
+        with pytest.raises(ValueError, match="no such depth"):
+            build_before_launch(failing_build, 0)
+    finally:
+        package.removeHandler(handler)
+        package.setLevel(logging.NOTSET)
+    assert [record.getMessage() for record in records] == ["built at width 4"]
+
+
+def test_the_bytes_the_model_holds():
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8))
+    prebuilt = build_before_launch(lambda: model, 0)
+    # weights 32 + 8, BatchNorm 8 + 8 float32 and an int64 count
+    assert prebuilt.nbytes() == (32 + 8 + 8 + 8 + 8 + 8) * 4 + 8

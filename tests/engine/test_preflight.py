@@ -596,3 +596,25 @@ def test_a_seed_that_is_not_an_integer_is_refused(value):
 
 def test_an_integer_seed_is_the_runs():
     assert [preflight.check_seed(Setting("SEED", value)) for value in (-1, 0, 7)] == [-1, 0, 7]
+
+
+@pytest.mark.parametrize(
+    "seed, world_size, refused",
+    [(2**32 - 1, 1, False), (2**32, 1, True), (2**32 - 2, 2, False), (2**32 - 1, 2, True)],
+)
+def test_a_seed_numpy_cannot_take_is_refused(seed, world_size, refused):
+    """Each process seeds numpy with seed + rank, below 2**32."""
+    if not refused:
+        assert preflight.check_seed(Setting("SEED", seed), world_size) == seed
+        return
+    with pytest.raises(UserError, match=f"SEED {seed}.* exceeds numpy's largest seed, 2\\*\\*32"):
+        preflight.check_seed(Setting("SEED", seed), world_size)
+
+
+def test_memory_a_model_built_before_the_check_holds_is_the_runs(monkeypatch):
+    """On the CPU, a model built before the check holds memory that MemAvailable no longer
+    counts, and the estimate counts it: it is added back, not counted twice."""
+    monkeypatch.setattr(preflight, "_memory_available_on_this_machine", lambda: 10 * GIB)
+    assert preflight.available_memory("cpu", 1, held=GIB)[0] == 11 * GIB
+    assert preflight.available_memory("cpu", 2, held=GIB)[0] == 11 * GIB // 2
+    assert preflight.available_memory("cpu", 1)[0] == 10 * GIB

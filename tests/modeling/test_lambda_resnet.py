@@ -19,6 +19,7 @@ from lambda_det.modeling import (
     lambda_resnet,
     resolve_placement,
 )
+from lambda_det.modeling.blocks import ResNetRSStem
 
 
 def parameters_in_millions(model: torch.nn.Module) -> float:
@@ -204,6 +205,24 @@ def test_a_norm_callable_is_every_norm():
     )
     layer = model.res5[0].mixer  # the lambda layer's query and value norms too
     assert type(layer.query_norm) is torch.nn.GroupNorm
+
+
+class PatchifyStem(torch.nn.Sequential):
+    """A stem of another kind: one 4x4 conv of stride 4 and a norm."""
+
+    def __init__(self, in_channels, out_channels, norm):
+        super().__init__(
+            torch.nn.Conv2d(in_channels, out_channels, 4, stride=4), norm(out_channels)
+        )
+
+
+def test_a_stem_of_another_kind():
+    model = lambda_resnet(26, width_multiplier=0.25, scope=3, stem=PatchifyStem, norm="GN")
+    assert isinstance(model.stem, PatchifyStem) and isinstance(model.stem[1], torch.nn.GroupNorm)
+    outputs = model(torch.randn(2, 3, 64, 64))
+    assert outputs["res2"].shape == (2, 64, 16, 16) and outputs["res5"].shape == (2, 512, 2, 2)
+    default = lambda_resnet(26, width_multiplier=0.25, scope=3)
+    assert type(default.stem) is ResNetRSStem  # the paper's; state_dict keys: test_state_dict_keys
 
 
 @pytest.mark.parametrize("mixer", ["lambda", "aft_conv"])

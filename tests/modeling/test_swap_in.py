@@ -15,7 +15,9 @@ from lambda_det.cli import train_net
 from lambda_det.engine.preflight import check_training_recipe
 from lambda_det.engine.run_settings import yaml_training_settings
 from lambda_det.modeling import LambdaResNet
-from lambda_det.run_config import load_config
+from lambda_det.modeling import build as modeling_build
+from lambda_det.run_config import get_cfg, load_config
+from lambda_det.utils.errors import UserKeyError
 
 # detectron2's own model-zoo files, as the installed detectron2 ships them (with their _BASE_).
 STOCK = {
@@ -124,3 +126,30 @@ def test_train_net_refuses_stock_weights_in_one_line(tmp_path, shapes, kind, cap
     assert status == 2 and "Traceback" not in err, err[-2000:]
     assert "error: MODEL.WEIGHTS 'detectron2://ImageNetPretrained/MSRA/R-50.pkl'" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "key, registry",
+    [("MODEL.META_ARCHITECTURE", "META_ARCH"), ("MODEL.BACKBONE.NAME", "BACKBONE")],
+)
+def test_a_name_that_detectron2s_registries_lack_is_a_user_error(key, registry):
+    """The config names it: a UserKeyError (also the KeyError detectron2 raises), with
+    fvcore's message."""
+    cfg = get_cfg()
+    cfg.merge_from_list([key, "NoSuchName", "MODEL.DEVICE", "cpu"])
+    with pytest.raises(UserKeyError) as caught, torch.device("meta"):
+        modeling_build.build_detectron2_model(cfg)
+    assert isinstance(caught.value, KeyError)
+    assert caught.value.args == (f"No object named 'NoSuchName' found in '{registry}' registry!",)
+
+
+def test_another_key_error_of_a_build_stays_a_bug(monkeypatch):
+    """The control: a KeyError that names no registry entry is no UserError."""
+
+    def build_model(cfg):
+        raise KeyError("an internal key")
+
+    monkeypatch.setattr(modeling_build, "build_model", build_model)
+    with pytest.raises(KeyError, match="an internal key") as caught:
+        modeling_build.build_detectron2_model(get_cfg())
+    assert not isinstance(caught.value, UserKeyError)

@@ -2,16 +2,28 @@
 misspelt config key (yaml configs and LazyConfig recipes alike), the LazyConfig tool naming
 its own keys, and a user's mistake in one line where a bug keeps its traceback."""
 
+import pickle
+
 import cv2
 import numpy as np
 import pytest
 
+from lambda_det.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
 from lambda_det.cli import lazyconfig_train_net, predict
 from lambda_det.cli import train_net as cli
-from lambda_det.cli.output_dir import OutputDirLock, prepare_output_dir
+from lambda_det.cli.arguments import reporting_user_errors
+from lambda_det.cli.output_dir import OutputDirBusyError, OutputDirLock, prepare_output_dir
 from lambda_det.config import did_you_mean
 from lambda_det.run_config import load_config
-from lambda_det.utils.errors import UserError
+from lambda_det.utils.atomic import OutputWriteError
+from lambda_det.utils.errors import (
+    ExistingFileError,
+    IsAFolderError,
+    MissingFileError,
+    NotAFolderError,
+    UserError,
+    UserKeyError,
+)
 
 SHAPES = "configs/Demo/lambda_r26_shapes.yaml"
 
@@ -116,13 +128,27 @@ GUARDED = [
 ]
 
 
-@pytest.mark.parametrize("error", [ValueError("an internal value"), KeyError("an internal key")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("an internal value"),
+        KeyError("an internal key"),
+        KeyError("No object named 'an internal name' found in 'BACKBONE' registry!"),
+        FileNotFoundError("an internal file"),
+        FileExistsError("an internal file"),
+        NotADirectoryError("an internal folder"),
+        IsADirectoryError("an internal folder"),
+        pickle.UnpicklingError("an internal pickle"),
+        RuntimeError("an internal state"),
+    ],
+    ids=repr,
+)
 @pytest.mark.parametrize("tool, function, argv", GUARDED)
 def test_a_bug_in_a_guarded_block_keeps_its_traceback(
     tool, function, argv, error, monkeypatch, tmp_path, capsys
 ):
-    """A ValueError or KeyError that is no UserError is a bug: it leaves main() as it is (the
-    traceback), not as an ``error:`` line."""
+    """An exception that is no UserError is a bug, a builtin one of a file, a name or a pickle
+    included: it leaves main() as it is (the traceback), not as an ``error:`` line."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(tool, function, broken(error))
     with pytest.raises(type(error), match="an internal"):
@@ -141,6 +167,38 @@ def test_a_user_error_in_the_same_block_is_one_line(
         tool.main(argv)
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == "error: a mistake: the fix"
+
+
+# The project's exception of each mistake the tools report, and the builtin one it also is.
+USER_ERROR_TYPES = [
+    (MissingFileError, FileNotFoundError),
+    (ExistingFileError, FileExistsError),
+    (NotAFolderError, NotADirectoryError),
+    (IsAFolderError, IsADirectoryError),
+    (UserKeyError, KeyError),
+    (UnsafeCheckpointError, pickle.UnpicklingError),
+    (CorruptCheckpointError, RuntimeError),
+    (OutputDirBusyError, RuntimeError),
+    (OutputWriteError, RuntimeError),
+]
+
+
+@pytest.mark.parametrize("user_error, builtin", USER_ERROR_TYPES)
+def test_a_user_error_is_also_the_builtin_it_replaces(user_error, builtin):
+    """Code that catches the builtin (an API caller's ``except FileNotFoundError``) still
+    catches the mistake, whose message is the one it was raised with."""
+    with pytest.raises(builtin) as caught:
+        raise user_error("a mistake: the fix")
+    assert isinstance(caught.value, UserError)
+    assert str(caught.value.args[0]) == "a mistake: the fix"
+
+
+@pytest.mark.parametrize("user_error, builtin", USER_ERROR_TYPES)
+def test_each_user_error_is_one_line(user_error, builtin, capsys):
+    with pytest.raises(SystemExit) as exit_info, reporting_user_errors():
+        raise user_error("a mistake:\n the fix")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "error: a mistake: the fix\n"
 
 
 def test_a_name_that_detectron2s_registries_lack_is_one_line(tmp_path, capsys):

@@ -278,11 +278,20 @@ def test_missing_weights_are_one_error_line(tmp_path, capsys, one_torch_thread):
     one_error_line(capsys, exit_status, f"checkpoint '{missing}' does not exist")
 
 
-def test_a_scripts_own_error_keeps_its_traceback(tmp_path):
+@pytest.mark.parametrize("error", [FileExistsError, FileNotFoundError, KeyError])
+def test_a_scripts_own_error_keeps_its_traceback(error, tmp_path):
     script = tmp_path / "buggy.py"
-    script.write_text("raise FileExistsError('a bug of the script')\n")
-    with pytest.raises(FileExistsError, match="a bug of the script"):
+    script.write_text(f"raise {error.__name__}('a bug of the script')\n")
+    with pytest.raises(error, match="a bug of the script"):
         main([str(script)])
+
+
+def test_a_missing_lazyconfig_is_one_error_line(tmp_path, capsys):
+    script_or_skip("lazyconfig_train_net.py")
+    for missing in (tmp_path / "none.py", tmp_path / "none.yaml"):
+        with pytest.raises(SystemExit) as exit_status:
+            main(["lazyconfig_train_net.py", "--config-file", str(missing), "--eval-only"])
+        one_error_line(capsys, exit_status, f"LazyConfig '{missing}' does not exist")
 
 
 def test_a_pkl_of_another_layout_is_one_line_naming_it(tmp_path):
