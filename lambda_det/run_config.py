@@ -23,7 +23,7 @@ from lambda_det.config import (  # noqa: E402
     merge_config,
     read_config_dump,
 )
-from lambda_det.modeling.config import RENAMED_KEYS, add_lambda_resnet_config, register_renamed_keys  # noqa: E402
+from lambda_det.modeling.config import RENAMED_KEYS, add_lambda_resnet_config, register_renamed_keys
 
 __all__ = ["get_cfg", "load_config", "config_differences"]
 

@@ -1,6 +1,7 @@
 """Importing lambda_det's core needs torch alone: no detectron2, so it works in any PyTorch
 project."""
 
+import configparser
 import os
 import shutil
 import subprocess
@@ -177,7 +178,67 @@ def _lint_imports(config: str) -> subprocess.CompletedProcess:
 def test_packages_import_only_the_packages_below_them():
     result = _lint_imports(str(REPO_ROOT / ".importlinter"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout, result.stdout
+    assert "11 kept, 0 broken" in result.stdout, result.stdout
+
+
+def _layers_contracts() -> dict:
+    """The layers of each `layers` contract of .importlinter: {name: [[package, ...], ...]}."""
+    config = configparser.ConfigParser()
+    config.read(REPO_ROOT / ".importlinter")
+    return {
+        section: [
+            line.replace(" ", "").split("|")
+            for line in config[section]["layers"].splitlines()
+            if line.strip()
+        ]
+        for section in config.sections()
+        if config[section].get("type") == "layers"
+    }
+
+
+def _unbacked_order(graph, layers: list) -> list:
+    """What ``layers`` claims without an import chain behind it: a package above another that it
+    does not import (directly or not), and packages side by side of which one imports the other."""
+    problems = []
+    for index, layer in enumerate(layers):
+        for upper in layer:
+            for lower in [package for below in layers[index + 1 :] for package in below]:
+                if not graph.chain_exists(importer=upper, imported=lower, as_packages=True):
+                    problems.append(f"{upper} above {lower}, which it does not import")
+            for other in layer:
+                if other != upper and graph.chain_exists(upper, other, as_packages=True):
+                    problems.append(f"{upper} beside {other}, which it imports")
+    return problems
+
+
+def test_the_layers_contracts_order_exactly_the_imports_between_packages():
+    """Each contract orders only packages that import one another, and every import of one of
+    lambda_det's packages by another is ordered by a contract (an import back breaks it)."""
+    grimp = pytest.importorskip("grimp")  # import-linter's graph of the imports
+    graph = grimp.build_graph("lambda_det", include_external_packages=False, cache_dir=None)
+    contracts = _layers_contracts()
+    for name, layers in contracts.items():
+        assert _unbacked_order(graph, layers) == [], name
+    # Negative control: two packages of which neither imports the other.
+    problems = _unbacked_order(graph, [["lambda_det.reports"], ["lambda_det.config"]])
+    assert problems == ["lambda_det.reports above lambda_det.config, which it does not import"]
+    ordered = {
+        (upper, lower)
+        for layers in contracts.values()
+        for index, layer in enumerate(layers)
+        for upper in layer
+        for below in layers[index + 1 :]
+        for lower in below
+    }
+    packages = sorted(graph.find_children("lambda_det"))
+    imports = {
+        (importer, imported)
+        for importer in packages
+        for imported in packages
+        if importer != imported
+        and graph.direct_import_exists(importer=importer, imported=imported, as_packages=True)
+    }
+    assert len(imports) > 40 and imports <= ordered, sorted(imports - ordered)
 
 
 def test_the_model_contract_catches_a_detectron2_import(tmp_path):

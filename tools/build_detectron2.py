@@ -57,7 +57,8 @@ SOURCE_PATCHES: List[Tuple[str, str, str]] = [
     # A direct-URL dependency in an extra: current pip refuses the whole package for it.
     (
         "setup.py",
-        '            "panopticapi @ https://github.com/cocodataset/panopticapi/archive/master.zip",\n',
+        '            "panopticapi @ '
+        'https://github.com/cocodataset/panopticapi/archive/master.zip",\n',
         "",
     ),
     (

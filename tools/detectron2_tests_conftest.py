@@ -16,6 +16,7 @@ from detectron2.config import CfgNode, get_cfg
 from detectron2.modeling import BACKBONE_REGISTRY
 from omegaconf import OmegaConf
 
+from lambda_det.compat.internals import replace_registered
 from lambda_det.modeling import add_lambda_resnet_config  # and registers the builders
 
 SWAP = {
@@ -48,7 +49,7 @@ def swapped(name):
 
 
 for stock, ours in SWAP.items():
-    BACKBONE_REGISTRY._obj_map[stock] = swapped(ours)  # the registry has no public override
+    replace_registered(BACKBONE_REGISTRY, stock, swapped(ours))
     for module in (backbone, fpn, resnet):
         if hasattr(module, stock):
             setattr(module, stock, BACKBONE_REGISTRY.get(stock))

@@ -7,22 +7,25 @@ detectron2 that changes one fails there rather than somewhere in a run.
 
 Checked against detectron2 0.6 (the pb1-detectron2 build that tools/build_detectron2.py installs
 into .venv/) and detectron2's main branch at commit 02b5c4e, with fvcore 0.1.5.post20221221. They
-differ here in one place: main creates the per-machine process group with
+differ here in one place that needs two ways: main creates the per-machine process group with
 ``comm.create_local_process_group``, 0.6 only inside its own ``launch``
-(:func:`set_local_process_group`).
+(:func:`set_local_process_group`). Elsewhere one way serves both (:func:`next_training_batch`,
+:func:`write_step_metrics`).
 
 detectron2 and fvcore are imported inside the functions: lambda_det.modeling imports this module
 without detectron2 (:func:`add_default_flop_handles`).
 
-Outside this module, lambda_det's subclasses of detectron2's and fvcore's classes use protected
-members of their bases, as those classes intend (``SimpleTrainer._write_metrics``,
-``Checkpointer._load_file``, ...; the test lists them), and :mod:`lambda_det.compat.torch_export`
-stands in for a few detectron2 functions, private ones included, while a model is exported
-(tests/export/ check their signatures).
+Outside this module, lambda_det's ``AtomicCheckpointer`` overrides fvcore's ``Checkpointer``
+methods ``_load_file`` (which fvcore documents as the one to override for other file formats) and
+``_load_model`` (as detectron2's ``DetectionCheckpointer`` does), and its ``FinalEvalHook`` relies
+on ``EvalHook.after_train``'s use of ``_do_eval`` and ``_func``; the test lists these too. And
+:mod:`lambda_det.compat.torch_export` stands in for a few detectron2 functions, private ones
+included, while a model is exported (tests/compat/test_torch_export.py and tests/export/ check
+them).
 """
 
 import contextlib
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 from unittest import mock
 
 __all__ = [
@@ -31,6 +34,11 @@ __all__ = [
     "release_eval_function",
     "periodic_writer_writers",
     "registered_hooks",
+    "inner_trainer",
+    "next_training_batch",
+    "write_step_metrics",
+    "reopened_json_writer",
+    "replace_registered",
     "DEFAULT_TRAINER_PARTS",
     "default_trainer_parts",
     "set_local_process_group",
@@ -73,6 +81,45 @@ def registered_hooks(trainer) -> list:
     """The hooks registered on a detectron2 trainer (``TrainerBase._hooks``; there is no public
     accessor): to find a run's checkpointer and writers after ``register_hooks``."""
     return trainer._hooks
+
+
+def inner_trainer(trainer):
+    """The ``SimpleTrainer`` (or ``AMPTrainer``) that detectron2's ``DefaultTrainer`` runs each
+    step with (``_trainer``; there is no public accessor): its state, the optimizer's, goes into
+    lambda_det's checkpoints."""
+    return trainer._trainer
+
+
+def next_training_batch(trainer) -> Any:
+    """The next batch of a detectron2 ``SimpleTrainer``'s data loader, from the iterator that
+    its ``run_step`` reads (``_data_loader_iter``: an attribute in 0.6, a property that makes the
+    iterator on first use in main), for a subclass with a ``run_step`` of its own; a second
+    iterator of the loader would start the data over."""
+    return next(trainer._data_loader_iter)
+
+
+def write_step_metrics(trainer, loss_dict: Dict[str, Any], data_time: float) -> None:
+    """Put a step's losses and data time into the event storage as ``SimpleTrainer.run_step``
+    does, through its ``_write_metrics`` (main's writes every ``gather_metric_period`` iterations,
+    0.6's every one), for a subclass with a ``run_step`` of its own."""
+    trainer._write_metrics(loss_dict, data_time)
+
+
+@contextlib.contextmanager
+def reopened_json_writer(writer, json_file: str) -> Iterator[None]:
+    """Within: detectron2's ``JSONWriter`` ``writer`` has its file closed, to be rewritten;
+    after, it appends to ``json_file`` again. It opens its file only when it is made, so the new
+    file object is set as its ``_file_handle``."""
+    writer.close()
+    yield
+    writer._file_handle = open(json_file, "a")
+
+
+def replace_registered(registry, name: str, obj: Any) -> None:
+    """Put ``obj`` under ``name`` in a detectron2 (fvcore) ``Registry`` that holds another one
+    under it: ``register`` refuses a name twice, and the registry has no public way to replace
+    one (its ``_obj_map``)."""
+    registry._obj_map[name] = obj
 
 
 # The globals of detectron2.engine.defaults that DefaultTrainer.__init__ builds its parts with.

@@ -21,17 +21,23 @@ answer for every input (``GuardOnDataDependentSymNode``):
 * ``_create_grid_offsets`` (anchor generators): the anchors' shifts as ``arange(n) * stride``
   plus the offset, whose length is visibly n, rather than ``arange(offset * stride, n * stride,
   stride)`` (a float ceil); the same values, exactly.
-* ``Boxes.__init__``: takes a box count it cannot know (after a mask or NMS) as non-zero where
-  it asks whether the tensor is empty (to reshape an empty one to (0, 4): the same (N, 4) tensor
-  either way).
-* ``Boxes.clip``: without the assertion that every coordinate is finite. Both callers in inference
-  (below) drop non-finite boxes first, so it never fires there.
-* ``Instances.set``: compares the new field's length with the others' as symbolic integers
-  (``len()`` must return a Python int).
+* ``Boxes.__init__``: detectron2's, but for an (N, 4) tensor whose N depends on values (boxes
+  after a mask or NMS): detectron2's asks whether it is empty, to reshape an empty one to (0, 4),
+  which leaves an (N, 4) one as it is; such a tensor is kept as it keeps one (as float32).
+* ``Boxes.clip``: torchvision's ``clip_boxes_to_image``, the same clamp of each coordinate,
+  without detectron2's assertion that every coordinate is finite (its first statement, so no
+  call of detectron2's skips it). Both callers in inference (below) drop non-finite boxes first,
+  so it never fires there.
+* ``Instances.set``: detectron2's for lengths that are Python ints; a symbolic length (``len()``
+  must return an int) is compared with the others' by ``torch._check``.
 * ``find_top_rpn_proposals`` (RPN) and ``fast_rcnn_inference_single_image`` (box head): the
   boxes with a non-finite coordinate or score, and the RPN's too-small boxes, are always dropped
   by a mask, rather than only after asking whether any are (which changes nothing when none
-  are); the RPN's per-level ``min(H_i * W_i * A, pre_nms_topk)`` is ``torch.sym_min``.
+  are); the RPN's per-level ``min(H_i * W_i * A, pre_nms_topk)`` is ``torch.sym_min``. These two
+  take detectron2's steps, with its Boxes, Instances and NMS, rather than call its functions:
+  each asks ``if not valid_mask.all()`` inside its body (the RPN's after its top-k selection),
+  which no argument or module global of detectron2 turns off and no caller can answer for it
+  (tests/compat/test_torch_export.py checks that detectron2 still asks it).
 * ``convert_boxes_to_pooler_format`` (ROIPooler): each box's image index from the symbolic
   number of boxes of each image, not from a tensor of those numbers (``repeat_interleave``).
 * ``batched_nms`` (both of the above, and RetinaNet's): torchvision's batched NMS picks per-class
@@ -60,7 +66,8 @@ import torch.nn.functional as F
 import torchvision  # noqa: F401  (registers torch.ops.torchvision.nms)
 from detectron2.layers import cat
 from detectron2.structures import Boxes, ImageList, Instances
-from torch.fx.experimental.symbolic_shapes import guard_or_false
+from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
+from torchvision.ops import clip_boxes_to_image
 
 __all__ = ["export_friendly_detectron2"]
 
@@ -165,35 +172,37 @@ def _conv2d_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def _boxes_init(self: Boxes, tensor: torch.Tensor) -> None:
-    """Boxes.__init__ that takes a box count it cannot know (after a mask or NMS) as non-zero
-    (its reshape of an empty tensor to (0, 4) is a no-op on an (N, 4) one)."""
-    device = tensor.device if isinstance(tensor, torch.Tensor) else torch.device("cpu")
-    tensor = torch.as_tensor(tensor, dtype=torch.float32, device=device)
-    if guard_or_false(tensor.numel() == 0):
-        tensor = tensor.reshape((-1, 4)).to(dtype=torch.float32, device=device)
-    assert tensor.dim() == 2 and tensor.size(-1) == 4, tensor.size()
-    self.tensor = tensor
+    """Boxes.__init__ (detectron2's), but for an (N, 4) tensor of an N that depends on values,
+    whose emptiness detectron2's asks (see the module docstring)."""
+    if (
+        isinstance(tensor, torch.Tensor)
+        and tensor.dim() == 2
+        and tensor.shape[1] == 4
+        and has_free_unbacked_symbols(tensor.shape[0])
+    ):
+        self.tensor = tensor.to(torch.float32)  # as detectron2's keeps an (N, 4) tensor
+    else:
+        _ORIGINALS["boxes_init"](self, tensor)
 
 
 def _instances_set(self: Instances, name: str, value) -> None:
-    """Instances.set, comparing lengths that may be symbolic (``len()`` must return an int)."""
+    """Instances.set (detectron2's), but for symbolic lengths, which it would ask ``len()``."""
     length = value.__len__()
-    if len(self._fields):
+    if isinstance(length, int) and (not self._fields or isinstance(self.__len__(), int)):
+        _ORIGINALS["instances_set"](self, name, value)
+        return
+    if self._fields:
         torch._check(
             self.__len__() == length,
             lambda: f"Adding a field of length {length} to a Instances of length {self.__len__()}",
         )
-    self._fields[name] = value
+    self._fields[name] = value  # where detectron2's set keeps a field
 
 
 def _clip(self: Boxes, box_size: Tuple[int, int]) -> None:
-    """Boxes.clip without the assertion on the values (see the module docstring)."""
-    height, width = box_size
-    x1 = self.tensor[:, 0].clamp(min=0, max=width)
-    y1 = self.tensor[:, 1].clamp(min=0, max=height)
-    x2 = self.tensor[:, 2].clamp(min=0, max=width)
-    y2 = self.tensor[:, 3].clamp(min=0, max=height)
-    self.tensor = torch.stack((x1, y1, x2, y2), dim=-1)
+    """Boxes.clip as torchvision clips: without detectron2's assertion on the values (see the
+    module docstring)."""
+    self.tensor = clip_boxes_to_image(self.tensor, box_size)
 
 
 def _convert_boxes_to_pooler_format(box_lists: List[Boxes]) -> torch.Tensor:
@@ -250,7 +259,8 @@ def _find_top_rpn_proposals(
     min_box_size: float,
     training: bool,
 ) -> List[Instances]:
-    """proposal_utils.find_top_rpn_proposals with masks instead of questions about values."""
+    """proposal_utils.find_top_rpn_proposals with masks instead of questions about values
+    (why it does not call detectron2's: the module docstring)."""
     if training:
         raise RuntimeError("torch.export of the RPN is for inference (eval mode) only")
     device = proposals[0].device
@@ -299,7 +309,7 @@ def _fast_rcnn_inference_single_image(
     topk_per_image: int,
 ):
     """fast_rcnn.fast_rcnn_inference_single_image with a mask instead of a question about
-    values."""
+    values (why it does not call detectron2's: the module docstring)."""
     valid = torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores).all(dim=1)
     boxes, scores = boxes[valid], scores[valid]
     scores = scores[:, :-1]  # without the background class
@@ -352,6 +362,8 @@ def export_friendly_detectron2() -> Iterator[None]:
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in _REPLACEMENTS]
     _ORIGINALS["from_tensors"] = ImageList.from_tensors
     _ORIGINALS["batch_norm"] = F.batch_norm
+    _ORIGINALS["boxes_init"] = Boxes.__init__
+    _ORIGINALS["instances_set"] = Instances.set
     library = torch.library.Library("torchvision", "FRAGMENT")
     try:
         # The newest fake kernel of an operator runs; destroying the library removes this one.

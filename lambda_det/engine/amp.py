@@ -13,6 +13,7 @@ import torch
 from detectron2.config import CfgNode
 from detectron2.engine import SimpleTrainer
 
+from lambda_det.compat.internals import next_training_batch, write_step_metrics
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.run_defaults import AMP_DTYPE
 
@@ -109,7 +110,7 @@ class MixedPrecisionTrainer(SimpleTrainer):
     def run_step(self):
         assert self.model.training, "[MixedPrecisionTrainer] model was changed to eval mode!"
         start = time.perf_counter()
-        data = next(self._data_loader_iter)
+        data = next_training_batch(self)
         data_time = time.perf_counter() - start
         with torch.autocast(self.device_type, dtype=self.dtype):
             loss_dict = self.model(data)
@@ -121,7 +122,7 @@ class MixedPrecisionTrainer(SimpleTrainer):
             losses.backward()
         else:
             self.grad_scaler.scale(losses).backward()
-        self._write_metrics(loss_dict, data_time)
+        write_step_metrics(self, loss_dict, data_time)
         if self.grad_scaler is None:
             self.optimizer.step()
         else:

@@ -21,7 +21,11 @@ from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter
 from detectron2.utils.logger import setup_logger
 from omegaconf import OmegaConf
 
-from lambda_det.compat.internals import periodic_writer_writers, registered_hooks
+from lambda_det.compat.internals import (
+    periodic_writer_writers,
+    registered_hooks,
+    reopened_json_writer,
+)
 from lambda_det.utils.atomic import atomic_path
 
 __all__ = [
@@ -118,21 +122,20 @@ class MetricsWriter(JSONWriter):
         ``iteration`` and lines that are not records (one cut short by a killed run): the
         resumed run trains those iterations again and writes their records anew. Logs how
         many lines went."""
-        self._file_handle.close()
-        with open(self.json_file) as f:
-            lines = f.read().splitlines()
-        kept = [line for line in lines if -1 < _iteration(line) <= iteration]
-        if len(kept) < len(lines):
-            with atomic_path(self.json_file) as temporary, open(temporary, "w") as f:
-                f.writelines(line + "\n" for line in kept)
-            logger.info(
-                "Resuming after iteration %d: dropped the %d last lines of %s (records "
-                "of the iterations this run trains again)",
-                iteration,
-                len(lines) - len(kept),
-                self.json_file,
-            )
-        self._file_handle = open(self.json_file, "a")
+        with reopened_json_writer(self, self.json_file):
+            with open(self.json_file) as f:
+                lines = f.read().splitlines()
+            kept = [line for line in lines if -1 < _iteration(line) <= iteration]
+            if len(kept) < len(lines):
+                with atomic_path(self.json_file) as temporary, open(temporary, "w") as f:
+                    f.writelines(line + "\n" for line in kept)
+                logger.info(
+                    "Resuming after iteration %d: dropped the %d last lines of %s (records "
+                    "of the iterations this run trains again)",
+                    iteration,
+                    len(lines) - len(kept),
+                    self.json_file,
+                )
 
 
 def _iteration(line: str):

@@ -31,6 +31,7 @@ from lambda_det.compat import ddp_without_buffer_sync, without_cuda_home_warning
 from lambda_det.compat.internals import (
     default_trainer_parts,
     eval_hook_arguments,
+    inner_trainer,
     plain_config_printouts,
     release_eval_function,
 )
@@ -260,13 +261,13 @@ class Trainer(DefaultTrainer):
         # detectron2 0.6's DefaultTrainer saves only the iteration and hook states: the
         # optimizer's momentum buffers were lost on --resume. Save the inner trainer too.
         state = super().state_dict()
-        state["_trainer"] = self._trainer.state_dict()
+        state["_trainer"] = inner_trainer(self).state_dict()
         return state
 
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
         if "_trainer" in state_dict:  # checkpoints of plain detectron2 0.6 runs have none
-            self._trainer.load_state_dict(state_dict["_trainer"])
+            inner_trainer(self).load_state_dict(state_dict["_trainer"])
 
     def resume_or_load(self, resume: bool = True):
         resuming = resume and self.checkpointer.has_checkpoint()

@@ -20,7 +20,8 @@ from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
 from detectron2.engine import DefaultTrainer, SimpleTrainer, TrainerBase, defaults  # noqa: E402
 from detectron2.engine.hooks import EvalHook, PeriodicWriter  # noqa: E402
 from detectron2.utils import comm  # noqa: E402
-from detectron2.utils.events import JSONWriter  # noqa: E402
+from detectron2.utils.events import EventStorage, JSONWriter  # noqa: E402
+from detectron2.utils.registry import Registry  # noqa: E402
 from fvcore.common.checkpoint import Checkpointer  # noqa: E402
 from fvcore.nn import FlopCountAnalysis  # noqa: E402
 
@@ -112,12 +113,83 @@ def test_the_trainer_gets_lambda_dets_step_trainer_and_checkpointer(tmp_path, sh
     DetectionCheckpointer here (neither is lambda_det's)."""
     cfg = tiny_cfg(tmp_path, **{"SOLVER.AMP.ENABLED": True, "SOLVER.AMP.DTYPE": "bfloat16"})
     trainer = Trainer(cfg)
-    assert type(trainer._trainer) is MixedPrecisionTrainer
-    assert trainer._trainer.dtype == torch.bfloat16 and trainer._trainer.device_type == "cpu"
+    step_trainer = internals.inner_trainer(trainer)
+    assert type(step_trainer) is MixedPrecisionTrainer
+    assert step_trainer.dtype == torch.bfloat16 and step_trainer.device_type == "cpu"
     assert type(trainer.checkpointer) is AtomicCheckpointer
     assert trainer.checkpointer.model is trainer.model  # one process: no DDP wrapper
-    assert trainer.data_loader is trainer._trainer.data_loader
+    assert trainer.data_loader is step_trainer.data_loader
     assert defaults.DetectionCheckpointer is DetectionCheckpointer  # restored
+
+
+def test_default_trainer_steps_with_its_inner_trainer_0_6_and_main():
+    """DefaultTrainer.run_step runs the ``_trainer`` its __init__ builds (whose state
+    Trainer.state_dict saves; its build: the test above)."""
+    assert uses(DefaultTrainer.__init__, "_trainer"), CHECKED
+    assert uses(DefaultTrainer.run_step, "_trainer"), CHECKED
+
+    class Holder:
+        _trainer = "inner"
+
+    assert internals.inner_trainer(Holder()) == "inner"
+
+
+def _simple_trainer(data_loader) -> SimpleTrainer:
+    model = torch.nn.Linear(1, 1)
+    return SimpleTrainer(model, data_loader, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_simple_trainer_steps_through_one_iterator_of_its_loader_0_6_and_main():
+    """``_data_loader_iter``: made by __init__ in 0.6, on first use in main; run_step reads it.
+    Batches follow each other: a new iterator would give the first again."""
+    assert uses(SimpleTrainer.run_step, "_data_loader_iter"), CHECKED
+    trainer = _simple_trainer([{"batch": 0}, {"batch": 1}])
+    assert internals.next_training_batch(trainer) == {"batch": 0}, CHECKED
+    assert internals.next_training_batch(trainer) == {"batch": 1}, CHECKED
+
+
+def test_simple_trainer_writes_a_steps_losses_and_data_time_0_6_and_main():
+    """What run_step writes after the backward pass (``_write_metrics``), as MixedPrecisionTrainer
+    writes it: the losses, their total and the data time, in the event storage."""
+    assert uses(SimpleTrainer.run_step, "_write_metrics"), CHECKED
+    trainer = _simple_trainer([])
+    with EventStorage(0) as storage:
+        losses = {"loss_cls": torch.tensor(1.5), "loss_box_reg": torch.tensor(0.25)}
+        internals.write_step_metrics(trainer, losses, 0.125)
+        latest = {name: value for name, (value, _) in storage.latest().items()}
+    written = {"loss_cls": 1.5, "loss_box_reg": 0.25, "total_loss": 1.75, "data_time": 0.125}
+    assert latest.items() >= written.items(), CHECKED  # main: rank_data_time too
+
+
+def test_json_writer_appends_to_its_file_after_a_rewrite_0_6_and_main(tmp_path):
+    """MetricsWriter.drop_after rewrites metrics.json in between: the writer appends to the
+    new file."""
+    path = tmp_path / "metrics.json"
+    writer = JSONWriter(str(path))
+    with internals.reopened_json_writer(writer, str(path)):
+        path.unlink()  # closed by now: another file takes the name
+        path.write_text('{"iteration": 0}\n')
+    with EventStorage(1) as storage:
+        storage.put_scalar("total_loss", 0.5)
+        writer.write()
+    writer.close()
+    assert path.read_text().splitlines() == [
+        '{"iteration": 0}',
+        '{"iteration": 1, "total_loss": 0.5}',
+    ], CHECKED
+
+
+def test_a_registry_takes_a_replacement_under_a_registered_name_0_6_and_main():
+    """``register`` refuses a name twice (why tools/detectron2_tests_conftest.py replaces
+    detectron2's ResNet builders through :func:`replace_registered`); ``get`` then finds the
+    replacement."""
+    registry = Registry("TEST")
+    registry.register(len)
+    with pytest.raises(AssertionError, match="already registered"):
+        registry.register(len)
+    internals.replace_registered(registry, "len", min)
+    assert registry.get("len") is min, CHECKED
+    assert dict(registry) == {"len": min}
 
 
 def test_the_local_process_group_is_set_for_get_local_rank(tmp_path, monkeypatch):
@@ -196,23 +268,19 @@ def test_the_names_detectron2s_tools_are_given_lambda_dets_parts_through_0_6_and
 
 
 @pytest.mark.parametrize(
-    "base, members, subclass",
+    "method, members, use",
     [
-        (SimpleTrainer, ["_data_loader_iter", "_write_metrics"], "MixedPrecisionTrainer.run_step"),
-        (JSONWriter, ["_file_handle"], "MetricsWriter.drop_after"),
-        (Checkpointer, ["_load_file", "_load_model"], "AtomicCheckpointer (overrides)"),
-        (EvalHook, ["_do_eval", "_func"], "FinalEvalHook (EvalHook.after_train)"),
-        (DefaultTrainer, ["_trainer"], "Trainer.state_dict"),
+        (Checkpointer.load, ["_load_file", "_load_model"], "AtomicCheckpointer overrides them"),
+        (EvalHook.after_train, ["_do_eval", "_func"], "FinalEvalHook.after_train calls it"),
     ],
 )
-def test_protected_members_lambda_dets_subclasses_use_0_6_and_main(base, members, subclass):
-    """lambda_det's subclasses of detectron2/fvcore classes use these of their base (found in
-    the base's own code, so a rename shows here)."""
-    code_names = {
-        name
-        for function in vars(base).values()
-        if hasattr(function, "__code__")
-        for name in function.__code__.co_names + (function.__name__,)
-    }
+def test_protected_members_lambda_dets_subclasses_rely_on_0_6_and_main(method, members, use):
+    """The protected members of detectron2/fvcore classes that lambda_det's subclasses use
+    outside lambda_det.compat.internals, as their bases intend: ``Checkpointer.load`` reads the
+    file with ``_load_file`` (fvcore's docstring: "Can be overwritten by subclasses to support
+    different formats") and loads the weights with ``_load_model`` (which detectron2's
+    ``DetectionCheckpointer`` overrides too); ``EvalHook.after_train`` evaluates with
+    ``_do_eval`` and drops ``_func``. Found in the method's own code, so a rename shows here."""
     for member in members:
-        assert member in code_names, f"{base.__name__}.{member} ({subclass}) {CHECKED}"
+        assert uses(method, member), f"{method.__qualname__}: {member} ({use}) {CHECKED}"
+    assert {"_load_file", "_load_model"} <= set(vars(DetectionCheckpointer)), CHECKED
