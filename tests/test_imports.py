@@ -178,7 +178,8 @@ def _lint_imports(config: str) -> subprocess.CompletedProcess:
 def test_packages_import_only_the_packages_below_them():
     result = _lint_imports(str(REPO_ROOT / ".importlinter"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "11 kept, 0 broken" in result.stdout, result.stdout
+    contracts = (REPO_ROOT / ".importlinter").read_text().count("[importlinter:contract:")
+    assert f"{contracts} kept, 0 broken" in result.stdout, result.stdout
 
 
 def _layers_contracts() -> dict:
