@@ -72,7 +72,7 @@ def check_weights_fit(model: nn.Module, weights: str, require: str) -> None:
     """Read ``weights`` as the run will (safely) and check that it fits ``model`` (a meta-device
     model: nothing is copied), quietly: the run itself logs what it loads."""
     checkpointer = AtomicCheckpointer(model, require=require)
-    checkpointer.logger = logging.getLogger("lambda_det.cli.train_net.preflight")
+    checkpointer.logger = logging.getLogger(__name__)
     checkpointer.logger.disabled = True
     with warnings.catch_warnings():  # "copying ... to a meta parameter ... is a no-op"
         warnings.simplefilter("ignore", UserWarning)

@@ -198,7 +198,7 @@ def detectron2_tool_patches(
     checkpointer_load: Callable,
     lazy_config_load: Callable,
 ) -> Iterator[None]:
-    """Within: detectron2's own scripts (its tools/, run by :mod:`lambda_det.d2tool`) build
+    """Within: detectron2's own scripts (its tools/, run by :mod:`lambda_det.cli.d2tool`) build
     lambda_det's parts, since they take none as an argument:
 
     * ``get_cfg``: ``detectron2.config.get_cfg``, which the scripts import when they start;

@@ -17,7 +17,7 @@ from fvcore.common.checkpoint import Checkpointer
 from torch import nn
 
 from lambda_det.checkpoint import CorruptCheckpointError, UnsafeCheckpointError
-from lambda_det.d2tool import detectron2_tool_path, lambda_det_in_detectron2, main
+from lambda_det.cli.d2tool import detectron2_tool_path, lambda_det_in_detectron2, main
 
 # The demo config at a quarter width, on the CPU (its test set stays: analyze_model reads it).
 TINY = overrides(

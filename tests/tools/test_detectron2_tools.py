@@ -15,7 +15,7 @@ import pytest
 from conftest import COMMANDS, REPO_ROOT, load_tool, subprocess_env
 from detectron2.data import transforms as T
 
-from lambda_det.d2tool import detectron2_tool_path, lambda_det_in_detectron2, main
+from lambda_det.cli.d2tool import detectron2_tool_path, lambda_det_in_detectron2, main
 
 build_detectron2 = load_tool("build_detectron2")
 
