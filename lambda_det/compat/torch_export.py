@@ -157,13 +157,16 @@ def _create_grid_offsets(
     return shift_x.reshape(-1), shift_y.reshape(-1)
 
 
+_DETECTRON2_CONV2D_FORWARD = d2_wrappers.Conv2d.forward
+
+
 def _conv2d_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """detectron2.layers.Conv2d.forward, asking the size of x only in training."""
-    if self.training and x.numel() == 0:
-        assert not isinstance(self.norm, torch.nn.SyncBatchNorm), (
-            "SyncBatchNorm does not support empty inputs!"
-        )
-    x = F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+    """detectron2.layers.Conv2d.forward; in eval mode without its training-only check, which
+    asks the size of x before it asks whether the layer trains: torch's convolution (detectron2's
+    calls the same ``F.conv2d``), then the layer's norm and activation, as detectron2's."""
+    if self.training:
+        return _DETECTRON2_CONV2D_FORWARD(self, x)
+    x = torch.nn.Conv2d.forward(self, x)
     if self.norm is not None:
         x = self.norm(x)
     if self.activation is not None:
