@@ -14,9 +14,9 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
-from detectron2.config import get_cfg as get_detectron2_cfg  # noqa: E402
+from detectron2.config import get_cfg as get_detectron2_cfg
 
-from lambda_det.config import (  # noqa: E402
+from lambda_det.config import (
     CfgNode,
     add_lambda_det_config,
     flatten_config,

@@ -10,7 +10,7 @@ from lambda_det.utils.errors import UserError
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
-from detectron2.solver import WarmupParamScheduler  # noqa: E402
+from detectron2.solver import WarmupParamScheduler
 
 __all__ = ["warmup_multistep"]
 

@@ -15,7 +15,7 @@ from typing import Dict
 
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
 from lambda_det.cli.output_dir import run_files_in
-from lambda_det.reports.ap_table import format_ap_table, load_results, plot_ap_by_size  # noqa
+from lambda_det.reports.ap_table import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.utils.atomic import (
     atomic_write,
     check_output_file,

@@ -26,7 +26,7 @@ from lambda_det.cli.arguments import (
     add_debug_argument,
     reporting_user_errors,
 )
-from lambda_det.cli.compare import (
+from lambda_det.cli.comparison import (
     DEFAULT_VARIANTS,
     RunFailedError,
     RunInterrupted,

@@ -42,18 +42,18 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
-from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
-from detectron2.config import CfgNode  # noqa: E402
-from detectron2.data import DatasetMapper as Detectron2DatasetMapper  # noqa: E402
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.config import CfgNode
+from detectron2.data import DatasetMapper as Detectron2DatasetMapper
 
-from lambda_det.checkpoint import load_checkpoint_file  # noqa: E402
-from lambda_det.compat.internals import detectron2_tool_patches  # noqa: E402
-from lambda_det.config import CfgNode as SafeCfgNode  # noqa: E402
-from lambda_det.config.lazy import load_lazy_config_file  # noqa: E402
+from lambda_det.checkpoint import load_checkpoint_file
+from lambda_det.compat.internals import detectron2_tool_patches
+from lambda_det.config import CfgNode as SafeCfgNode
+from lambda_det.config.lazy import load_lazy_config_file
 
 # Imported before detectron2's get_cfg is patched: it takes detectron2's own.
-from lambda_det.run_config import get_cfg as lambda_det_get_cfg  # noqa: E402
-from lambda_det.utils.errors import MissingFileError  # noqa: E402
+from lambda_det.run_config import get_cfg as lambda_det_get_cfg
+from lambda_det.utils.errors import MissingFileError
 
 __all__ = ["main", "detectron2_tool_path", "lambda_det_in_detectron2"]
 

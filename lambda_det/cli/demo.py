@@ -24,7 +24,7 @@ from detectron2.data import DatasetCatalog, MetadataCatalog
 from detectron2.data.detection_utils import read_image
 
 import lambda_det.data
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
+import lambda_det.modeling
 from lambda_det.checkpoint import last_checkpoint
 from lambda_det.cli.arguments import add_debug_argument, parse_command_line, reporting_user_errors
 from lambda_det.cli.checks import check_device

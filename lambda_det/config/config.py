@@ -28,11 +28,11 @@ from lambda_det.utils.text import not_text
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
-from detectron2.config import CfgNode as CN  # noqa: E402
-from detectron2.utils.file_io import PathManager  # noqa: E402
-from fvcore.common.config import BASE_KEY  # noqa: E402
+from detectron2.config import CfgNode as CN
+from detectron2.utils.file_io import PathManager
+from fvcore.common.config import BASE_KEY
 
-from lambda_det.config.expressions import ExpressionError, evaluate_expression  # noqa: E402
+from lambda_det.config.expressions import ExpressionError, evaluate_expression
 
 __all__ = [
     "add_lambda_det_config",

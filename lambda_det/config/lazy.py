@@ -17,11 +17,11 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, and with a helpful error when it is missing
 
-from detectron2.config import LazyConfig  # noqa: E402
-from detectron2.utils.file_io import PathManager  # noqa: E402
+from detectron2.config import LazyConfig
+from detectron2.utils.file_io import PathManager
 
-from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean  # noqa: E402
-from lambda_det.config.config import _load_plain_yaml  # noqa: E402
+from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean
+from lambda_det.config.config import _load_plain_yaml
 from lambda_det.utils.errors import MissingFileError, UserError
 
 __all__ = [

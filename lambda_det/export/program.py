@@ -2,7 +2,7 @@
 width, under :func:`~lambda_det.compat.torch_export.export_friendly_detectron2`."""
 
 import torch
-import torch.fx.experimental._config  # noqa: F401  (backed_size_oblivious, for export_program)
+import torch.fx.experimental._config
 from detectron2.export import TracingAdapter
 from torch import nn
 

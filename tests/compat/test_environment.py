@@ -15,7 +15,7 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, before the detectron2 imports below
 
-from conftest import (  # noqa: E402
+from conftest import (
     CONFIGS,
     REPO_ROOT,
     load_tool,
@@ -23,14 +23,14 @@ from conftest import (  # noqa: E402
     subprocess_env,
     tiny_detection_batch,
 )
-from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
-from detectron2.config import get_cfg  # noqa: E402
-from detectron2.data import DatasetCatalog, MetadataCatalog  # noqa: E402
-from detectron2.data.datasets import register_coco_instances  # noqa: E402
-from detectron2.evaluation import COCOEvaluator  # noqa: E402
-from detectron2.modeling import build_model  # noqa: E402
-from detectron2.structures import Boxes, Instances  # noqa: E402
-from detectron2.utils.events import EventStorage  # noqa: E402
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.config import get_cfg
+from detectron2.data import DatasetCatalog, MetadataCatalog
+from detectron2.data.datasets import register_coco_instances
+from detectron2.evaluation import COCOEvaluator
+from detectron2.modeling import build_model
+from detectron2.structures import Boxes, Instances
+from detectron2.utils.events import EventStorage
 
 build_detectron2 = load_tool("build_detectron2")  # a stdlib-only script
 

@@ -14,20 +14,20 @@ from lambda_det.compat import import_detectron2, internals
 
 import_detectron2()  # quietly, before the detectron2 imports below
 
-from conftest import tiny_cfg  # noqa: E402
-from detectron2 import __version__ as DETECTRON2_VERSION  # noqa: E402
-from detectron2.checkpoint import DetectionCheckpointer  # noqa: E402
-from detectron2.engine import DefaultTrainer, SimpleTrainer, TrainerBase, defaults  # noqa: E402
-from detectron2.engine.hooks import EvalHook, PeriodicWriter  # noqa: E402
-from detectron2.utils import comm  # noqa: E402
-from detectron2.utils.events import EventStorage, JSONWriter  # noqa: E402
-from detectron2.utils.registry import Registry  # noqa: E402
-from fvcore.common.checkpoint import Checkpointer  # noqa: E402
-from fvcore.nn import FlopCountAnalysis  # noqa: E402
+from conftest import tiny_cfg
+from detectron2 import __version__ as DETECTRON2_VERSION
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.engine import DefaultTrainer, SimpleTrainer, TrainerBase, defaults
+from detectron2.engine.hooks import EvalHook, PeriodicWriter
+from detectron2.utils import comm
+from detectron2.utils.events import EventStorage, JSONWriter
+from detectron2.utils.registry import Registry
+from fvcore.common.checkpoint import Checkpointer
+from fvcore.nn import FlopCountAnalysis
 
-from lambda_det.checkpoint.checkpointer import AtomicCheckpointer  # noqa: E402
-from lambda_det.engine import Trainer  # noqa: E402
-from lambda_det.engine.amp import MixedPrecisionTrainer  # noqa: E402
+from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
+from lambda_det.engine import Trainer
+from lambda_det.engine.amp import MixedPrecisionTrainer
 
 CHECKED = f"(checked with detectron2 0.6 and main 02b5c4e; installed: {DETECTRON2_VERSION})"
 

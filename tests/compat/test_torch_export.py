@@ -11,12 +11,12 @@ from lambda_det.compat import import_detectron2
 
 import_detectron2()  # quietly, before the detectron2 imports below
 
-from detectron2.modeling.proposal_generator import proposal_utils  # noqa: E402
-from detectron2.modeling.roi_heads import fast_rcnn  # noqa: E402
-from detectron2.structures import Boxes, Instances  # noqa: E402
+from detectron2.modeling.proposal_generator import proposal_utils
+from detectron2.modeling.roi_heads import fast_rcnn
+from detectron2.structures import Boxes, Instances
 
-from lambda_det.compat import torch_export  # noqa: E402
-from lambda_det.compat.torch_export import export_friendly_detectron2  # noqa: E402
+from lambda_det.compat import torch_export
+from lambda_det.compat.torch_export import export_friendly_detectron2
 
 CHECKED = "(checked with detectron2 0.6 and main 02b5c4e)"
 

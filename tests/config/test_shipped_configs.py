@@ -9,7 +9,7 @@ from conftest import CONFIGS
 from detectron2.engine import DefaultTrainer
 from detectron2.modeling import build_model
 
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
+import lambda_det.modeling
 from lambda_det.cli import demo
 from lambda_det.config import adapt_norms_to_device, resolve_config_file
 from lambda_det.config.lazy import load_lazy_config

@@ -9,8 +9,8 @@ import torch
 from conftest import CONFIGS
 from detectron2.data import transforms as T
 
-import lambda_det.data  # noqa: F401
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
+import lambda_det.data
+import lambda_det.modeling
 from lambda_det.data import build_lsj_augmentations, build_mapper
 from lambda_det.data.shapes import SHAPES_CLASSES, generate_split
 

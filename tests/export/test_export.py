@@ -23,7 +23,7 @@ from detectron2.data import Metadata
 from detectron2.modeling import build_model
 
 import lambda_det.data
-import lambda_det.modeling  # noqa: F401  (registers the backbones)
+import lambda_det.modeling
 from lambda_det.checkpoint import AtomicCheckpointer
 from lambda_det.cli import export_model as export_tool
 from lambda_det.export import (

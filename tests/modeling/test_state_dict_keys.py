@@ -13,7 +13,7 @@ from detectron2.modeling import build_backbone
 from lambda_det.run_config import load_config
 
 timm = pytest.importorskip("timm")
-import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
+import lambda_det.modeling.timm_models  # noqa: F401  (registers the models)
 
 RECORDED = json.loads(Path(__file__).with_name("recorded_state_dict_keys.json").read_text())
 SMALL = dict(width_multiplier=0.25, scope=3)

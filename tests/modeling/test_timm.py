@@ -8,13 +8,13 @@ import torch
 
 timm = pytest.importorskip("timm")
 
-from conftest import exit_status, overrides, run_tool  # noqa: E402
-from detectron2.modeling import build_model  # noqa: E402
+from conftest import exit_status, overrides, run_tool
+from detectron2.modeling import build_model
 
-import lambda_det.modeling.timm_models  # noqa: E402,F401  (registers the models)
-from lambda_det.checkpoint import load_weights  # noqa: E402
-from lambda_det.cli import convert_timm_checkpoint, train_net  # noqa: E402
-from lambda_det.run_config import load_config  # noqa: E402
+import lambda_det.modeling.timm_models  # noqa: F401  (registers the models)
+from lambda_det.checkpoint import load_weights
+from lambda_det.cli import convert_timm_checkpoint, train_net
+from lambda_det.run_config import load_config
 
 SMALL = {"width_multiplier": 0.25, "scope": 3}
 DETECTOR = overrides(

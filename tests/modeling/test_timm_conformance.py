@@ -9,7 +9,7 @@ import torch
 
 timm = pytest.importorskip("timm")
 
-from lambda_det.modeling import DEPTHS, timm_models  # noqa: E402
+from lambda_det.modeling import DEPTHS, timm_models
 from lambda_det.modeling.timm_models import PRETRAINED_CFG, TIMM_VARIANTS, TimmLambdaResNet
 
 TINY = {"width_multiplier": 0.25, "scope": 3}

@@ -22,7 +22,7 @@ from conftest import (
 )
 
 from lambda_det.cli import compare_backbones
-from lambda_det.cli.compare import (
+from lambda_det.cli.comparison import (
     RECIPE_FILE,
     RunFailedError,
     RunInterrupted,
@@ -391,7 +391,7 @@ def test_plan_lays_out_one_folder_per_pair_and_counts_parameters(tmp_path):
 def test_the_plan_loads_the_config_once_per_variant(tmp_path, monkeypatch):
     """Each seed's run is the variant's config with its SEED and OUTPUT_DIR: the recipe each
     folder records is the config its child loads from the run's overrides."""
-    from lambda_det.cli import compare
+    from lambda_det.cli import comparison
 
     loads = []
 
@@ -400,7 +400,7 @@ def test_the_plan_loads_the_config_once_per_variant(tmp_path, monkeypatch):
         return load_config(*args, **kwargs)
 
     with monkeypatch.context() as counting:
-        counting.setattr(compare, "load_config", counted)
+        counting.setattr(comparison, "load_config", counted)
         comparison = plan(tmp_path, variants=("conv", "se", "lambda"), seeds=(0, 1, 2))
     assert len(loads) == 3
     for run in comparison.runs:

@@ -444,7 +444,7 @@ def test_a_binary_last_checkpoint_is_named(tool, tmp_path, capsys, request):
 def test_resuming_from_a_broken_last_checkpoint_is_one_line(tmp_path, problem, capsys, shapes):
     """train_net --resume, --eval-only --resume, the lazy tool and the comparison (whose runs
     train_net.py resumes) stop before launch."""
-    from lambda_det.cli.compare import RECIPE_FILE, parse_variant, plan_comparison
+    from lambda_det.cli.comparison import RECIPE_FILE, parse_variant, plan_comparison
 
     comparison = tmp_path / "comparison"
     run = plan_comparison(CONFIG, [], [parse_variant("conv")], [0], str(comparison)).runs[0]

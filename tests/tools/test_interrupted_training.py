@@ -334,7 +334,7 @@ def test_the_demo_waits_for_its_training_and_says_how_to_continue(
 
 
 def test_the_comparison_stops_in_one_line_with_the_signals_status(tmp_path, capsys, monkeypatch):
-    from lambda_det.cli import compare as comparison
+    from lambda_det.cli import comparison
 
     monkeypatch.setattr(comparison, "run_child", send_to_self(signal.SIGTERM))
     status = compare_backbones.main([*comparison_options(tmp_path / "cmp"), *TINY_OVERRIDES[:2]])

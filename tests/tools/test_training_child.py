@@ -17,7 +17,7 @@ from conftest import (
     subprocess_env,
 )
 
-from lambda_det.cli import compare, compare_backbones, demo
+from lambda_det.cli import compare_backbones, comparison, demo
 from lambda_det.cli import train_net as cli
 from lambda_det.engine.interrupt import Interrupted
 
@@ -46,7 +46,7 @@ def test_the_demo_trains_through_the_installed_module(tmp_path, monkeypatch, sha
 
 def test_the_comparison_trains_through_the_installed_module(tmp_path, monkeypatch):
     commands = []
-    monkeypatch.setattr(compare, "run_child", recording(commands))
+    monkeypatch.setattr(comparison, "run_child", recording(commands))
     assert compare_backbones.main(comparison_options(tmp_path / "cmp")) == 1
     assert [command[:4] for command in commands] == [[*MODULE_COMMAND, "--config-file"]]
 
