@@ -6,6 +6,7 @@ import torch
 from conftest import TINY_BN_MODEL, overrides
 
 import lambda_det.data
+from lambda_det.compat.internals import inner_trainer
 from lambda_det.engine import Trainer
 from lambda_det.engine.amp import MixedPrecisionTrainer
 from lambda_det.run_config import load_config
@@ -36,12 +37,12 @@ def test_mixed_precision_trains_on_the_cpu(tmp_path, dtype, shapes):
         + ["SOLVER.AMP.ENABLED", "True", "SOLVER.AMP.DTYPE", dtype, "OUTPUT_DIR", str(tmp_path)],
     )
     trainer = Trainer(cfg)
-    assert isinstance(trainer._trainer, MixedPrecisionTrainer)
-    assert (trainer._trainer.grad_scaler is None) == (dtype == "bfloat16")
+    assert isinstance(inner_trainer(trainer), MixedPrecisionTrainer)
+    assert (inner_trainer(trainer).grad_scaler is None) == (dtype == "bfloat16")
     trainer.train()
     losses = trainer.storage.history("total_loss").values()
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(v)) for v, _ in losses)
-    assert ("grad_scaler" in trainer._trainer.state_dict()) == (dtype == "float16")
+    assert ("grad_scaler" in inner_trainer(trainer).state_dict()) == (dtype == "float16")
 
 
 def test_unknown_amp_dtype_is_named(tmp_path, shapes):
