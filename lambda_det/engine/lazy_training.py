@@ -22,7 +22,7 @@ from lambda_det.engine.interrupt import InterruptCheckpoint
 from lambda_det.engine.prebuilt import PrebuiltModel
 from lambda_det.engine.preflight import check_training_settings
 from lambda_det.engine.run_logging import resume_metrics, run_writers
-from lambda_det.engine.run_settings import lazy_training_settings
+from lambda_det.engine.run_settings import lazy_data_settings, lazy_training_settings
 from lambda_det.engine.trainer import FinalEvalHook, build_step_trainer, write_eval_results
 from lambda_det.utils.atomic import DISK_ERRNOS, reporting_write_errors
 from lambda_det.utils.run_defaults import AMP_DTYPE
@@ -131,7 +131,9 @@ def train(cfg: DictConfig, resume: bool, prebuilt: Optional[PrebuiltModel] = Non
             hooks.IterationTimer(),
             hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
             hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if main else None,
-            FinalEvalHook(cfg.train.eval_period, lambda: evaluate(cfg, trainer.model)),
+            FinalEvalHook(cfg.train.eval_period, lambda: evaluate(cfg, trainer.model))
+            if lazy_data_settings(cfg).test.value  # no test set: nothing to evaluate
+            else None,
             hooks.PeriodicWriter(
                 run_writers(cfg.train.output_dir, cfg.train.max_iter), period=cfg.train.log_period
             )

@@ -619,3 +619,19 @@ def test_scaling_keeps_images_per_process():
     assert scaled.optimizer.lr == pytest.approx(0.08)
     assert list(scaled.lr_multiplier.steps) == [468000, 494000, 507000]
     assert scale_to_world_size(copy.deepcopy(cfg), 64).train.max_iter == 130000
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_recipe_without_a_test_set_trains_and_evaluates_nothing(tmp_path, shapes):
+    """As DATASETS.TEST () in a yaml config: no final evaluation (detectron2 would assert on an
+    empty list of test datasets after training)."""
+    from conftest import LAZY_TINY_OVERRIDES
+
+    from lambda_det.cli import lazyconfig_train_net
+
+    argv = ["--config", "lambda_r26_shapes", *LAZY_TINY_OVERRIDES, "train.max_iter=1"]
+    argv += ["dataloader.test.dataset.names=[]", f"train.output_dir={tmp_path}"]
+    assert lazyconfig_train_net.main(argv) == 0
+    assert (tmp_path / "model_final.pth").is_file()
+    assert not (tmp_path / "eval_results.json").exists()
