@@ -268,18 +268,19 @@ def check_config_before_launch(
     Returns the model on the meta device, for the weights' checks, and the run's model when
     the run is this process (:func:`runs_in_this_process`): built here, once, with the run's
     seed (:func:`lambda_det.engine.prebuilt.build_before_launch`), else None (every process
-    builds its own; the checks build one on the meta device)."""
+    builds its own). The checks build one on the meta device where the run's model is not
+    built here or has no meta copy (:meth:`~lambda_det.engine.prebuilt.PrebuiltModel.meta_copy`)."""
     preflight.check_device(run.device, args.num_gpus)
     if not args.eval_only:
         check_training_settings(run.training)
     world_size = args.num_gpus * args.num_machines
     seed = preflight.check_seed(run.training.seed, world_size)
-    prebuilt, held = None, 0
+    prebuilt, held, model = None, 0, None
     if runs_in_this_process(args):
         prebuilt = build_before_launch(lambda: system.build_model(cfg, run.device.value), seed)
         model = prebuilt.meta_copy()
         held = prebuilt.nbytes()  # on the CPU, memory no longer available but the run's
-    else:
+    if model is None:  # the processes build their own, or the model has no meta copy
         with torch.device("meta"):
             model = system.build_model(cfg, "meta")
     device = run.device.value

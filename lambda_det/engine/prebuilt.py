@@ -122,16 +122,29 @@ class PrebuiltModel:
         self.random_state = random_state
         self.records = list(records)
 
-    def meta_copy(self) -> nn.Module:
+    def meta_copy(self) -> Optional[nn.Module]:
         """The model with its parameters and buffers on the meta device, made without building
-        it again or copying a weight: the checks' memory estimates run its forward pass there."""
+        it again or copying a weight: the checks' memory estimates run its forward pass there.
+        None for a model that cannot be copied so: one that refuses ``deepcopy`` (a tensor
+        computed from parameters, as ``weight_norm`` keeps) or keeps a tensor outside its
+        parameters and buffers (it would stay where it is)."""
         memo = {}
         for tensor in itertools.chain(self.model.parameters(), self.model.buffers()):
             meta = torch.empty_like(tensor, device="meta")
             if isinstance(tensor, nn.Parameter):
                 meta = nn.Parameter(meta, requires_grad=tensor.requires_grad)
             memo[id(tensor)] = meta
-        return copy.deepcopy(self.model, memo)
+        try:
+            meta_model = copy.deepcopy(self.model, memo)
+        except RuntimeError:  # "Only Tensors created explicitly by the user ... deepcopy"
+            return None
+        for module in meta_model.modules():
+            if any(
+                isinstance(value, torch.Tensor) and value.device.type != "meta"
+                for value in vars(module).values()
+            ):
+                return None
+        return meta_model
 
     def nbytes(self) -> int:
         """The bytes of the model's parameters and buffers."""

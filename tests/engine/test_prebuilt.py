@@ -5,6 +5,7 @@ the run's log."""
 import logging
 import os
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -167,3 +168,24 @@ def test_the_bytes_the_model_holds():
     prebuilt = build_before_launch(lambda: model, 0)
     # weights 32 + 8, BatchNorm 8 + 8 float32 and an int64 count
     assert prebuilt.nbytes() == (32 + 8 + 8 + 8 + 8 + 8) * 4 + 8
+
+
+class WithTensorAttribute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.scale = torch.ones(4)  # neither a parameter nor a buffer
+
+
+@pytest.mark.parametrize(
+    "build",
+    [lambda: nn.utils.weight_norm(nn.Linear(4, 4)), WithTensorAttribute],
+    ids=["refuses deepcopy", "tensor attribute"],
+)
+def test_a_model_without_a_meta_copy_says_so(build):
+    """The checks then build the model on the meta device (tools/train_net.py)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # weight_norm's deprecation
+        prebuilt = build_before_launch(build, 0)
+    assert prebuilt.meta_copy() is None
+    assert prebuilt.take() is prebuilt.model

@@ -17,7 +17,7 @@ from lambda_det.cli import lazyconfig_train_net
 from lambda_det.cli import train_net as cli
 from lambda_det.config import resolve_config_file
 from lambda_det.engine.launch import launch
-from lambda_det.engine.prebuilt import RandomState
+from lambda_det.engine.prebuilt import PrebuiltModel, RandomState
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -159,3 +159,13 @@ def test_a_started_process_loads_the_coco_datasets_of_the_command_line(tmp_path,
     assert vars(args) == parsed
     assert "own_shapes_worker" in DatasetCatalog.list()
     assert_trained_on(tmp_path / "run", argv[3:6])
+
+
+def test_a_model_without_a_meta_copy_is_checked_on_a_meta_build(tmp_path, monkeypatch, shapes):
+    """A model that cannot be copied to the meta device (PrebuiltModel.meta_copy None) still
+    trains in one process: the checks build their own, on the meta device."""
+    builds = []
+    monkeypatch.setattr(PrebuiltModel, "meta_copy", lambda self: None)
+    monkeypatch.setattr(GeneralizedRCNN, "__init__", counting(GeneralizedRCNN.__init__, builds))
+    assert cli.main(yaml_argv(tmp_path, 0)) == 0
+    assert len(builds) == 2 and (tmp_path / "model_final.pth").is_file()
