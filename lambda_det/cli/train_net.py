@@ -15,7 +15,7 @@ import argparse
 import copy
 import os
 import sys
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from detectron2.config import instantiate
@@ -217,20 +217,23 @@ def interrupted_line(
 ) -> Optional[str]:
     """The line a run that SIGINT or SIGTERM stopped prints (on the main process): the
     checkpoint it saved, or its last one, and the command that continues it. ``output_dir``:
-    the run's folder (empty before its config is read)."""
+    the run's folder, once the run has it (empty before: the checks before launch, or the
+    config being read)."""
     if not comm.is_main_process():
         return None
     stopped = f"interrupted by {interrupt.name}"
     tool, argv = getattr(args, "command", (YAML_CONFIGS.tool, ()))
     if args.eval_only:
         return f"{stopped}: the evaluation stopped; run it again with: {rerun_command(tool, argv)}"
+    if not output_dir:
+        return f"{stopped} before the run started: run it again with: {rerun_command(tool, argv)}"
     resume = rerun_command(tool, argv, add=["--resume"], drop=["--restart"])
     if interrupt.checkpoint:
         return (
             f"{stopped} after iteration {interrupt.iteration}: saved "
             f"{interrupt.checkpoint}; continue with: {resume}"
         )
-    latest = last_checkpoint(output_dir[0]) if output_dir else None
+    latest = last_checkpoint(output_dir[0])
     if latest:
         return (
             f"{stopped}: the run's last checkpoint is {os.path.join(output_dir[0], latest)}; "
@@ -462,7 +465,6 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
         with reporting_user_errors(args.debug):
             cfg = system.load(args)
             run = system.settings(cfg)
-            output_dir.append(run.output_dir.value)
             model, prebuilt = check_config_before_launch(args, system, cfg, run)
             if prebuilt is not None and prebuilt.seed != run.training.seed.value:
                 cfg = with_drawn_seed(system, cfg, run.training.seed, prebuilt.seed)
@@ -476,6 +478,7 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
             output_dir_key=run.output_dir.key,
             cfg=cfg,
             prebuilt=prebuilt,
+            started=output_dir,
         )
 
 
@@ -488,6 +491,7 @@ def launch_checked(
     output_dir_key: str = "OUTPUT_DIR",
     cfg=None,
     prebuilt: Optional[PrebuiltModel] = None,
+    started: Optional[List[str]] = None,
 ) -> int:
     """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
     that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg,
@@ -496,7 +500,9 @@ def launch_checked(
     config this process loaded, and ``prebuilt``, the model it built, go to a run in this
     process (one process in all); started processes load and build their own. Returns the
     exit status: 2 when a check or a worker reported a user error, 130 / 143 when SIGINT /
-    SIGTERM stopped the workers. ``output_dir_key`` names the folder in errors."""
+    SIGTERM stopped the workers. ``output_dir_key`` names the folder in errors; ``started``
+    gets ``output_dir`` once the checks passed: the folder is then the run's (for the line an
+    interrupt prints, :func:`interrupted_line`)."""
     lock = None
     with reporting_user_errors(args.debug):
         if args.machine_rank == 0:
@@ -504,6 +510,8 @@ def launch_checked(
     try:
         with reporting_user_errors(args.debug):
             evaluation = check()
+        if started is not None:
+            started.append(output_dir)
         in_this_process = runs_in_this_process(args)
         launch(
             run_function,

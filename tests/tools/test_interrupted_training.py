@@ -269,6 +269,12 @@ def test_a_signal_to_the_launcher_alone_stops_every_process(tmp_path, datasets_r
     "saved, argv, line",
     [
         (
+            None,
+            ["--config-file", "c.yaml", "--resume"],
+            "interrupted by SIGTERM before the run started: run it again with: python "
+            "tools/train_net.py --config-file c.yaml --resume",
+        ),
+        (
             "",
             ["--config-file", "c.yaml", "--resume"],
             "interrupted by SIGTERM before the run's first checkpoint: start again with: python "
@@ -288,9 +294,10 @@ def test_a_signal_outside_the_loop_names_the_last_checkpoint(tmp_path, saved, ar
     if saved:
         (tmp_path / "last_checkpoint").write_text(saved)
     args = argparse.Namespace(eval_only=False, command=("tools/train_net.py", argv))
-    assert interrupted_line(
-        interrupt.Interrupted(signal.SIGTERM), args, [str(tmp_path)]
-    ) == line.format(output=tmp_path)
+    folder = [] if saved is None else [str(tmp_path)]  # [] while the run has no folder
+    assert interrupted_line(interrupt.Interrupted(signal.SIGTERM), args, folder) == line.format(
+        output=tmp_path
+    )
 
 
 # ---- the tools around training: the handler is there, and an interrupt is one line ----
@@ -306,6 +313,28 @@ def send_to_self(signum):
         raise AssertionError("the handler did not interrupt the work")
 
     return work
+
+
+def test_a_signal_before_the_run_has_its_folder_says_run_it_again(
+    tmp_path, capsys, monkeypatch, shapes
+):
+    """Interrupted while the checks before launch build the model: the folder, which holds
+    another run, is not this run's to continue or restart."""
+    from lambda_det.cli import train_net
+
+    output = tmp_path / "run"
+    output.mkdir()
+    (output / "last_checkpoint").write_text("model_0000199.pth")
+    monkeypatch.setattr(train_net, "build_before_launch", send_to_self(signal.SIGINT))
+    argv = ["--config-file", DEMO_CONFIG, *TINY_OVERRIDES, "OUTPUT_DIR", str(output)]
+    with pytest.raises(SystemExit) as exit_info:
+        train_net.main(argv)
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted by SIGINT before the run started: run it again with: "
+        f"{shlex.join(['python', 'tools/train_net.py', *argv])}"
+    )
+    assert sorted(path.name for path in output.iterdir()) == ["last_checkpoint"]
 
 
 def test_the_demo_waits_for_its_training_and_says_how_to_continue(

@@ -59,13 +59,13 @@ def test_the_comparison_trains_through_the_installed_module(tmp_path, monkeypatc
     ],
 )
 def test_a_run_started_as_the_module_is_continued_as_the_module(
-    main_module, argv0, started, monkeypatch
+    main_module, argv0, started, monkeypatch, tmp_path
 ):
     spec = main_module and types.SimpleNamespace(name=main_module)
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=spec))
     monkeypatch.setattr(sys, "argv", [argv0])
     args = cli.training_command_line(["--config-file", DEMO_CONFIG, "--resume"])
-    assert cli.interrupted_line(Interrupted(signal.SIGTERM), args, []) == (
+    assert cli.interrupted_line(Interrupted(signal.SIGTERM), args, [str(tmp_path)]) == (
         "interrupted by SIGTERM before the run's first checkpoint: start again with: "
         f"python {started} --restart --config-file {DEMO_CONFIG}"
     )
