@@ -51,6 +51,7 @@ from lambda_det.cli.output_dir import (
     PREVIOUS_RUN_PREFIX,
     OutputDirLock,
     evaluation_output_dir,
+    holds_run_files,
     prepare_output_dir,
 )
 from lambda_det.compat import quiet_detectron2_warnings
@@ -243,12 +244,24 @@ def interrupted_line(
     return f"{stopped} before the run's first checkpoint: start again with: {restart}"
 
 
-def plan_evaluation(output_dir: str, weights: str) -> Evaluation:
+def plan_evaluation(
+    output_dir: str, weights: str, num_machines: int = 1, key: str = "OUTPUT_DIR"
+) -> Evaluation:
     """Decide once, before any process starts, where ``--eval-only`` writes: ``output_dir``, or
     a new ``output_dir/eval_<date-time>/`` when it holds a run (:func:`evaluation_output_dir`),
     so that the evaluation replaces none of the run's files. The weights are resolved here, while
     ``output_dir``'s last_checkpoint is in sight. Every process gets the plan as an argument
-    (:func:`run`, :func:`run_lazy`), and sets its config from it."""
+    (:func:`run`, :func:`run_lazy`), and sets its config from it. Over ``num_machines`` > 1,
+    each machine plans for itself and could not agree on a new folder: ``output_dir`` (``key``)
+    must hold no run."""
+    if num_machines > 1:
+        if holds_run_files(output_dir):
+            raise UserError(
+                f"--eval-only on {num_machines} machines: {key} {output_dir} holds a run, and "
+                f"the machines cannot agree on a new folder for the evaluation: set {key} to "
+                f"a folder of its own (e.g. {os.path.join(output_dir, 'eval')})"
+            )
+        return Evaluation(output_dir, weights)
     folder = evaluation_output_dir(output_dir)
     if folder != output_dir:
         print(
@@ -335,7 +348,7 @@ def check_before_launch(
         check_run_datasets(run.data, training=False)
         evaluated = evaluation_weights(output_dir, weights, resume=args.resume)
         check_weights_fit(model, evaluated, require="all")
-        return plan_evaluation(output_dir.value, evaluated)
+        return plan_evaluation(output_dir.value, evaluated, args.num_machines, output_dir.key)
     check_run_datasets(run.data)
     latest = checkpoint_to_resume(output_dir.value) if args.resume else None
     if latest is not None:  # as the trainer's resume_or_load will load it

@@ -94,6 +94,11 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
             f"--machine-rank must be in 0..{args.num_machines - 1} for "
             f"--num-machines {args.num_machines}, got {args.machine_rank}"
         )
+    if args.num_machines > 1 and getattr(args, "dist_url", None) == "auto":
+        raise UserError(
+            f"--dist-url auto picks a port on one machine, not on {args.num_machines}: pass "
+            f"--dist-url tcp://HOST:PORT with machine 0's address on every machine"
+        )
 
 
 def check_device(device: Setting, num_gpus: int) -> None:

@@ -135,6 +135,11 @@ BAD_YAML_INPUTS = {
     "log period": ([], ["SOLVER.LOG_PERIOD", "0"], ["SOLVER.LOG_PERIOD", "got 0"]),
     "weight decay": ([], ["SOLVER.WEIGHT_DECAY", "-1.0"], ["SOLVER.WEIGHT_DECAY", "got -1.0"]),
     "workers": ([], ["DATALOADER.NUM_WORKERS", "-2"], ["DATALOADER.NUM_WORKERS", "got -2"]),
+    "dist-url auto on 2 machines": (
+        ["--num-machines", "2", "--dist-url", "auto"],
+        [],
+        ["--dist-url auto picks a port on one machine, not on 2"],
+    ),
     "device index": ([], ["MODEL.DEVICE", "cuda:99"], ["MODEL.DEVICE 'cuda:99'"]),
     "device kind": ([], ["MODEL.DEVICE", "mps"], ["MODEL.DEVICE 'mps'", "cuda or cpu"]),
     "image size too large": (
@@ -618,3 +623,15 @@ def test_memory_a_model_built_before_the_check_holds_is_the_runs(monkeypatch):
     assert preflight.available_memory("cpu", 1, held=GIB)[0] == 11 * GIB
     assert preflight.available_memory("cpu", 2, held=GIB)[0] == 11 * GIB // 2
     assert preflight.available_memory("cpu", 1)[0] == 10 * GIB
+
+
+def test_an_evaluation_on_several_machines_needs_a_folder_of_its_own(earlier_run, tmp_path):
+    """Each machine plans its evaluation: a new eval_<date-time>/ folder would differ."""
+    with pytest.raises(UserError, match=r"--eval-only on 2 machines: OUTPUT_DIR .* holds a run"):
+        cli.plan_evaluation(str(earlier_run), "w.pth", num_machines=2)
+    fresh = tmp_path / "fresh"
+    assert cli.plan_evaluation(str(fresh), "w.pth", num_machines=2) == (str(fresh), "w.pth")
+    assert not fresh.exists()
+    # One machine: a folder of its own inside the run's.
+    planned = cli.plan_evaluation(str(earlier_run), "w.pth")
+    assert planned.output_dir.startswith(str(earlier_run / "eval_"))
