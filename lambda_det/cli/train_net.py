@@ -76,7 +76,6 @@ from lambda_det.engine.run_settings import RunSettings, lazy_run_settings, yaml_
 from lambda_det.engine.trainer import Trainer, plain_default_setup, setup_cfg
 from lambda_det.utils.atomic import DISK_ERRNOS, OutputWriteError, reporting_write_errors
 from lambda_det.utils.errors import UserError
-from lambda_det.utils.setting import Setting
 
 __all__ = [
     "ConfigSystem",
@@ -293,7 +292,9 @@ def check_config_before_launch(
     seed = preflight.check_seed(run.training.seed, world_size)
     prebuilt, held, model = None, 0, None
     if runs_in_this_process(args):
-        prebuilt = build_before_launch(lambda: system.build_model(cfg, run.device.value), seed)
+        prebuilt = build_before_launch(
+            lambda: system.build_model(cfg, run.device.value), seed, run.training.seed.key
+        )
         model = prebuilt.meta_copy()
         held = prebuilt.nbytes()  # on the CPU, memory no longer available but the run's
     if model is None:  # the processes build their own, or the model has no meta copy
@@ -385,14 +386,6 @@ def load_lazy_run_config(args: argparse.Namespace) -> DictConfig:
     return load_lazy_config(args.config_file, args.opts)
 
 
-def with_drawn_seed(system: ConfigSystem, cfg, seed: Setting, drawn: int):
-    """The config of a one-process run whose ``seed`` is negative ("a new one each run"), with
-    the seed ``drawn`` for the model built before launch: the run seeds with it too, and its
-    config.yaml records it."""
-    print(f"{seed.key} {seed.value}: this run's seed is {drawn} (its config.yaml records it)")
-    return system.with_seed(cfg, drawn)
-
-
 def with_yaml_seed(cfg, seed: int):
     """The yaml config with SEED ``seed``."""
     cfg = cfg.clone()
@@ -480,7 +473,7 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
             run = system.settings(cfg)
             model, prebuilt = check_config_before_launch(args, system, cfg, run)
             if prebuilt is not None and prebuilt.seed != run.training.seed.value:
-                cfg = with_drawn_seed(system, cfg, run.training.seed, prebuilt.seed)
+                cfg = system.with_seed(cfg, prebuilt.seed)  # drawn: the run seeds with it
         cpu = torch.device(run.device.value).type == "cpu"
         return launch_checked(
             system.run,

@@ -429,7 +429,10 @@ def load_checked_dataset_dicts(
         pass
     else:
         check_metadata_consistency("thing_classes", names)
-        print_instances_class_histogram(dicts, class_names)
+        # Into the run's log, as detectron2's loader logs it: detectron2 logs a message once
+        # per process, and the checks before launch (check_files) run before the log exists.
+        if not check_files:
+            print_instances_class_histogram(dicts, class_names)
     for name, part in zip(names, per_dataset):  # each bad record named with its dataset
         check_dataset_dicts(part, [name], require_masks)
     return dicts

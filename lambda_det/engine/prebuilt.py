@@ -26,6 +26,8 @@ from torch import nn
 
 __all__ = ["RandomState", "PrebuiltModel", "build_before_launch"]
 
+logger = logging.getLogger(__name__)
+
 
 class RandomState(NamedTuple):
     """The state of every generator that detectron2's ``seed_all_rng`` seeds."""
@@ -160,14 +162,21 @@ class PrebuiltModel:
         return self.model
 
 
-def build_before_launch(build: Callable[[], nn.Module], seed: int) -> PrebuiltModel:
-    """``build()`` after seeding every generator with ``seed`` (the config's SEED or
-    train.seed), as detectron2's ``default_setup`` seeds rank 0. A negative seed ("a new one
-    each run") is drawn here (:attr:`PrebuiltModel.seed`): the run must seed with it too."""
-    if seed < 0:
-        seed = int.from_bytes(os.urandom(4), "big") >> 1  # < 2**31, for numpy's seed
-    seed_all_rng(seed)
+def build_before_launch(
+    build: Callable[[], nn.Module], seed: int, seed_key: str = "SEED"
+) -> PrebuiltModel:
+    """``build()`` after seeding every generator with ``seed`` (the config's ``seed_key``, SEED
+    or train.seed), as detectron2's ``default_setup`` seeds rank 0. A negative seed ("a new one
+    each run") is drawn here (:attr:`PrebuiltModel.seed`), and said in the run's log: the run
+    must seed with it too."""
     kept = _KeptRecords()
     with _keeping_logs(kept):
+        if seed < 0:
+            drawn = int.from_bytes(os.urandom(4), "big") >> 1  # < 2**31, for numpy's seed
+            logger.info(
+                "%s %d: this run's seed is %d (config.yaml records it)", seed_key, seed, drawn
+            )
+            seed = drawn
+        seed_all_rng(seed)
         model = build()
     return PrebuiltModel(model, seed, RandomState.capture(), kept.records)

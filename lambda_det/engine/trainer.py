@@ -32,6 +32,7 @@ from lambda_det.compat.internals import (
     default_trainer_parts,
     eval_hook_arguments,
     inner_trainer,
+    periodic_writer_writers,
     plain_config_printouts,
     release_eval_function,
 )
@@ -247,7 +248,10 @@ class Trainer(DefaultTrainer):
         if self.cfg.DATALOADER.get("DETERMINISTIC", False):
             hooks.insert(0, SeedEachIteration(self.cfg.SEED))
         if hooks and isinstance(hooks[-1], PeriodicWriter):  # detectron2 fixes the period at 20
-            hooks[-1] = PeriodicWriter(self.build_writers(), period=self.cfg.SOLVER.LOG_PERIOD)
+            # its writers (build_writers'), at LOG_PERIOD: new ones would open a second
+            # TensorBoard event file
+            writers = periodic_writer_writers(hooks[-1])
+            hooks[-1] = PeriodicWriter(writers, period=self.cfg.SOLVER.LOG_PERIOD)
         hooks = [
             FinalEvalHook(*eval_hook_arguments(hook)) if type(hook) is EvalHook else hook
             for hook in hooks
@@ -292,7 +296,8 @@ class Trainer(DefaultTrainer):
             model = super().build_model(cfg)
         else:
             model = prebuilt.take()
-            logger.info("Model:\n%s", model)  # as DefaultTrainer.build_model logs the model
+            # as DefaultTrainer.build_model logs it, under its module's logger
+            logging.getLogger(DefaultTrainer.__module__).info("Model:\n%s", model)
         if cfg.MODEL.LAMBDA_RESNET.get("COMPILE", False):
             model.backbone.compile(dynamic=False)
         return model

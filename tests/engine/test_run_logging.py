@@ -97,6 +97,8 @@ def test_the_console_shows_the_run_and_log_txt_keeps_everything(tmp_path, shapes
     assert len(console.splitlines()) < 100, console
     # log.txt: everything, the printouts in full.
     assert "GeneralizedRCNN(" in log and "ANCHOR_GENERATOR:" in log
+    assert len(list(output.glob("events.out.tfevents.*"))) == 1  # one TensorBoard writer
+    assert "Distribution of instances among all 3 categories" in log
     assert len(log.splitlines()) > 700
 
 

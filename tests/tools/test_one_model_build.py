@@ -86,6 +86,10 @@ def test_a_run_in_one_process_loads_and_builds_once_and_trains_as_one_that_build
         assert main(argv(tmp_path / "drawn", -1)) == 0
     assert (len(loads), len(builds)) == (1, 1)  # meta-device builds included
     seed = int(re.search(r"this run's seed is (\d+)", capsys.readouterr().out).group(1))
+    assert (
+        f"this run's seed is {seed} (config.yaml records it)"
+        in (tmp_path / "drawn" / "log.txt").read_text()
+    )
     recorded = yaml.safe_load((tmp_path / "drawn" / "config.yaml").read_text())
     assert (recorded[seed_key] if tool == "train_net" else recorded["train"][seed_key]) == seed
 
