@@ -3,6 +3,7 @@ model) in log.txt only, the count of loaded weights, and the warning for autocas
 without kernels for its dtype."""
 
 import argparse
+import collections
 import json
 import logging
 import re
@@ -56,7 +57,13 @@ def backbone_only_weights(path, cfg):
 
 @pytest.mark.slow  # an in-process training: 11 s
 @pytest.mark.e2e
-def test_the_console_shows_the_run_and_log_txt_keeps_everything(tmp_path, shapes, capsys):
+def test_the_console_shows_the_run_and_log_txt_keeps_everything(
+    tmp_path, shapes, capsys, monkeypatch
+):
+    import detectron2.utils.logger
+
+    # detectron2's log_first_n logs a message once per process: as in a process of its own
+    monkeypatch.setattr(detectron2.utils.logger, "_LOG_COUNTER", collections.Counter())
     output = tmp_path / "run"
     weights = tmp_path / "backbone.pth"
     backbone, other = backbone_only_weights(weights, load_config("lambda_r26_shapes", TINY))
