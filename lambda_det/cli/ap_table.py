@@ -10,6 +10,7 @@ NAME=PATH (default: the folder name; two runs cannot share a name). An existing 
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Dict
 
@@ -107,3 +108,7 @@ def main(argv=None) -> int:
             with reporting_write_errors(args.plot, "--plot"):
                 print(f"wrote {plot_ap_by_size(results, args.plot)}")
     return 0
+
+
+if __name__ == "__main__":  # python -m, from an installed package (no tools/)
+    sys.exit(main())

@@ -16,6 +16,7 @@ status 2.
 """
 
 import argparse
+import sys
 import time
 
 from lambda_det.cli.arguments import (
@@ -118,3 +119,7 @@ def main(argv=None) -> int:
         summary = check_config_datasets(args) if args.config_file else check_named_datasets(args)
     print(summary)
     return 0
+
+
+if __name__ == "__main__":  # python -m, from an installed package (no tools/)
+    sys.exit(main())

@@ -190,3 +190,7 @@ def main(argv=None) -> int:
     print(Path(paths[0]).read_text(), end="")
     log("wrote " + ", ".join(paths))
     return 0
+
+
+if __name__ == "__main__":  # python -m, from an installed package (no tools/)
+    sys.exit(main())

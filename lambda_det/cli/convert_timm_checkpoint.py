@@ -14,6 +14,7 @@ or the config being read.
 """
 
 import os
+import sys
 
 import torch
 
@@ -71,3 +72,7 @@ def main(argv=None) -> int:
         f"{args.config_file}"
     )
     return 0
+
+
+if __name__ == "__main__":  # python -m, from an installed package (no tools/)
+    sys.exit(main())

@@ -181,3 +181,7 @@ def main(argv=None) -> int:
             )
             return 1
     return 0
+
+
+if __name__ == "__main__":  # python -m, from an installed package (no tools/)
+    sys.exit(main())

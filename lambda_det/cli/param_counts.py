@@ -5,6 +5,7 @@ Tables 12 and 13 (k=16, h=4, u=1, scope 23x23). Prints a markdown table.
 """
 
 import argparse
+import sys
 
 from lambda_det.modeling import PAPER_PARAMETERS, lambda_resnet
 
@@ -30,3 +31,7 @@ def main(argv=None) -> int:
             f"{100 * (ours / paper - 1):+.1f}% | {source} |"
         )
     return 0
+
+
+if __name__ == "__main__":  # python -m, from an installed package (no tools/)
+    sys.exit(main())

@@ -29,6 +29,7 @@ them; ``--batch-size`` images run together. ``--confidence-threshold`` is a scor
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import lambda_det.modeling  # noqa: F401  (registers the backbones)
@@ -161,3 +162,7 @@ def predict(args, output: Path) -> int:
         f"and {len(drawn)} drawn files to {output}"
     )
     return 0
+
+
+if __name__ == "__main__":  # python -m, from an installed package (no tools/)
+    sys.exit(main())

@@ -45,6 +45,16 @@ def test_a_script_runs_its_modules_main_and_exits_with_its_status(name, monkeypa
     assert exit_info.value.code == 7 and calls == [None]  # main reads sys.argv
 
 
+@pytest.mark.parametrize("name", sorted(set(SCRIPTS) - set(BENCHMARK_COMMANDS)))
+def test_a_command_runs_as_its_module_too(name):
+    """``python -m lambda_det.cli.<name>``: what an installed package, which has no tools/,
+    runs. The module ends by exiting with its main's status."""
+    tree = ast.parse(Path(tool_module(name).__file__).read_text())
+    guard = tree.body[-1]
+    assert ast.unparse(guard.test) == "__name__ == '__main__'"
+    assert [ast.unparse(node) for node in guard.body] == ["sys.exit(main())"]
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_a_script_holds_no_logic(name):
     """A docstring, imports and the call of main: no function, class or other statement; a
