@@ -103,9 +103,9 @@ def _keeping_logs(kept: _KeptRecords):
 
 def _log_again(records: List[logging.LogRecord]) -> None:
     for record in records:
-        logger = logging.getLogger(record.name)
-        if logger.isEnabledFor(record.levelno):
-            logger.handle(record)
+        origin = logging.getLogger(record.name)
+        if origin.isEnabledFor(record.levelno):
+            origin.handle(record)
 
 
 class PrebuiltModel:
