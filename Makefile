@@ -9,6 +9,10 @@ INSTALLED := $(VENV)/.lambda_det-installed
 TORCH_CHOICE := $(VENV)/.torch-packages
 # Default: what .venv/ was last set up with, so a plain `make test` keeps an override.
 TORCH_PACKAGES ?= $(or $(shell cat $(TORCH_CHOICE) 2>/dev/null),torch==2.14.1 torchvision==0.29.1)
+# The set-up's own output goes to a log; a failing step prints the log's end and stops.
+INSTALL_LOG := $(VENV)/install.log
+EDITABLE_INSTALL := '.[detectron2,dev,bench]'
+logged = $(1) >> $(INSTALL_LOG) 2>&1 || { tail -n 40 $(INSTALL_LOG); echo "failed: $(1) (log: $(INSTALL_LOG))"; exit 1; }
 
 .PHONY: help venv test demo clean-venv always
 
@@ -30,11 +34,14 @@ $(TORCH_CHOICE): always
 
 $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 		tools/detectron2_C_stub.py
+	@echo "setting up $(VENV)/ with $(TORCH_PACKAGES), detectron2 and lambda_det (log: $(INSTALL_LOG))"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet $(TORCH_PACKAGES)
-	$(PY) tools/build_detectron2.py
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[detectron2,dev,bench]'
+	@: > $(INSTALL_LOG)
+	@$(call logged,$(PY) -m pip install --upgrade pip setuptools wheel)
+	@$(call logged,$(PY) -m pip install $(TORCH_PACKAGES))
+	@$(call logged,$(PY) tools/build_detectron2.py)
+	@$(call logged,$(PY) -m pip install --no-build-isolation -e $(EDITABLE_INSTALL))
+	@echo "$(VENV)/ is ready"
 	@touch $@
 
 # Two pytest-xdist workers, one torch thread each (tests/conftest.py): on 2 cores the suite's

@@ -18,9 +18,14 @@ import re
 from pathlib import Path
 from typing import List
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, find_packages, setup
 
 PACKAGE_INIT = Path(__file__).with_name("lambda_det") / "__init__.py"  # holds __version__
+CONFIG_PACKAGE = "lambda_det.model_zoo.configs"
+CONFIG_PACKAGES = [CONFIG_PACKAGE] + [
+    f"{CONFIG_PACKAGE}.{folder}"
+    for folder in find_namespace_packages(where=str(Path(__file__).with_name("configs")))
+]
 
 
 def detectron2_requirements() -> List[str]:
@@ -51,11 +56,11 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    # The shipped configs travel inside the package (lambda_det.model_zoo finds them there).
-    packages=find_packages(include=["lambda_det", "lambda_det.*"])
-    + ["lambda_det.model_zoo.configs"],
-    package_dir={"lambda_det.model_zoo.configs": "configs"},
-    package_data={"lambda_det.model_zoo.configs": ["*.yaml", "*/*.yaml", "LazyConfigs/*/*.py"]},
+    # The shipped configs travel inside the package (lambda_det.model_zoo finds them there): each
+    # folder of configs/ is a data package of its own, as setuptools expects of folders it installs.
+    packages=find_packages(include=["lambda_det", "lambda_det.*"]) + CONFIG_PACKAGES,
+    package_dir={CONFIG_PACKAGE: "configs"},
+    package_data={package: ["*.yaml", "*.py"] for package in CONFIG_PACKAGES},
     include_package_data=True,
     install_requires=[
         # torch.onnx.export(dynamo=...) needs 2.5; tested with 2.14 (CPU) and 2.11 (CUDA).
