@@ -23,7 +23,12 @@ from lambda_det.config import (
     merge_config,
     read_config_dump,
 )
-from lambda_det.modeling.config import RENAMED_KEYS, add_lambda_resnet_config, register_renamed_keys
+from lambda_det.modeling.config import (
+    RENAMED_KEYS,
+    add_lambda_resnet_config,
+    add_timm_backbone_config,
+    register_renamed_keys,
+)
 
 __all__ = ["get_cfg", "load_config", "config_differences"]
 
@@ -31,7 +36,8 @@ __all__ = ["get_cfg", "load_config", "config_differences"]
 def get_cfg() -> CfgNode:
     """Detectron2's default config plus lambda_det's keys (run and backbone), as a
     :class:`lambda_det.config.CfgNode` (safe ``merge_from_file``)."""
-    cfg = CfgNode(add_lambda_resnet_config(add_lambda_det_config(get_detectron2_cfg())))
+    cfg = add_lambda_resnet_config(add_lambda_det_config(get_detectron2_cfg()))
+    cfg = CfgNode(add_timm_backbone_config(cfg))
     register_renamed_keys(cfg)  # the conversion keeps the keys, not yacs' list of renamed ones
     return cfg
 

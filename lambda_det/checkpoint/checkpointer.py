@@ -16,6 +16,7 @@ import codecs
 import collections
 import errno
 import glob
+import json
 import logging
 import os
 import pickle
@@ -28,6 +29,7 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils.file_io import PathManager
 
+from lambda_det.checkpoint.timm_weights import timm_state_dict_to_model
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 from lambda_det.utils.errors import IsAFolderError, MissingFileError, UserError
 from lambda_det.utils.setting import Setting, override
@@ -218,6 +220,36 @@ def _from_pickle(data: Dict[str, Any]) -> Dict[str, Any]:
     return {"model": weights, "__author__": "Caffe2", "matching_heuristics": True}
 
 
+def _read_safetensors(filename: str) -> Dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (a format that holds tensors and nothing else), after
+    checking its layout: an 8-byte little-endian header length, then that much JSON."""
+    size = os.path.getsize(filename)
+    with open(filename, "rb") as f:
+        head = f.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else -1
+        header = f.read(length) if 0 < length <= size - 8 else b""
+    try:
+        ok = isinstance(json.loads(header), dict)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise CorruptCheckpointError(
+            f"checkpoint {filename} is not a safetensors file (it needs an 8-byte header length "
+            f"and a JSON header within its {size} bytes): pass a file saved with "
+            f"safetensors.torch.save_file, or rename a torch file to .pth"
+        )
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise UserError(f"reading {filename} needs safetensors: pip install safetensors") from None
+    try:
+        return load_file(filename, device="cpu")
+    except Exception as error:  # safetensors' own error type: a truncated or corrupt body
+        raise CorruptCheckpointError(
+            f"checkpoint {filename} is a truncated or corrupt safetensors file ({error})"
+        ) from None
+
+
 def load_checkpoint_file(path: str) -> Dict[str, Any]:
     """A checkpoint as detectron2's checkpointer expects it (``{"model": weights, ...}``), read
     without running code from the file, whatever its suffix.
@@ -230,6 +262,8 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
         CorruptCheckpointError: the file is truncated, corrupt, or not a checkpoint.
     """
     filename = PathManager.get_local_path(path)
+    if filename.endswith(".safetensors"):
+        return {"model": _read_safetensors(filename)}
     try:
         if filename.endswith(".pkl"):
             with open(filename, "rb") as f:
@@ -357,6 +391,7 @@ class AtomicCheckpointer(DetectionCheckpointer):
         return load_checkpoint_file(filename)
 
     def _load_model(self, checkpoint):
+        checkpoint = timm_state_dict_to_model(self.model, checkpoint)
         incompatible = super()._load_model(checkpoint)
         self.logger.info(_loaded_counts(self.model, incompatible.missing_keys, self._path))
         if self.require is None:
@@ -476,6 +511,8 @@ def check_weights(weights: str, key: str = "MODEL.WEIGHTS") -> None:
         download_logger.setLevel(logging.CRITICAL)
         try:
             PathManager.get_local_path(weights)
+        except UserError:  # a handler of lambda_det's (timm://) said what is wrong
+            raise
         except OSError as error:  # urllib's URLError and HTTPError are OSErrors
             reason = getattr(error, "reason", None) or error
             raise MissingFileError(

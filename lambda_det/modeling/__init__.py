@@ -36,6 +36,11 @@ _DETECTRON2_NAMES = {
     "build_lambda_resnet_fpn_backbone": "lambda_det.modeling.build",
     "build_retinanet_lambda_resnet_fpn_backbone": "lambda_det.modeling.build",
     "add_lambda_resnet_config": "lambda_det.modeling.config",
+    "add_timm_backbone_config": "lambda_det.modeling.config",
+    "TimmBackbone": "lambda_det.modeling.timm_backbone",
+    "build_timm_backbone": "lambda_det.modeling.timm_backbone",
+    "build_timm_fpn_backbone": "lambda_det.modeling.timm_backbone",
+    "build_retinanet_timm_fpn_backbone": "lambda_det.modeling.timm_backbone",
     "use_mixer": "lambda_det.modeling.config",
 }
 
@@ -81,4 +86,14 @@ if detectron2_installed():
         build_lambda_resnet_fpn_backbone,
         build_retinanet_lambda_resnet_fpn_backbone,
     )
-    from lambda_det.modeling.config import add_lambda_resnet_config, use_mixer  # noqa: F401
+    from lambda_det.modeling.config import (  # noqa: F401
+        add_lambda_resnet_config,
+        add_timm_backbone_config,
+        use_mixer,
+    )
+    from lambda_det.modeling.timm_backbone import (  # noqa: F401
+        TimmBackbone,
+        build_retinanet_timm_fpn_backbone,
+        build_timm_backbone,
+        build_timm_fpn_backbone,
+    )

@@ -25,7 +25,13 @@ from lambda_det.modeling.mixers import (
 )
 from lambda_det.utils.errors import UserError
 
-__all__ = ["add_lambda_resnet_config", "register_renamed_keys", "use_mixer", "RENAMED_KEYS"]
+__all__ = [
+    "add_lambda_resnet_config",
+    "add_timm_backbone_config",
+    "register_renamed_keys",
+    "use_mixer",
+    "RENAMED_KEYS",
+]
 
 # Keys that moved, and where to: a config that sets one gets an error naming the key to set
 # (yacs' renamed keys); a saved config that has one compares as if it had the new key.
@@ -44,6 +50,24 @@ def add_lambda_resnet_config(cfg: CN) -> CN:
     if "LAMBDA_RESNET" not in cfg.MODEL:
         cfg.MODEL.LAMBDA_RESNET = _lambda_resnet_node()
     register_renamed_keys(cfg)
+    return cfg
+
+
+def add_timm_backbone_config(cfg: CN) -> CN:
+    """Add ``MODEL.TIMM``, the keys of the timm backbones (lambda_det.modeling.timm_backbone),
+    to ``cfg`` in place; returns ``cfg``. Idempotent."""
+    if "TIMM" not in cfg.MODEL:
+        node = CN()
+        # A timm model with its pretrained tag, e.g. "lambda_resnet26t.c1_in1k"; its ImageNet
+        # weights: MODEL.WEIGHTS "timm://lambda_resnet26t.c1_in1k" (timm's hub cache).
+        node.NAME = ""
+        # detectron2's names for the features by stride: res2 (4) ... res5 (32).
+        node.OUT_FEATURES = ["res2", "res3", "res4", "res5"]
+        # What the model's BatchNorms become: "FrozenBN" (fine-tuning), "BN" or "SyncBN".
+        node.NORM = "FrozenBN"
+        # Activation checkpointing (timm's set_grad_checkpointing): less memory, more compute.
+        node.GRAD_CHECKPOINTING = False
+        cfg.MODEL.TIMM = node
     return cfg
 
 
