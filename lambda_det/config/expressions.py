@@ -31,6 +31,7 @@ __all__ = [
     "MAX_LENGTH",
     "MAX_STEPS",
     "MAX_INTEGER_DIGITS",
+    "integer_digits",
 ]
 
 ALLOWED_CALLS: Mapping[str, Callable] = {
@@ -123,10 +124,10 @@ def _shown(value: Any) -> str:
 def _count(value: int) -> str:
     """An integer for a message: its digits up to 2**64, else its order (repr fails past 4,300
     digits)."""
-    return str(value) if value.bit_length() <= 64 else f"about 10**{_digits(value) - 1}"
+    return str(value) if value.bit_length() <= 64 else f"about 10**{integer_digits(value) - 1}"
 
 
-def _digits(value: int) -> int:
+def integer_digits(value: int) -> int:
     """The decimal digits of ``value`` (at most one more than it has), from its bits: ``str``
     would take quadratic time, and fails past 4,300 digits."""
     return int(value.bit_length() * _LOG10_2) + 1
@@ -229,7 +230,7 @@ class _Evaluator:
         if isinstance(value, bool) or isinstance(value, float):
             return 1
         if isinstance(value, int):
-            return _digits(value)
+            return integer_digits(value)
         if isinstance(value, str):
             return max(1, len(value))
         known = self.sizes.get(id(value))
@@ -257,7 +258,7 @@ class _Evaluator:
             self.spend(node, 0)
         result = self.evaluate(node, names)
         if isinstance(result, int) and not isinstance(result, bool):
-            self.check_digits(node, "the integer", _digits(result))
+            self.check_digits(node, "the integer", integer_digits(result))
         return result
 
     def evaluate(self, node: ast.AST, names: Dict[str, Any]) -> Any:
@@ -308,7 +309,7 @@ class _Evaluator:
             digits = int(right * math.log10(abs(left))) + 1  # 2**10**10: 3 * 10**9 digits
             self.check_digits(node, "the power", digits)
         if isinstance(node.op, ast.Mult):
-            self.check_digits(node, "the product", _digits(left) + _digits(right))
+            self.check_digits(node, "the product", integer_digits(left) + integer_digits(right))
 
     def check_sequence_result(self, node: ast.BinOp, left: Any, right: Any) -> Optional[int]:
         """A repetition's or a concatenation's length and printed size, from its operands,
