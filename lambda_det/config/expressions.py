@@ -22,6 +22,8 @@ import math
 import operator
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from lambda_det.utils.setting import shown
+
 __all__ = [
     "ExpressionError",
     "evaluate_expression",
@@ -74,7 +76,6 @@ _COMPARE: Dict[type, Callable[[Any, Any], bool]] = {
     ast.NotEq: operator.ne,
 }
 _SEQUENCES = (str, list, tuple)
-_SHOWN = 80  # characters of the expression (or a part) quoted in a message
 
 
 class ExpressionError(ValueError):
@@ -93,12 +94,10 @@ def evaluate_expression(text: str) -> Any:
             sequence or amount of work beyond the bounds above.
     """
     if not isinstance(text, str):
-        raise ExpressionError(
-            f"the expression is {_shown(text)}, not a string of Python arithmetic"
-        )
+        raise ExpressionError(f"the expression is {shown(text)}, not a string of Python arithmetic")
     if len(text) > MAX_TEXT_LENGTH:
         raise ExpressionError(
-            f"the expression {_shown(text)} is too large: {len(text)} characters, at most "
+            f"the expression {shown(text)} is too large: {len(text)} characters, at most "
             f"{MAX_TEXT_LENGTH}"
         )
     tree = _parse(text)
@@ -108,17 +107,7 @@ def evaluate_expression(text: str) -> Any:
     except (ArithmeticError, TypeError, ValueError) as error:  # 1/0, 2.0**5000, [1] + 2, ...
         if isinstance(error, ExpressionError):
             raise
-        raise ExpressionError(f"{_shown(text)} cannot be evaluated: {error}") from None
-
-
-def _shown(value: Any) -> str:
-    """``value`` as a one-line message can quote it: a string cut, a huge integer by its size."""
-    if isinstance(value, str):
-        cut = f"... ({len(value)} characters)" if len(value) > _SHOWN else ""
-        return repr(value[:_SHOWN]) + cut
-    if isinstance(value, (int, float)):
-        return _count(value) if isinstance(value, int) else repr(value)
-    return f"a {type(value).__name__}"
+        raise ExpressionError(f"{shown(text)} cannot be evaluated: {error}") from None
 
 
 def _count(value: int) -> str:
@@ -137,16 +126,16 @@ def _parse(text: str) -> ast.Expression:
     try:
         return ast.parse(text.strip(), mode="eval")
     except SyntaxError as error:
-        raise ExpressionError(f"{_shown(text)} is not a Python expression ({error.msg})") from None
+        raise ExpressionError(f"{shown(text)} is not a Python expression ({error.msg})") from None
     except ValueError:  # a null character
-        raise ExpressionError(f"{_shown(text)} is not a Python expression") from None
+        raise ExpressionError(f"{shown(text)} is not a Python expression") from None
     except (RecursionError, MemoryError):  # the parser's own depth limits, in a short text
         raise ExpressionError(_too_deep(text)) from None
 
 
 def _too_deep(text: str) -> str:
     return (
-        f"the expression {_shown(text)} is too large: it nests operators, calls and brackets "
+        f"the expression {shown(text)} is too large: it nests operators, calls and brackets "
         f"more than {MAX_DEPTH} levels deep"
     )
 
@@ -174,18 +163,18 @@ class _Evaluator:
     # ---- refusals ----
 
     def part(self, node: ast.AST) -> str:
-        return _shown(ast.get_source_segment(self.text.strip(), node) or type(node).__name__)
+        return shown(ast.get_source_segment(self.text.strip(), node) or type(node).__name__)
 
     def refuse(self, node: ast.AST, what: str, why: str = "") -> ExpressionError:
         why = why or (
             f"only numbers, strings, arithmetic, lists, tuples, list comprehensions and "
             f"{', '.join(ALLOWED_CALLS)} are evaluated"
         )
-        return ExpressionError(f"{what} {self.part(node)} in {_shown(self.text)} is refused: {why}")
+        return ExpressionError(f"{what} {self.part(node)} in {shown(self.text)} is refused: {why}")
 
     def too_large(self, node: ast.AST, what: str, limit: str) -> ExpressionError:
         return ExpressionError(
-            f"{what} {self.part(node)} in {_shown(self.text)} is too large: {limit}"
+            f"{what} {self.part(node)} in {shown(self.text)} is too large: {limit}"
         )
 
     def spend(self, node: ast.AST, steps: int, what: str = "the expression") -> None:

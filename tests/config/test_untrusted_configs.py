@@ -402,7 +402,9 @@ def test_a_lazyconfig_yaml_alias_bomb_is_one_line(tmp_path):
     config = tmp_path / "recipe.yaml"
     config.write_text("train:\n  seed: 1\n" + alias_bomb())
     start = time.perf_counter()
-    with pytest.raises(ConfigFileError, match=f"LazyConfig {config}, line 7: the value here holds 51111"):
+    with pytest.raises(
+        ConfigFileError, match=f"LazyConfig {config}, line 7: the value here holds 51111"
+    ):
         load_lazy_config_file(str(config))
     assert time.perf_counter() - start < 1.0
 
