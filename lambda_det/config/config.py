@@ -347,12 +347,12 @@ def _load_config_chain(path: str, chain: Tuple[str, ...], read: List[str]) -> di
     if len(chain) >= MAX_BASE_DEPTH:
         raise ConfigFileError(
             f"config file {chain[0]}: its _BASE_ chain is more than {MAX_BASE_DEPTH} files "
-            f"deep ({where}): a chain is a few files; name a base nearer the top"
+            f"deep (at {path}): a chain is a few files; name a base nearer the top"
         )
     if len(read) >= MAX_BASE_FILES:
         raise ConfigFileError(
             f"config file {read[0]}: it and its _BASE_ files are more than {MAX_BASE_FILES} "
-            f"files to read ({where}; a base named twice is read twice): name fewer bases"
+            f"files to read (at {path}; a base named twice is read twice): name fewer bases"
         )
     read.append(path)
     try:
