@@ -9,10 +9,11 @@
 With ``--config`` (and ``--coco-dataset``, ``--eval-only`` and ``KEY VALUE`` overrides, as
 tools/train_net.py takes them), the run's DATASETS.TRAIN and DATASETS.TEST get exactly the checks
 that tools/train_net.py runs before it launches (segmentations when MODEL.MASK_ON, the class
-count, ...). Without it, each NAME is checked as a training set of the default config (boxes
-only: MODEL.MASK_ON is off), and the time of its image checks is printed in images per second
-(``--images``: as ``DATALOADER.CHECK_IMAGES``). A bad input is one ``error: ...`` line and exit
-status 2.
+count, ...), and so do the config's values (the device's name, the seed and, without
+``--eval-only``, the training settings: a NaN SOLVER.BASE_LR, ...). Without it, each NAME is
+checked as a training set of the default config (boxes only: MODEL.MASK_ON is off), and the
+time of its image checks is printed in images per second (``--images``: as
+``DATALOADER.CHECK_IMAGES``). A bad input is one ``error: ...`` line and exit status 2.
 """
 
 import argparse
@@ -32,6 +33,8 @@ from lambda_det.data.checks import (
     load_training_dicts,
     yaml_data_settings,
 )
+from lambda_det.engine import preflight
+from lambda_det.engine.run_settings import yaml_run_settings
 from lambda_det.utils.errors import UserError
 from lambda_det.utils.run_defaults import CHECK_IMAGES
 
@@ -72,12 +75,25 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_config_values(cfg, training: bool) -> None:
+    """What tools/train_net.py checks of the config's values before launch, short of what
+    this machine has (a cuda device is a device name here, the GPUs are the run's machine's):
+    the device's name, the seed and, for training, the training settings."""
+    run = yaml_run_settings(cfg)
+    preflight.check_device_name(run.device)
+    if training:
+        preflight.check_training_settings(run.training)
+    preflight.check_seed(run.training.seed)
+
+
 def check_config_datasets(args: argparse.Namespace) -> str:
-    """The run's datasets through tools/train_net.py's own pre-flight; returns the summary."""
+    """The run's config values and datasets through tools/train_net.py's own pre-flight;
+    returns the summary."""
     opts = list(args.arguments)
     if args.images:
         opts += ["DATALOADER.CHECK_IMAGES", args.images]
     cfg = load_run_config(args, opts)
+    check_config_values(cfg, training=not args.eval_only)
     start = time.perf_counter()
     count = check_run_datasets(
         yaml_data_settings(cfg), training=not args.eval_only, threads=args.threads

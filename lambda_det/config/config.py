@@ -17,7 +17,7 @@ import difflib
 import logging
 import os
 import re
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -32,7 +32,12 @@ from detectron2.config import CfgNode as CN
 from detectron2.utils.file_io import PathManager
 from fvcore.common.config import BASE_KEY
 
-from lambda_det.config.expressions import ExpressionError, evaluate_expression
+from lambda_det.config.expressions import (
+    MAX_INTEGER_DIGITS,
+    ExpressionError,
+    evaluate_expression,
+    integer_digits,
+)
 
 __all__ = [
     "add_lambda_det_config",
@@ -101,8 +106,37 @@ class ConfigFileError(UserError):
     chain loops; the message names the file."""
 
 
+# Far above what any config needs (detectron2's full config is ~400 values, 5 levels deep; its
+# model zoo's _BASE_ chains are 2 files), far below what takes a second to read or merge, or
+# what the recursive code that reads a config (yacs, OmegaConf) can follow.
+MAX_YAML_DEPTH = 32  # levels of mappings and lists in one file, through its aliases too
+MAX_YAML_VALUES = 50_000  # values of one file with each alias expanded (a "billion laughs")
+MAX_BASE_DEPTH = 16  # files in one _BASE_ chain, the config itself included
+MAX_BASE_FILES = 32  # files one config reads, itself and its bases (a base named twice: twice)
+
+
 class _PlainYamlLoader(yaml.SafeLoader):
-    """yaml's safe loader: plain values only (mappings, lists, strings, numbers, booleans)."""
+    """yaml's safe loader: plain values only (mappings, lists, strings, numbers, booleans),
+    within :data:`MAX_YAML_DEPTH` and :data:`MAX_YAML_VALUES`, and integers within
+    :data:`~lambda_det.config.expressions.MAX_INTEGER_DIGITS` digits."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.nesting = 0  # of the node being composed; composing recurses once a level
+
+    def compose_node(self, parent, index):
+        self.nesting += 1
+        try:
+            if self.nesting > MAX_YAML_DEPTH:
+                raise _TooLarge(self.peek_event(), _too_deep())
+            return super().compose_node(parent, index)
+        finally:
+            self.nesting -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        _check_expanded_size(node)
+        return node
 
 
 class _RefusedTag(yaml.YAMLError):
@@ -124,8 +158,92 @@ class _RefusedExpression(yaml.YAMLError):
         self.line = node.start_mark.line + 1
 
 
+class _TooLarge(yaml.YAMLError):
+    """A yaml document nested too deeply, or too large with its aliases expanded."""
+
+    def __init__(self, event_or_node, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+        self.line = event_or_node.start_mark.line + 1
+
+
+def _too_deep() -> str:
+    return (
+        f"mappings and lists nest more than {MAX_YAML_DEPTH} levels deep (its aliases "
+        f"included): a config nests a few levels"
+    )
+
+
+def _check_expanded_size(root: Optional[yaml.Node]) -> None:
+    """Refuse a document deeper than :data:`MAX_YAML_DEPTH` or of more values than
+    :data:`MAX_YAML_VALUES` once each alias is expanded (as the config's readers expand it),
+    counted on yaml's nodes: an alias is the node it names, measured once."""
+    measured: Dict[int, Tuple[int, int]] = {}  # id(node) -> (values, levels below it)
+    open_nodes = set()  # being measured: an alias to one of them is a cycle
+
+    def measure(node: yaml.Node, depth: int) -> Tuple[int, int]:
+        known = measured.get(id(node))
+        if known is None:
+            if id(node) in open_nodes:
+                raise _TooLarge(
+                    node, "an alias here names a value that holds it: it nests without end"
+                )
+            if depth > MAX_YAML_DEPTH:
+                raise _TooLarge(node, _too_deep())
+            open_nodes.add(id(node))
+            children = _children(node)
+            sizes = [measure(child, depth + 1) for child in children]
+            open_nodes.discard(id(node))
+            known = (
+                1 + sum(values for values, _ in sizes),
+                max((1 + below for _, below in sizes), default=0),
+            )
+            measured[id(node)] = known
+        if depth + known[1] > MAX_YAML_DEPTH:
+            raise _TooLarge(node, _too_deep())
+        if known[0] > MAX_YAML_VALUES:
+            raise _TooLarge(
+                node,
+                f"the value here holds {known[0]} values, each yaml alias (*name) counted as "
+                f"all the values it names, more than {MAX_YAML_VALUES}: a config holds a few "
+                f"hundred",
+            )
+        return known
+
+    if root is not None:
+        measure(root, 1)
+
+
+def _children(node: yaml.Node) -> list:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [child for pair in node.value for child in pair]
+    return []
+
+
 def _refuse_tag(loader, node):
     raise _RefusedTag(node)
+
+
+def _construct_integer(loader, node):
+    """yaml's integer, read only when its text is short enough to hold at most
+    MAX_INTEGER_DIGITS digits: ``int`` of a long text is quadratic (sexagesimal, ``1:2:...``)
+    or a ValueError (decimal, past 4,300 digits)."""
+    text = loader.construct_scalar(node)
+    if len(text) > 2 * MAX_INTEGER_DIGITS:  # signs, underscores, 0x: a number's text is longer
+        raise _TooLarge(node, _too_many_digits(f"{len(text)} characters"))
+    value = loader.construct_yaml_int(node)
+    if integer_digits(value) > MAX_INTEGER_DIGITS:
+        raise _TooLarge(node, _too_many_digits(f"{integer_digits(value)} digits"))
+    return value
+
+
+def _too_many_digits(size: str) -> str:
+    return (
+        f"the integer is too large ({size}): a config's integers have at most "
+        f"{MAX_INTEGER_DIGITS} digits"
+    )
 
 
 def _evaluate_expression_tag(loader, node):
@@ -147,6 +265,7 @@ _PlainYamlLoader.add_constructor(None, _refuse_tag)
 _PlainYamlLoader.add_constructor(
     "tag:yaml.org,2002:python/object/apply:eval", _evaluate_expression_tag
 )
+_PlainYamlLoader.add_constructor("tag:yaml.org,2002:int", _construct_integer)
 
 
 def _load_plain_yaml(stream, where: str):
@@ -165,6 +284,8 @@ def _load_plain_yaml(stream, where: str):
             f"{where}, line {refused.line}: !!python/object/apply:eval: {refused.reason}: "
             f"write the value itself"
         ) from None
+    except _TooLarge as refused:
+        raise ConfigFileError(f"{where}, line {refused.line}: {refused.reason}") from None
     except yaml.YAMLError as error:
         raise ConfigFileError(f"{where}: {' '.join(str(error).split())}") from None
     except UnicodeDecodeError as error:  # a binary file, read as text
@@ -196,7 +317,7 @@ def check_config_file(path: str) -> None:
 def load_yaml_with_base(path: str) -> dict:
     """The yaml config ``path`` merged over its ``_BASE_`` chain, as fvcore's
     ``CfgNode.load_yaml_with_base`` merges it, after the checks of :func:`check_config_file`."""
-    return _load_config_chain(path, ())
+    return _load_config_chain(path, (), [])
 
 
 def _merge_into(values: dict, base: dict, where: str) -> None:
@@ -213,9 +334,9 @@ def _merge_into(values: dict, base: dict, where: str) -> None:
             base[key] = value
 
 
-def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
+def _load_config_chain(path: str, chain: Tuple[str, ...], read: List[str]) -> dict:
     """:func:`load_yaml_with_base` of ``path``, reached through the ``_BASE_`` keys of
-    ``chain``."""
+    ``chain``; ``read``: the files the config has read so far (``path`` is added)."""
     where = f"config file {path}" + (f" (a _BASE_ of {chain[-1]})" if chain else "")
     if os.path.realpath(path) in map(os.path.realpath, chain):
         loop = " -> ".join([*chain, path])
@@ -223,6 +344,17 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
             f"config file {chain[0]}: its _BASE_ chain {loop} is a loop: "
             f"remove the _BASE_ that closes it"
         )
+    if len(chain) >= MAX_BASE_DEPTH:
+        raise ConfigFileError(
+            f"config file {chain[0]}: its _BASE_ chain is more than {MAX_BASE_DEPTH} files "
+            f"deep (at {path}): a chain is a few files; name a base nearer the top"
+        )
+    if len(read) >= MAX_BASE_FILES:
+        raise ConfigFileError(
+            f"config file {read[0]}: it and its _BASE_ files are more than {MAX_BASE_FILES} "
+            f"files to read (at {path}; a base named twice is read twice): name fewer bases"
+        )
+    read.append(path)
     try:
         with PathManager.open(path, "r") as f:  # as detectron2's CfgNode opens a config
             data = _load_plain_yaml(f, where)
@@ -246,7 +378,8 @@ def _load_config_chain(path: str, chain: Tuple[str, ...]) -> dict:
         return data
     merged: dict = {}
     for base in bases:
-        _merge_into(_load_config_chain(_base_path(base, path), (*chain, path)), merged, where)
+        base_values = _load_config_chain(_base_path(base, path), (*chain, path), read)
+        _merge_into(base_values, merged, where)
     values = {key: value for key, value in data.items() if key != BASE_KEY}
     _merge_into(values, merged, where)
     return merged

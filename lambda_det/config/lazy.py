@@ -23,6 +23,7 @@ from detectron2.utils.file_io import PathManager
 from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean
 from lambda_det.config.config import _load_plain_yaml
 from lambda_det.utils.errors import MissingFileError, UserError
+from lambda_det.utils.setting import shown
 
 __all__ = [
     "load_lazy_config",
@@ -187,7 +188,8 @@ def _check_recipe(cfg: DictConfig, path: str) -> None:
         torch.device(cfg.train.device)
     except (RuntimeError, TypeError):
         raise UserError(
-            f"train.device {cfg.train.device!r} is not a torch device: use cuda, cpu, or cuda:N"
+            f"train.device {shown(cfg.train.device)} is not a torch device: use cuda, cpu, or "
+            f"cuda:N"
         ) from None
 
 

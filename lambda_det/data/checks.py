@@ -39,7 +39,7 @@ from PIL import Image
 
 from lambda_det.utils.errors import MissingFileError, UserError, UserKeyError
 from lambda_det.utils.run_defaults import CHECK_IMAGES
-from lambda_det.utils.setting import Setting, is_integer, override
+from lambda_det.utils.setting import Setting, is_integer, override, shown
 
 __all__ = [
     "DataSettings",
@@ -735,6 +735,22 @@ def check_images(
     return len(files)
 
 
+def _check_dataset_names(names: Setting, once: bool = False) -> None:
+    """Each of ``names`` is a dataset's name (a string), and with ``once`` none is named twice:
+    each test set is evaluated and reported once (a set named N times is evaluated N times,
+    and its results under its name are only the last)."""
+    seen = set()
+    for name in names.value:
+        if not isinstance(name, str):
+            raise UserError(
+                f"{names.key} holds {shown(name)}, not a dataset name: list the names of "
+                f"registered datasets"
+            )
+        if once and name in seen:
+            raise UserError(f"{names.key} names {name!r} more than once: name each test set once")
+        seen.add(name)
+
+
 def check_run_datasets(
     data: DataSettings, training: bool = True, threads: Optional[int] = None
 ) -> int:
@@ -747,7 +763,10 @@ def check_run_datasets(
     (:func:`load_checked_test_dicts`). Returns the number of image files checked."""
     key, mode = data.check_images
     if mode not in IMAGE_CHECKS:
-        raise UserError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {mode!r}")
+        raise UserError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {shown(mode)}")
+    if training:
+        _check_dataset_names(data.train)
+    _check_dataset_names(data.test, once=True)
     train, test = list(data.train.value), list(data.test.value)
     _check_registered([*(train if training else ()), *test])
     checked = 0

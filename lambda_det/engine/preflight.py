@@ -25,7 +25,7 @@ from lambda_det.engine.amp import AMP_DTYPES
 from lambda_det.layers import LambdaLayer
 from lambda_det.modeling.build import STOCK_IMAGENET_WEIGHTS
 from lambda_det.utils.errors import UserError
-from lambda_det.utils.setting import Setting, is_integer, override
+from lambda_det.utils.setting import Setting, is_integer, override, shown
 
 __all__ = [
     "check_seed",
@@ -34,6 +34,7 @@ __all__ = [
     "TrainingSettings",
     "check_launch_arguments",
     "check_device",
+    "check_device_name",
     "check_training_settings",
     "check_training_recipe",
     "check_batch_size",
@@ -73,6 +74,7 @@ class TrainingSettings(NamedTuple):
     input_size: Optional[Setting]  # the side of the largest training input (None: unknown)
     weights: Setting  # the initial weights ("": from scratch)
     backbone: Optional[BackboneSettings]  # None: not a lambda_det backbone
+    finite: Tuple[Setting, ...]  # numbers that must be finite: a schedule's factors, ...
     # The side of a square image at evaluation, with the key that bounds every image's size
     # (None: unknown, or not resized).
     test_size: Optional[Setting] = None
@@ -101,23 +103,39 @@ def check_launch_arguments(args: argparse.Namespace) -> None:
         )
 
 
-def check_device(device: Setting, num_gpus: int) -> None:
-    """``device`` names cpu or a CUDA GPU that this machine has, and with cuda, the machine has
-    a GPU for each of the ``num_gpus`` processes."""
-    try:
-        parsed = torch.device(device.value)
-    except (RuntimeError, TypeError):
+# The longest device name lambda_det runs on: "cuda:" and an index.
+_MAX_DEVICE_NAME = 16
+
+
+def check_device_name(device: Setting) -> torch.device:
+    """``device`` names cpu or a CUDA device (cuda, cuda:N), whatever this machine has: a
+    config that names a device means it, whether or not it runs here (tools/check_dataset.py)."""
+    value = device.value
+    parsed = None
+    if isinstance(value, str) and len(value) <= _MAX_DEVICE_NAME:
+        try:
+            parsed = torch.device(value)
+        except (RuntimeError, TypeError):
+            pass
+    if parsed is None:
         raise UserError(
-            f"{device.key} {device.value!r} is not a torch device: set "
-            f"{device.key} to cuda, cuda:N or cpu"
-        ) from None
+            f"{device.key} {shown(value)} is not a torch device: set {device.key} to cuda, "
+            f"cuda:N or cpu"
+        )
+    if parsed.type not in ("cpu", "cuda"):
+        raise UserError(
+            f"{device.key} {shown(value)}: lambda_det trains and evaluates on cuda or cpu; set "
+            f"{device.key} to one of them"
+        )
+    return parsed
+
+
+def check_device(device: Setting, num_gpus: int) -> None:
+    """``device`` names cpu or a CUDA GPU that this machine has (:func:`check_device_name`),
+    and with cuda, the machine has a GPU for each of the ``num_gpus`` processes."""
+    parsed = check_device_name(device)
     if parsed.type == "cpu":
         return
-    if parsed.type != "cuda":
-        raise UserError(
-            f"{device.key} {device.value!r}: lambda_det trains and evaluates on "
-            f"cuda or cpu; set {device.key} to one of them"
-        )
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
         raise UserError(
@@ -141,11 +159,16 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite_number(value) -> bool:
+    """A number that is not NaN or infinite (an integer is finite however large)."""
+    return _is_number(value) and (isinstance(value, int) or math.isfinite(value))
+
+
 def _check_integer_at_least(setting: Setting, minimum: int, meaning: str) -> None:
     if not is_integer(setting.value) or setting.value < minimum:
         raise UserError(
             f"{setting.key} must be an integer >= {minimum} ({meaning}), got "
-            f"{setting.value!r}: set {setting.key} to an integer >= {minimum}"
+            f"{shown(setting.value)}: set {setting.key} to an integer >= {minimum}"
         )
 
 
@@ -195,17 +218,23 @@ def check_compiled_batch(
 def check_seed(seed: Setting, world_size: int = 1) -> int:
     """The seed of a run (SEED, train.seed) over ``world_size`` processes: an integer,
     negative to draw a new one each run; detectron2 seeds numpy, torch and random of process
-    ``rank`` with seed + rank, and numpy takes seeds below 2**32."""
+    ``rank`` with seed + rank, and numpy takes seeds below 2**32 (a seed below -(2**32 - 1)
+    has no meaning either)."""
     if not is_integer(seed.value):
         raise UserError(
-            f"{seed.key} must be an integer, got {seed.value!r}: set {seed.key} to a number "
-            f"such as 0, or -1 for a new seed each run"
+            f"{seed.key} must be an integer, got {shown(seed.value)}: set {seed.key} to a "
+            f"number such as 0, or -1 for a new seed each run"
         )
     if seed.value + world_size > 2**32:
         processes = f" plus the rank of each of {world_size} processes" if world_size > 1 else ""
         raise UserError(
-            f"{seed.key} {seed.value}{processes} exceeds numpy's largest seed, 2**32 - 1: set "
-            f"{seed.key} to a smaller number"
+            f"{seed.key} {shown(seed.value)}{processes} exceeds numpy's largest seed, "
+            f"2**32 - 1: set {seed.key} to a smaller number"
+        )
+    if seed.value < -(2**32 - 1):
+        raise UserError(
+            f"{seed.key} {shown(seed.value)} is below -(2**32 - 1): set {seed.key} to -1 for a "
+            f"new seed each run, or to a seed from 0 to 2**32 - 1"
         )
     return seed.value
 
@@ -220,25 +249,31 @@ def check_training_settings(settings: TrainingSettings) -> None:
     """
     check_batch_size(settings.batch.value, 1, key=settings.batch.key)
     lr = settings.learning_rate
-    if not _is_number(lr.value) or not math.isfinite(lr.value) or lr.value <= 0:
+    if not _is_finite_number(lr.value) or lr.value <= 0:
         raise UserError(
-            f"{lr.key} must be a finite number > 0, got {lr.value!r}: set {lr.key} "
+            f"{lr.key} must be a finite number > 0, got {shown(lr.value)}: set {lr.key} "
             f"to a positive learning rate"
         )
+    for setting in settings.finite:
+        if not _is_finite_number(setting.value):
+            raise UserError(
+                f"{setting.key} must be a finite number, got {shown(setting.value)}: set "
+                f"{setting.key} to a number"
+            )
     _check_integer_at_least(settings.max_iter, 1, "iterations to train")
     if settings.lr_steps is not None:
         _check_lr_steps(settings.lr_steps, settings.max_iter)
     dtype = settings.amp_dtype
     if dtype is not None and dtype.value not in AMP_DTYPES:
         raise UserError(
-            f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {dtype.value!r}: "
+            f"{dtype.key} must be one of {sorted(AMP_DTYPES)}, got {shown(dtype.value)}: "
             f"set {dtype.key} to float16 or bfloat16"
         )
     seed = settings.seed
     if settings.deterministic.value and (not is_integer(seed.value) or seed.value < 0):
         raise UserError(
             f"{settings.deterministic.key} needs a fixed {seed.key} >= 0, got "
-            f"{seed.key}={seed.value!r}: set {seed.key} to a number such as 0"
+            f"{seed.key}={shown(seed.value)}: set {seed.key} to a number such as 0"
         )
     if settings.lsj is not None:
         check_lsj_settings(
@@ -248,9 +283,10 @@ def check_training_settings(settings: TrainingSettings) -> None:
     for setting in settings.at_least_one:
         _check_integer_at_least(setting, 1, "iterations")
     for setting in settings.at_least_zero:
-        if not _is_number(setting.value) or not setting.value >= 0:
+        if not _is_finite_number(setting.value) or not setting.value >= 0:
             raise UserError(
-                f"{setting.key} must be >= 0, got {setting.value!r}: set {setting.key} to 0 or more"
+                f"{setting.key} must be a finite number >= 0, got {shown(setting.value)}: set "
+                f"{setting.key} to 0 or more"
             )
     check_training_recipe(settings)
 

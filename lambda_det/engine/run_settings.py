@@ -127,11 +127,36 @@ def yaml_training_settings(cfg) -> TrainingSettings:
         input_size=input_size,
         weights=Setting("MODEL.WEIGHTS", cfg.MODEL.WEIGHTS),
         backbone=_yaml_backbone(cfg),
+        finite=_yaml_finite(solver),
         test_size=_test_size(
             "INPUT.MAX_SIZE_TEST", cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST
         ),
         compiled=_yaml_compiled(cfg),
     )
+
+
+# detectron2's float solver keys that must be finite (CLIP_GRADIENTS.NORM_TYPE may be inf: the
+# max norm); None (WEIGHT_DECAY_BIAS: WEIGHT_DECAY's) or a key of another detectron2 is left out.
+_YAML_FINITE = (
+    "GAMMA",
+    "WARMUP_FACTOR",
+    "BASE_LR_END",
+    "BIAS_LR_FACTOR",
+    "WEIGHT_DECAY_NORM",
+    "WEIGHT_DECAY_BIAS",
+    "CLIP_GRADIENTS.CLIP_VALUE",
+)
+
+
+def _yaml_finite(solver) -> tuple:
+    settings = []
+    for key in _YAML_FINITE:
+        node = solver
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+        if node is not None:
+            settings.append(Setting(f"SOLVER.{key}", node))
+    return tuple(settings)
 
 
 def _test_size(key: str, short_side, max_size) -> Optional[Setting]:
@@ -180,7 +205,8 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
     torch's usual ones (``lr``, ``momentum``, ``weight_decay``)."""
     train, max_iter = cfg.train, cfg.train.max_iter
     steps = None
-    if _calls(cfg.lr_multiplier, warmup_multistep):  # drops steps at or past max_iter
+    multistep = _calls(cfg.lr_multiplier, warmup_multistep)
+    if multistep:  # drops steps at or past max_iter
         last = max_iter - 1 if is_integer(max_iter) else max_iter
         steps = Setting("lr_multiplier.steps", _kept_steps(cfg.lr_multiplier.steps, last))
     augmentations = OmegaConf.select(cfg, "dataloader.train.mapper.augmentations", default=None)
@@ -223,6 +249,11 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
         input_size=input_size,
         weights=Setting("train.init_checkpoint", train.init_checkpoint),
         backbone=_lazy_backbone(cfg),
+        finite=tuple(
+            Setting(f"lr_multiplier.{name}", cfg.lr_multiplier.get(name))
+            for name in ("gamma", "warmup_factor")
+            if multistep and cfg.lr_multiplier.get(name) is not None
+        ),
         test_size=_lazy_test_size(cfg),
         compiled=Setting("train.compile_backbone", train.get("compile_backbone", False)),
     )

@@ -3,6 +3,7 @@ in any tool, and a malformed one (a _BASE_ loop, an empty file, a list) is one e
 names the file."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ from detectron2.config import get_cfg as get_detectron2_cfg
 import lambda_det.data
 from lambda_det.cli import train_net
 from lambda_det.config import ConfigFileError
+from lambda_det.config.config import load_yaml_with_base
+from lambda_det.config.lazy import load_lazy_config_file
 from lambda_det.model_zoo import get_config
 from lambda_det.run_config import config_differences, get_cfg, load_config
 
@@ -328,3 +331,188 @@ def test_a_binary_config_is_one_line_naming_the_file(tmp_path, capsys):
         "pass a yaml config",
     )
     assert not (tmp_path / "run").exists()
+
+
+# ---- bounds: alias bombs, deep nesting, deep _BASE_ chains, huge integers ----
+
+
+def alias_bomb(indent: str = "", levels: int = 9) -> str:
+    """A "billion laughs": ``levels`` levels of 10 aliases of a mapping, as yaml keys."""
+    lines = [f"{indent}L0: &L0 {{A: 1, B: 2}}"]
+    for level in range(1, levels + 1):
+        aliases = ", ".join([f"*L{level - 1}"] * 10)
+        lines.append(f"{indent}L{level}: &L{level} [{aliases}]")
+    return "\n".join(lines) + "\n"
+
+
+def dataset_bomb(levels: int = 9) -> str:
+    """DATASETS.TEST naming lambda_det_shapes_val 9**levels times through aliases."""
+    lists = ["&T0 lambda_det_shapes_val"]
+    for level in range(1, levels + 1):
+        lists.append(f"&T{level} [" + ", ".join([f"*T{level - 1}"] * 9) + "]")
+    return "DATASETS:\n  TEST: [" + ", ".join(lists) + "]\n"
+
+
+def expanded_values(value, known=None) -> int:
+    """The values of a document that plain yaml read, a shared object counted each time it
+    appears (as yacs and OmegaConf copy it), each object measured once."""
+    known = {} if known is None else known
+    if id(value) not in known:
+        children = [*value, *value.values()] if isinstance(value, dict) else value
+        children = children if isinstance(value, (dict, list)) else []
+        known[id(value)] = 1 + sum(expanded_values(child, known) for child in children)
+    return known[id(value)]
+
+
+BOMBS = {
+    "alias bomb": alias_bomb(),
+    "alias bomb under MODEL": "MODEL:\n" + alias_bomb("  "),
+    "dataset bomb": dataset_bomb(),
+}
+LIMIT_LINE = {
+    "alias bomb": "line 5: the value here holds 51111 values",
+    "alias bomb under MODEL": "line 6: the value here holds 51111 values",
+    "dataset bomb": "values, each yaml alias (*name) counted as all the values it names, more "
+    "than 50000",
+}
+
+
+def test_plain_yaml_expands_an_alias_bomb_to_billions_of_values():
+    """The negative control: yaml's safe loader reads each bomb as shared objects, which the
+    config's readers (yacs' CfgNode, OmegaConf, the merge) copy value by value."""
+    assert expanded_values(yaml.safe_load(BOMBS["alias bomb"])) > 5 * 10**9
+    assert expanded_values(yaml.safe_load(BOMBS["alias bomb under MODEL"])) > 5 * 10**9
+    assert expanded_values(yaml.safe_load(BOMBS["dataset bomb"])) > 9**9
+
+
+@pytest.mark.parametrize("case", BOMBS)
+def test_an_alias_bomb_is_one_line_within_a_second(case, tmp_path, capsys):
+    config = tmp_path / "bomb.yaml"
+    config.write_text(BOMBS[case])
+    start = time.perf_counter()
+    with pytest.raises(ConfigFileError) as error:
+        load_config(str(config))
+    assert time.perf_counter() - start < 1.0
+    assert str(error.value).startswith(f"config file {config}, line ")
+    assert LIMIT_LINE[case] in str(error.value)
+    run_tool("train_net", ["--config-file", config, "--eval-only"], capsys, LIMIT_LINE[case])
+
+
+def test_a_lazyconfig_yaml_alias_bomb_is_one_line(tmp_path):
+    config = tmp_path / "recipe.yaml"
+    config.write_text("train:\n  seed: 1\n" + alias_bomb())
+    start = time.perf_counter()
+    with pytest.raises(
+        ConfigFileError, match=f"LazyConfig {config}, line 7: the value here holds 51111"
+    ):
+        load_lazy_config_file(str(config))
+    assert time.perf_counter() - start < 1.0
+
+
+def test_aliases_within_the_bounds_still_load(tmp_path):
+    config = tmp_path / "aliases.yaml"
+    config.write_text("SOLVER:\n  STEPS: &steps [3, 5]\nTEST:\n  AUG:\n    MIN_SIZES: *steps\n")
+    assert load_config(str(config)).TEST.AUG.MIN_SIZES == (3, 5)
+    (tmp_path / "small.yaml").write_text(alias_bomb(levels=3))  # 1,000 mappings
+    assert len(load_yaml_with_base(str(tmp_path / "small.yaml"))["L3"]) == 10
+
+
+DEEP = 100_000
+NESTINGS = {
+    "lists": "SEED: " + "[" * DEEP + "]" * DEEP + "\n",
+    "flow mappings": "MODEL: " + "{a: " * DEEP + "1" + "}" * DEEP + "\n",
+    "block mappings": "".join(f"{' ' * level}a{level}:\n" for level in range(600)),
+    "an alias that holds itself": "SOLVER:\n  STEPS: &steps [1, *steps]\n",
+}
+
+
+@pytest.mark.parametrize("case", NESTINGS)
+def test_plain_yaml_cannot_read_deep_nesting(case):
+    """The negative control: yaml's recursive composer overflows Python's stack, or reads a
+    value that nests without end (which every recursive reader then overflows on)."""
+    try:
+        value = yaml.safe_load(NESTINGS[case])
+    except RecursionError:
+        return
+    steps = value["SOLVER"]["STEPS"]
+    assert steps[1] is steps
+
+
+@pytest.mark.parametrize("case", NESTINGS)
+def test_deep_nesting_is_one_line_within_a_second(case, tmp_path, capsys):
+    config = tmp_path / "deep.yaml"
+    config.write_text(NESTINGS[case])
+    start = time.perf_counter()
+    with pytest.raises(ConfigFileError) as error:
+        load_config(str(config))
+    assert time.perf_counter() - start < 1.0
+    message = str(error.value)
+    assert message.startswith(f"config file {config}, line "), message
+    assert "more than 32 levels deep" in message or "nests without end" in message, message
+    run_tool("train_net", ["--config-file", config, "OUTPUT_DIR", tmp_path / "run"], capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def base_chain(folder: Path, depth: int, width: int = 1) -> Path:
+    """c0.yaml -> c1.yaml -> ... -> c{depth - 1}.yaml, each naming the next ``width`` times."""
+    for index in range(depth):
+        bases = ", ".join([f"c{index + 1}.yaml"] * width) if index + 1 < depth else ""
+        (folder / f"c{index}.yaml").write_text(f"_BASE_: [{bases}]\n" if bases else "SEED: 1\n")
+    return folder / "c0.yaml"
+
+
+def test_fvcore_overflows_on_a_deep_base_chain(tmp_path):
+    """The negative control: fvcore's own _BASE_ reader, which detectron2's CfgNode uses."""
+    with pytest.raises(RecursionError):
+        get_detectron2_cfg().load_yaml_with_base(str(base_chain(tmp_path, 1500)))
+
+
+@pytest.mark.parametrize(
+    "depth,width,fragment",
+    [
+        (1500, 1, "its _BASE_ chain is more than 16 files deep"),
+        (10, 2, "it and its _BASE_ files are more than 32 files to read"),
+    ],
+)
+def test_a_deep_or_wide_base_chain_is_one_line(tmp_path, capsys, depth, width, fragment):
+    top = base_chain(tmp_path, depth, width)
+    start = time.perf_counter()
+    with pytest.raises(ConfigFileError) as error:
+        load_config(str(top))
+    assert time.perf_counter() - start < 1.0
+    assert str(error.value).startswith(f"config file {top}: {fragment}"), str(error.value)
+    run_tool("train_net", ["--config-file", top, "OUTPUT_DIR", tmp_path / "run"], capsys, fragment)
+
+
+def test_a_chain_within_the_bounds_loads(tmp_path):
+    assert load_config(str(base_chain(tmp_path, 15))).SEED == 1  # 15 deep
+    (tmp_path / "wide").mkdir()
+    assert load_config(str(base_chain(tmp_path / "wide", 4, width=2))).SEED == 1  # 15 files
+
+
+INTEGERS = {
+    "hexadecimal": ("0x" + "f" * 100_000, "(100002 characters)"),
+    "decimal": ("1" * 5000, "(5000 characters)"),
+    "sexagesimal": (":".join(["59"] * 600), "(1068 digits)"),
+    "just past the bound": ("0x" + "f" * 900, "(1084 digits)"),
+}
+
+
+def test_plain_yaml_reads_huge_integers_or_fails_with_a_traceback():
+    """The negative control: a 400,000-bit SEED, and Python's ValueError past 4,300 digits."""
+    assert yaml.safe_load("SEED: " + INTEGERS["hexadecimal"][0])["SEED"].bit_length() == 400_000
+    with pytest.raises(ValueError, match="Exceeds the limit"):
+        yaml.safe_load("SEED: " + INTEGERS["decimal"][0])
+
+
+@pytest.mark.parametrize("case", INTEGERS)
+def test_a_huge_integer_is_one_line(case, tmp_path):
+    text, size = INTEGERS[case]
+    config = tmp_path / "seed.yaml"
+    config.write_text(f"SOLVER:\n  MAX_ITER: 5\nSEED: {text}\n")
+    with pytest.raises(
+        ConfigFileError,
+        match=rf"config file {config}, line 3: the integer is too large \({size[1:-1]}\): a "
+        "config's integers have at most 1000 digits",
+    ):
+        load_config(str(config))

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import (
     CONFIGS,
+    LAZY_TINY_OVERRIDES,
     REPO_ROOT,
     TINY_BN_MODEL,
     assert_one_line_error,
@@ -32,6 +33,7 @@ import lambda_det
 import lambda_det.data
 from lambda_det.cli import check_dataset, lazyconfig_train_net, train_net
 from lambda_det.data import build_mapper, register_coco_datasets
+from lambda_det.data import checks as data_checks
 from lambda_det.data.checks import (
     check_image_file,
     check_image_mode,
@@ -47,6 +49,7 @@ from lambda_det.data.checks import (
 )
 from lambda_det.engine import Trainer
 from lambda_det.run_config import load_config
+from lambda_det.utils.errors import UserError
 
 lambda_det.data.register_datasets()  # the bundled datasets, by name: importing registers none
 
@@ -433,6 +436,64 @@ def test_eval_only_refuses_a_nan_box_in_its_test_set_before_it_starts(tmp_path, 
         f"003.png), annotation 1 of 1 has bbox=[8, 8, nan, 16], not 4 finite "
         f"numbers: fix or remove the annotation"
     ]
+
+
+def test_a_test_set_named_twice_or_a_list_in_place_of_a_name_is_refused(tmp_path, register):
+    write_dataset(tmp_path)
+    cfg = one_dataset(register, tmp_path)
+    for test, message in (
+        (("lambda_det_test_own",) * 2, "names 'lambda_det_test_own' more than once"),
+        ((("lambda_det_test_own",),), "holds ('lambda_det_test_own',), not a dataset name"),
+    ):
+        cfg.DATASETS.TEST = test
+        with pytest.raises(UserError, match=rf"^DATASETS.TEST {re.escape(message)}"):
+            check_run_datasets(yaml_data_settings(cfg), training=False)
+    cfg.DATASETS.TEST, cfg.DATASETS.TRAIN = (), (("lambda_det_test_own",),)
+    with pytest.raises(UserError, match=r"^DATASETS.TRAIN holds \('lambda_det_test_own',\)"):
+        check_run_datasets(yaml_data_settings(cfg))
+
+
+def test_a_test_set_named_twice_is_evaluated_twice_without_the_check(
+    tmp_path, register, monkeypatch
+):
+    """The negative control: the rest of the pre-flight reads it twice, as evaluation would."""
+    write_dataset(tmp_path)
+    cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    cfg.DATASETS.TEST = ("lambda_det_test_own",) * 2
+    monkeypatch.setattr(data_checks, "_check_dataset_names", lambda names, once=False: None)
+    assert check_run_datasets(yaml_data_settings(cfg), training=False) == 2 * 3
+
+
+def test_eval_only_refuses_a_test_set_named_twice_before_it_starts(tmp_path, register, capsys):
+    write_dataset(tmp_path)
+    triple = ["lambda_det_test_twice", str(tmp_path / "instances.json"), str(tmp_path / "images")]
+    register(triple)
+    output_dir = tmp_path / "eval"
+    twice = ["DATASETS.TEST", f"('{triple[0]}', '{triple[0]}')"]
+    for tool in (train_net, check_dataset):
+        argv = [*eval_only_command(triple), *TINY_ARGS, *twice, "OUTPUT_DIR", str(output_dir)]
+        with pytest.raises(SystemExit) as caught:
+            tool.main(argv)
+        assert caught.value.code == 2
+        errors = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert errors == [
+            f"error: DATASETS.TEST names '{triple[0]}' more than once: name each test set once"
+        ]
+        assert not output_dir.exists()
+    with pytest.raises(SystemExit) as caught:
+        lazyconfig_train_net.main(
+            [
+                "--config",
+                "lambda_r26_shapes",
+                "--eval-only",
+                *LAZY_TINY_OVERRIDES,
+                "dataloader.test.dataset.names=[a,a]",
+                f"train.output_dir={output_dir}",
+            ]
+        )
+    assert caught.value.code == 2
+    assert "dataloader.test.dataset.names names 'a' more than once" in capsys.readouterr().err
+    assert not output_dir.exists()
 
 
 def test_lazyconfig_tool_checks_its_test_set_boxes(tmp_path, register, capsys):

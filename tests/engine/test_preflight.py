@@ -16,7 +16,7 @@ from conftest import TINY_OVERRIDES as TINY
 from detectron2.modeling import build_model
 
 import lambda_det.data
-from lambda_det.cli import lazyconfig_train_net
+from lambda_det.cli import check_dataset, lazyconfig_train_net
 from lambda_det.cli import train_net as cli
 from lambda_det.cli.checks import check_model
 from lambda_det.cli.output_dir import prepare_output_dir
@@ -140,6 +140,28 @@ BAD_YAML_INPUTS = {
         [],
         ["--dist-url auto picks a port on one machine, not on 2"],
     ),
+    "infinite LR": ([], ["SOLVER.BASE_LR", "1e999"], ["SOLVER.BASE_LR must be a finite", "inf"]),
+    "infinite momentum": (
+        [],
+        ["SOLVER.MOMENTUM", "1e999"],
+        ["SOLVER.MOMENTUM must be a finite number >= 0, got inf"],
+    ),
+    "infinite gamma": ([], ["SOLVER.GAMMA", "1e999"], ["SOLVER.GAMMA must be a finite number"]),
+    "seed of 400,000 bits": (
+        [],
+        ["SEED", "0x" + "f" * 100_000],
+        ["SEED an integer of 120412 digits exceeds numpy's largest seed"],
+    ),
+    "seed of 400,000 bits, eval-only": (
+        ["--eval-only"],
+        ["SEED", "-0x" + "f" * 100_000],
+        ["SEED a negative integer of 120412 digits is below -(2**32 - 1)"],
+    ),
+    "device of 1 MB": (
+        ["--eval-only"],
+        ["MODEL.DEVICE", "x" * 10**6],
+        ["MODEL.DEVICE 'xxxx", "... (1000000 characters) is not a torch device"],
+    ),
     "device index": ([], ["MODEL.DEVICE", "cuda:99"], ["MODEL.DEVICE 'cuda:99'"]),
     "device kind": ([], ["MODEL.DEVICE", "mps"], ["MODEL.DEVICE 'mps'", "cuda or cpu"]),
     "image size too large": (
@@ -226,6 +248,8 @@ BAD_LAZY_INPUTS = {
     "num-gpus 0, eval-only": (["--num-gpus", "0", "--eval-only"], ["--num-gpus", "got 0"]),
     "negative LR": (["optimizer.lr=-0.1"], ["optimizer.lr", "got -0.1"]),
     "LR nan": (["optimizer.lr=nan"], ["optimizer.lr", "got nan"]),
+    "momentum inf": (["optimizer.momentum=inf"], ["optimizer.momentum must be a finite number"]),
+    "gamma nan": (["lr_multiplier.gamma=nan"], ["lr_multiplier.gamma must be a finite number"]),
     "AMP dtype": (
         ["train.amp.enabled=True", "train.amp.dtype=int8"],
         ["train.amp.dtype", "'int8'"],
@@ -601,6 +625,118 @@ def test_a_seed_that_is_not_an_integer_is_refused(value):
 
 def test_an_integer_seed_is_the_runs():
     assert [preflight.check_seed(Setting("SEED", value)) for value in (-1, 0, 7)] == [-1, 0, 7]
+    assert preflight.check_seed(Setting("SEED", -(2**32 - 1))) == -(2**32 - 1)
+
+
+HUGE = int("f" * 100_000, 16)  # the issue's SEED: 400,000 bits
+
+
+@pytest.mark.parametrize("value", [HUGE, -HUGE, -(2**32)], ids=["huge", "-huge", "-2**32"])
+def test_a_seed_outside_its_range_is_one_short_line_at_once(value):
+    start = time.perf_counter()
+    with pytest.raises(UserError) as error:
+        preflight.check_seed(Setting("SEED", value))
+    assert time.perf_counter() - start < 1.0
+    message = str(error.value)
+    assert message.startswith("SEED ") and len(message) < 200, message
+    assert "exceeds numpy's largest seed" in message or "below -(2**32 - 1)" in message
+
+
+def test_a_huge_seed_cannot_be_printed():
+    """The negative control: the seed in a message, as Python prints it, is a ValueError."""
+    with pytest.raises(ValueError, match="Exceeds the limit"):
+        f"{HUGE}"
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("SOLVER.BASE_LR", NAN),
+        ("SOLVER.BASE_LR", INF),
+        ("SOLVER.MOMENTUM", INF),
+        ("SOLVER.WEIGHT_DECAY", INF),
+        ("SOLVER.GAMMA", NAN),
+        ("SOLVER.WARMUP_FACTOR", INF),
+        ("SOLVER.BIAS_LR_FACTOR", NAN),
+        ("SOLVER.WEIGHT_DECAY_NORM", INF),
+        ("SOLVER.CLIP_GRADIENTS.CLIP_VALUE", NAN),
+    ],
+)
+def test_a_nan_or_infinite_solver_value_is_refused(key, value):
+    cfg = load_config(CONFIG, freeze=False)
+    *parents, leaf = key.split(".")
+    node = cfg
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    with pytest.raises(UserError, match=rf"^{key} must be a finite number.*, got {value}: set"):
+        preflight.check_training_settings(yaml_training_settings(cfg))
+
+
+def test_an_infinite_clip_norm_type_is_the_max_norm():
+    """detectron2's CLIP_GRADIENTS.NORM_TYPE inf means the max norm: not refused."""
+    cfg = load_config(CONFIG, ["SOLVER.CLIP_GRADIENTS.NORM_TYPE", "1e999"])
+    preflight.check_training_settings(yaml_training_settings(cfg))
+
+
+def test_torch_trains_to_nan_with_a_nan_learning_rate_or_momentum():
+    """The negative control: torch's optimizer takes both, and its first step makes NaN."""
+    for options in ({"lr": NAN}, {"lr": 0.1, "momentum": INF}):
+        weight = torch.nn.Parameter(torch.ones(2))
+        optimizer = torch.optim.SGD([weight], **options)
+        for _ in range(2):
+            weight.sum().backward()
+            optimizer.step()
+        assert not torch.isfinite(weight).any(), options
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ("x" * 10**6, "MODEL.DEVICE 'xxxx"),
+        ("cuda:" + "0" * 10**6, "... (1000005 characters) is not a torch device"),
+        ("cuda:0" + " " * 20, "is not a torch device"),
+        (0, "MODEL.DEVICE 0 is not a torch device"),
+        ("mps", "MODEL.DEVICE 'mps': lambda_det trains and evaluates on cuda or cpu"),
+    ],
+    ids=["1 MB", "cuda:000...", "trailing spaces", "an integer", "mps"],
+)
+def test_a_device_that_is_no_device_name_is_one_short_line(value, fragment):
+    with pytest.raises(UserError) as error:
+        preflight.check_device_name(Setting("MODEL.DEVICE", value))
+    assert fragment in str(error.value) and len(str(error.value)) < 300, str(error.value)
+
+
+def test_a_device_name_is_checked_whatever_this_machine_has():
+    assert preflight.check_device_name(Setting("MODEL.DEVICE", "cuda:1")).index == 1
+    assert preflight.check_device_name(Setting("train.device", "cpu")).type == "cpu"
+
+
+def test_torch_quotes_a_1_mb_device_string_whole():
+    """The negative control: torch's own refusal is a line of a megabyte."""
+    with pytest.raises(RuntimeError) as error:
+        torch.device("x" * 10**6)
+    assert len(str(error.value)) > 10**6
+
+
+@pytest.mark.parametrize(
+    "lines, fragment",
+    [
+        ("SOLVER:\n  BASE_LR: .nan\n", "SOLVER.BASE_LR must be a finite number > 0, got nan"),
+        ("MODEL:\n  DEVICE: " + "x" * 10**6 + "\n", "(1000000 characters) is not a torch device"),
+        ("SEED: -5000000000\n", "SEED -5000000000 is below -(2**32 - 1)"),
+    ],
+    ids=["LR nan", "device of 1 MB", "seed below its range"],
+)
+def test_check_dataset_refuses_the_values_train_net_refuses(tmp_path, capsys, lines, fragment):
+    """tools/check_dataset.py --config: the config's values pass train_net's pre-flight first."""
+    config = tmp_path / "config.yaml"
+    config.write_text(f"_BASE_: {CONFIG}\n{lines}")
+    assert exit_status(check_dataset.main, ["--config", str(config)]) == 2
+    assert fragment in one_error_line(capsys)
 
 
 @pytest.mark.parametrize(
