@@ -359,7 +359,7 @@ def _record_problem(record) -> Optional[str]:
     if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
         return f'no "format": "{RECORD_FORMAT}"'
     if set(record) - {"format", "run", "files"}:
-        return f"other keys than format, run and files: {sorted(set(record))}"
+        return "keys other than format, run and files"
     run = record.get("run", {"not the run's": []})
     if not isinstance(run, dict) or set(run) != {"not the run's"}:
         return '"run" is not {"not the run\'s": [NAME, ...]}'
@@ -506,9 +506,10 @@ def record_outputs(folder: PathLike, names: Sequence[str], key: str = "OUTPUT_DI
 def run_owner(path: PathLike) -> Optional[str]:
     """The run that owns ``path``, as an error names it (``"the run in 'FOLDER' (its
     config.yaml)"``), or None: ``path`` is one of a run's own files (:func:`run_files`) or lies
-    inside one of the run's folders (``inference/``, ``previous_*/``, ``eval_*/``), in the
-    nearest folder above it that holds a run (a record or a ``last_checkpoint``). A folder whose
-    record is malformed counts as holding none here (the run's own tools refuse it)."""
+    inside one of the run's folders (``inference/``, ``previous_*/``, ``eval_*/``), of any
+    folder above it that holds a run (a record or a ``last_checkpoint``), the nearest first. A
+    folder whose record is malformed counts as holding none here (the run's own tools refuse
+    it)."""
     path = os.path.abspath(os.fspath(path))
     child = path
     while os.path.dirname(child) != child:
