@@ -32,9 +32,11 @@ from benchmarks.detector import (
     DetectorSettings,
     benchmark_detector,
     format_detector,
+    parse_config_spec,
 )
 from benchmarks.harness import machine_description
 from lambda_det.cli.arguments import add_debug_argument, doc_argument_parser, reporting_user_errors
+from lambda_det.cli.output_dir import run_owner
 from lambda_det.utils.atomic import (
     atomic_write,
     check_output_file,
@@ -88,8 +90,10 @@ def main(argv=None) -> int:
                 f"--ims-per-device and --rounds must be >= 1 and --warmup >= 0, "
                 f"got {args.ims_per_device}, {args.rounds}, {args.warmup}"
             )
+        configs = {f"--configs {spec!r}": parse_config_spec(spec)[0] for spec in args.configs}
         for name in ("table.md", "results.json"):  # before minutes of measurements
-            check_output_file(output / name, args.overwrite)
+            path = output / name
+            check_output_file(path, args.overwrite, configs, owner=run_owner(path))
         check_writable_folder(output, "--output")
         settings = DetectorSettings(
             configs=args.configs,

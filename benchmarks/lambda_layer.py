@@ -34,6 +34,7 @@ from benchmarks.modes import (
     benchmark_layers,
 )
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
+from lambda_det.cli.output_dir import run_owner
 from lambda_det.compat import CHECKOUT
 from lambda_det.utils.atomic import (
     OutputWriteError,
@@ -175,7 +176,8 @@ def main(argv=None) -> int:
     names = ["results.md", "results.json"] + (["results.png"] if mode == "layer" else [])
     with reporting_user_errors(args.debug, errors=OUTPUT_ERRORS):
         for name in names:  # before minutes of measurements
-            check_output_file(out / name, args.overwrite, option="--out")
+            path = out / name
+            check_output_file(path, args.overwrite, option="--out", owner=run_owner(path))
         check_writable_folder(out, "--out")
     results, tables = run(args)
     results["command"] = "python tools/benchmark_lambda.py " + " ".join(

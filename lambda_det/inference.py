@@ -14,7 +14,7 @@ import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -149,13 +149,16 @@ def check_output_folder(
     overwrite: bool,
     also_writes: Sequence[str] = (),
     reads: Optional[Mapping[str, str]] = None,
+    owner: Callable[[Path], Optional[str]] = lambda path: None,
 ) -> None:
     """Refuse an output folder where predicting on ``files`` would lose a file.
 
     Never (even with ``overwrite``) a folder where a drawing (:func:`drawing_names`) or one of
     ``also_writes`` (names in ``output``) would replace an input or another file the command
-    reads (``reads``: what the user calls it, e.g. "MODEL.WEIGHTS" -> its path). Without
-    ``overwrite``, also a folder that holds an input, or any file the run writes.
+    reads (``reads``: what the user calls it, e.g. "MODEL.WEIGHTS" -> its path), or a file a
+    run owns (``owner``: the run that owns a path, as an error names it, or None:
+    :func:`lambda_det.cli.output_dir.run_owner`). Without ``overwrite``, also a folder that
+    holds an input, or any file the run writes.
 
     Raises:
         NotADirectoryError: ``output`` is a file.
@@ -174,6 +177,12 @@ def check_output_folder(
             raise ExistingFileError(
                 f"--output {str(output)!r} holds {source}, which would be "
                 f"written over by {path.name}: pass another --output"
+            )
+        run = owner(path) if os.path.lexists(path) else None
+        if run is not None:
+            raise ExistingFileError(
+                f"--output {str(output)!r}: {path.name} belongs to {run}: a run's files are "
+                f"never written over, not even with --overwrite: pass another --output"
             )
     if overwrite:
         return

@@ -5,7 +5,8 @@
 
 A run is a training OUTPUT_DIR, its eval_results.json or its metrics.json; name a row with
 NAME=PATH (default: the folder name; two runs cannot share a name). An existing --output or
---plot is replaced only with --overwrite, and never when it is a file of a run the table reads.
+--plot is replaced only with --overwrite, and never when it is a file of a run the table reads
+(inference/ included) or of any other run.
 """
 
 import argparse
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Dict
 
 from lambda_det.cli.arguments import add_debug_argument, reporting_user_errors
-from lambda_det.cli.output_dir import run_files_in
+from lambda_det.cli.output_dir import run_files_in, run_owner
 from lambda_det.reports.ap_table import format_ap_table, load_results, plot_ap_by_size
 from lambda_det.utils.atomic import (
     atomic_write,
@@ -52,14 +53,18 @@ def runs_read(specs) -> Dict[str, str]:
 
 
 def files_of_runs(runs: Dict[str, str]) -> Dict[str, str]:
-    """What the table must never write over: each run's results file and the run's own files
-    beside it (a run folder's config.yaml, checkpoints, ...), as check_output_file's reads."""
+    """What the table must never write over: each run's results file and the run's files
+    beside it (a run folder's config.yaml, checkpoints, inference/, ...), as check_output_file's
+    reads (a folder there: every file in it)."""
     files = {}
     for path in runs.values():
         folder = path if os.path.isdir(path) else os.path.dirname(path) or "."
-        files[f"the run {path!r}"] = path
+        if folder != path:  # a results file (the folder itself may take the user's table)
+            files[f"the run {path!r}"] = path
         for name in run_files_in(folder):
-            files[f"a file of the run {folder!r} ({name})"] = os.path.join(folder, name)
+            held = os.path.join(folder, name)
+            kind = f"a folder of the run {folder!r} ({name}/)" if os.path.isdir(held) else None
+            files[kind or f"a file of the run {folder!r} ({name})"] = held
     return files
 
 
@@ -94,7 +99,7 @@ def main(argv=None) -> int:
         ):
             raise UserError(f"--output and --plot name one file ({args.output!r}): pass two")
         for option, path in outputs:
-            check_output_file(path, args.overwrite, reads, option)
+            check_output_file(path, args.overwrite, reads, option, owner=run_owner(path))
             check_writable_folder(os.path.dirname(os.path.abspath(path)), option)
         results = {name: load_results(path, args.dataset) for name, path in runs.items()}
         table = format_ap_table(results, baseline=args.baseline, paper=args.paper)

@@ -13,7 +13,8 @@ True), the name of a registered mixer (``lambda``: MIXER lambda in the config's 
 ``k8:DIM_K=8``, ``h4:MIXER=aft_conv,AFT_CONV.HEADS=4``). Trailing
 ``KEY VALUE`` pairs override the config for every run (e.g. the datasets). Runs go to
 OUTPUT/<variant>/seed<SEED>/; run again, the command reuses finished runs and continues
-interrupted ones.
+interrupted ones, and replaces its own earlier report (OUTPUT/run_files.json records it): a
+comparison.md, .json or .png in OUTPUT that it did not write stops it before anything starts.
 """
 
 import argparse
@@ -35,8 +36,9 @@ from lambda_det.cli.comparison import (
     run_comparison,
 )
 from lambda_det.cli.interrupts import TRAIN_NET
+from lambda_det.cli.output_dir import check_tool_outputs, record_outputs
 from lambda_det.engine.interrupt import stopping_on_signals
-from lambda_det.reports.compare_report import summarize, write_report
+from lambda_det.reports.compare_report import REPORT_FILES, summarize, write_report
 from lambda_det.utils.atomic import OutputWriteError, check_writable_folder
 from lambda_det.utils.errors import UserError
 
@@ -144,6 +146,7 @@ def main(argv=None) -> int:
             )
         output = args.output or f"output/compare_{Path(args.config).stem}"
         check_writable_folder(output, "--output")
+        check_tool_outputs(output, REPORT_FILES, "the comparison", "--output")
         comparison = plan_comparison(
             args.config,
             opts,
@@ -185,7 +188,10 @@ def main(argv=None) -> int:
             recipe={"config": comparison.config_file, "overrides": list(comparison.opts)},
             dataset=args.dataset,
         )
-        paths = write_report(summary, str(comparison.output))
+        try:
+            paths = write_report(summary, str(comparison.output))
+        finally:  # those there now are the comparison's (checked before the runs): new or earlier
+            record_outputs(comparison.output, REPORT_FILES, "--output")
     print()
     print(Path(paths[0]).read_text(), end="")
     log("wrote " + ", ".join(paths))

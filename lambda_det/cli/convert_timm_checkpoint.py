@@ -28,6 +28,7 @@ from lambda_det.cli.arguments import (
     tool_argument_parser,
 )
 from lambda_det.cli.checks import check_model
+from lambda_det.cli.output_dir import run_owner
 from lambda_det.config import resolve_config_file
 from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import atomic_path, check_output_file, check_writable_folder
@@ -54,6 +55,7 @@ def main(argv=None) -> int:
                 "--config": resolve_config_file(args.config_file),
             },
             "output file",
+            owner=run_owner(args.output),
         )
         check_writable_folder(folder, "the output file")
         model = check_model(load_config(args.config_file, args.opts))

@@ -10,7 +10,9 @@ Writes to the config's OUTPUT_DIR: model_final.pth, eval_results.json, metrics.j
 ap_table.md, ap_by_size.png and predictions.png. An interrupted run is continued (Ctrl-C or
 SIGTERM saves the iteration in flight: docs/training.md, "Running long jobs"). A finished
 run made with another config (other overrides) is not reused: --force trains again (the
-finished run is moved to OUTPUT_DIR/previous_<date-time>/), or set another OUTPUT_DIR.
+finished run is moved to OUTPUT_DIR/previous_<date-time>/), or set another OUTPUT_DIR. The
+demo replaces only its own earlier ap_table.md and pictures (OUTPUT_DIR/run_files.json records
+them): a file of those names that it did not write stops it before anything starts.
 """
 
 import argparse
@@ -36,7 +38,12 @@ from lambda_det.cli.interrupts import (
     rerun_command,
     run_child,
 )
-from lambda_det.cli.output_dir import RUN_FILES, OutputDirLock, prepare_output_dir
+from lambda_det.cli.output_dir import (
+    OutputDirLock,
+    check_tool_outputs,
+    prepare_output_dir,
+    record_outputs,
+)
 from lambda_det.config import resolve_config_file
 from lambda_det.data.checks import check_prediction_classes
 from lambda_det.inference import Predictor, draw, write_image
@@ -47,7 +54,8 @@ from lambda_det.utils.errors import UserError
 from lambda_det.utils.text import read_text
 
 DEFAULT_CONFIG = "Demo/lambda_r26_shapes.yaml"  # shipped: a checkout's and a package's
-# What the demo adds to a training run's files; --force moves them aside with the run.
+# What the demo adds to a training run's files (recorded in the run's run_files.json: --force
+# moves them aside with the run).
 DEMO_FILES = ("ap_table.md", "ap_by_size.png", "predictions.png")
 
 
@@ -107,6 +115,7 @@ def demo(args: argparse.Namespace) -> int:
     check_device(cfg)
     output = Path(cfg.OUTPUT_DIR)
     check_writable_folder(output, "OUTPUT_DIR")
+    check_tool_outputs(output, DEMO_FILES, "the demo", "OUTPUT_DIR")  # before any work
 
     root = lambda_det.data.shapes_root()
     with reporting_write_errors(root, "DETECTRON2_DATASETS"):
@@ -135,9 +144,7 @@ def demo(args: argparse.Namespace) -> int:
         # is continued, and one stopped before its first checkpoint starts over.
         if args.force:
             with OutputDirLock(str(output)):
-                previous = prepare_output_dir(
-                    str(output), resume=False, restart=True, run_files=RUN_FILES + DEMO_FILES
-                )
+                previous = prepare_output_dir(str(output), resume=False, restart=True)
             if previous:
                 print(f"--force: moved the previous run to {previous}", flush=True)
         command = [
@@ -170,11 +177,16 @@ def demo(args: argparse.Namespace) -> int:
     results = load_results(str(output))
     name = args.name or f"{Path(config_file).stem} (demo)"
     table = format_ap_table({name: results})
-    # The pictures first: they load the weights, which a reused run may hold refused ones of.
-    picture = draw_predictions(cfg, str(weights), cfg.DATASETS.TEST[0], output / "predictions.png")
-    with reporting_write_errors(output, "OUTPUT_DIR"):
-        atomic_write(output / "ap_table.md", table + "\n", "OUTPUT_DIR")
-        plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
+    try:
+        # The pictures first: they load the weights, which a reused run may hold refused ones of.
+        picture = draw_predictions(
+            cfg, str(weights), cfg.DATASETS.TEST[0], output / "predictions.png"
+        )
+        with reporting_write_errors(output, "OUTPUT_DIR"):
+            atomic_write(output / "ap_table.md", table + "\n", "OUTPUT_DIR")
+            plot_ap_by_size({name: results}, str(output / "ap_by_size.png"), title="shapes val")
+    finally:  # those there now are the demo's (checked before the training): new or earlier
+        record_outputs(output, DEMO_FILES)
     print(
         "\nCOCO AP by object size on lambda_det_shapes_val (small < 32^2 < medium < 96^2 < large):"
     )

@@ -53,6 +53,7 @@ from lambda_det.cli.arguments import (
     tool_argument_parser,
 )
 from lambda_det.cli.checks import check_device
+from lambda_det.cli.output_dir import run_owner
 from lambda_det.config import resolve_config_file
 from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_prediction_classes
@@ -130,6 +131,7 @@ def main(argv=None) -> int:
                 "--sample-image": args.sample_image,
             },
             args.overwrite,
+            owner=run_owner,
         )
         check_device(cfg)
         check_writable_folder(output.parent, "--output" if args.output else "OUTPUT_DIR")

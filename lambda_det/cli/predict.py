@@ -41,6 +41,7 @@ from lambda_det.cli.arguments import (
 )
 from lambda_det.cli.checks import check_device
 from lambda_det.cli.interrupts import reporting_interrupts
+from lambda_det.cli.output_dir import run_owner
 from lambda_det.config import resolve_config_file
 from lambda_det.data import register_datasets
 from lambda_det.data.checks import check_prediction_classes
@@ -134,6 +135,7 @@ def predict(args, output: Path) -> int:
                 "--config": resolve_config_file(args.config_file),
                 "MODEL.WEIGHTS": cfg.MODEL.WEIGHTS,
             },
+            owner=run_owner,
         )
         check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
         check_writable_folder(output, "--output")

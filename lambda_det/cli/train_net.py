@@ -52,7 +52,9 @@ from lambda_det.cli.output_dir import (
     OutputDirLock,
     evaluation_output_dir,
     holds_run_files,
+    not_the_runs,
     prepare_output_dir,
+    record_run,
 )
 from lambda_det.compat import quiet_detectron2_warnings
 from lambda_det.config import resolve_config_file
@@ -320,8 +322,10 @@ def runs_in_this_process(args: argparse.Namespace) -> bool:
 def prepare_training_output_dir(
     args: argparse.Namespace, output_dir: str, key: str = "OUTPUT_DIR"
 ) -> None:
-    """:func:`prepare_output_dir` for this run, saying where the previous run's files went
-    (``key``: the folder's name in the config, for errors)."""
+    """:func:`prepare_output_dir` for this run, saying where the previous run's files went and
+    which files it left where they were (not the run's), then the run's record of its own files
+    (:func:`record_run`, on machine 0); ``key``: the folder's name in the config, for errors."""
+    left = not_the_runs(output_dir, key)
     previous = prepare_output_dir(
         output_dir,
         resume=args.resume,
@@ -330,11 +334,14 @@ def prepare_training_output_dir(
         key=key,
     )
     if previous:
+        kept = f" (left where they are, not the run's: {', '.join(left)})" if left else ""
         print(
-            f"--restart: moved the previous run's files in {output_dir} to {previous}: this "
-            f"run starts at iteration 0 with files of its own",
+            f"--restart: moved the previous run's files in {output_dir} to {previous}{kept}: "
+            f"this run starts at iteration 0 with files of its own",
             flush=True,
         )
+    if args.machine_rank == 0:
+        record_run(output_dir, key)
 
 
 def check_before_launch(
@@ -349,7 +356,10 @@ def check_before_launch(
         check_run_datasets(run.data, training=False)
         evaluated = evaluation_weights(output_dir, weights, resume=args.resume)
         check_weights_fit(model, evaluated, require="all")
-        return plan_evaluation(output_dir.value, evaluated, args.num_machines, output_dir.key)
+        evaluation = plan_evaluation(output_dir.value, evaluated, args.num_machines, output_dir.key)
+        if args.machine_rank == 0:  # the evaluation's files are a run's, for a later run there
+            record_run(evaluation.output_dir, output_dir.key)
+        return evaluation
     check_run_datasets(run.data)
     latest = checkpoint_to_resume(output_dir.value) if args.resume else None
     if latest is not None:  # as the trainer's resume_or_load will load it

@@ -3,7 +3,7 @@ export may write."""
 
 import os
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Callable, Mapping, Optional, Union
 
 from lambda_det.utils.atomic import check_output_file
 from lambda_det.utils.errors import IsAFolderError
@@ -25,13 +25,17 @@ def metadata_path(output: PathLike) -> Path:
 
 
 def check_export_output(
-    output: PathLike, reads: Mapping[str, Optional[str]], overwrite: bool
+    output: PathLike,
+    reads: Mapping[str, Optional[str]],
+    overwrite: bool,
+    owner: Callable[[PathLike], Optional[str]] = lambda path: None,
 ) -> None:
     """Refuse an export path that would lose a file (the output rule,
     :func:`~lambda_det.utils.atomic.check_output_file`): never a file the export reads
     (``reads``: e.g. "MODEL.WEIGHTS" -> the checkpoint, "--config" -> the config; compared as
-    files, through links and spellings), another existing file only with ``overwrite``. The
-    same for its :func:`metadata_path`.
+    files, through links and spellings) or a run owns (``owner``: the run that owns a path,
+    :func:`lambda_det.cli.output_dir.run_owner`), another existing file only with
+    ``overwrite``. The same for its :func:`metadata_path`.
 
     Raises:
         IsADirectoryError: ``output`` (or its metadata path) is a folder.
@@ -46,4 +50,4 @@ def check_export_output(
                 f"{what} is a folder: pass another file path, e.g. "
                 f"{os.path.join(output, 'model.ts')!r}"
             )
-        check_output_file(path, overwrite, reads, "--output", what)
+        check_output_file(path, overwrite, reads, "--output", what, owner(path))

@@ -28,12 +28,14 @@ __all__ = [
     "format_comparison",
     "plot_comparison",
     "write_report",
+    "REPORT_FILES",
     "mean_std",
     "median_iteration_time",
     "read_difference",
 ]
 
 METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+REPORT_FILES = ("comparison.md", "comparison.json", "comparison.png")  # what write_report writes
 TASK_LABELS = {"bbox": "box", "segm": "mask"}
 ONE_SEED = "one seed: no spread, not a ranking"
 WITHIN = "within the seed-to-seed spread"
@@ -403,7 +405,7 @@ def write_report(summary: Mapping, folder: str) -> List[str]:
     """comparison.md, comparison.json and comparison.png in ``folder``; returns their paths."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    markdown, data, chart = (folder / f"comparison.{ext}" for ext in ("md", "json", "png"))
+    markdown, data, chart = (folder / name for name in REPORT_FILES)
     _write_text(markdown, format_comparison(summary))
     _write_text(data, json.dumps(_strict_json(summary), indent=2, allow_nan=False) + "\n")
     plot_comparison(summary, str(chart))

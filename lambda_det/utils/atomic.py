@@ -127,12 +127,15 @@ def check_output_file(
     reads: Optional[Mapping[str, Optional[PathLike]]] = None,
     option: str = "--output",
     what: Optional[str] = None,
+    owner: Optional[str] = None,
 ) -> None:
     """The output rule of every tool, checked before the work: a file the command reads is
     never written over (``reads``: what the user calls it, e.g. "MODEL.WEIGHTS" -> its path;
-    compared as files, through links and spellings), another existing file (or a link) only
-    with ``overwrite``. Writers then go through :func:`atomic_path`, which replaces a link
-    itself rather than the file it points to.
+    compared as files, through links and spellings; a folder there: any file in it), nor a
+    file a run owns (``owner``: how an error names the run, from
+    :func:`lambda_det.cli.output_dir.run_owner`); another existing file (or a link) only with
+    ``overwrite``. Writers then go through :func:`atomic_path`, which replaces a link itself
+    rather than the file it points to.
 
     Args:
         option: where the user chose ``path`` ("--output"), for the fix.
@@ -140,7 +143,8 @@ def check_output_file(
 
     Raises:
         IsADirectoryError: ``path`` is a folder.
-        FileExistsError: ``path`` is a file the command reads, or exists without ``overwrite``.
+        FileExistsError: ``path`` is a file the command reads or a run owns, or exists without
+            ``overwrite``.
     """
     what = what or f"{option} {os.fspath(path)!r}"
     if os.path.isdir(path):
@@ -149,14 +153,36 @@ def check_output_file(
         return
     identity = file_identity(path)
     for role, read in (reads or {}).items():
-        if identity is not None and read is not None and file_identity(read) == identity:
+        if read is None:
+            continue
+        if identity is not None and file_identity(read) == identity:
             raise ExistingFileError(
                 f"{what} is {role}, which this command reads: pass another {option}"
             )
+        if os.path.isdir(read) and _is_inside(path, read):
+            raise ExistingFileError(
+                f"{what} is inside {role}, which this command reads: pass another {option}"
+            )
+    if owner is not None:
+        raise ExistingFileError(
+            f"{what} belongs to {owner}: a run's files are never written over, not even "
+            f"with --overwrite: pass another {option}"
+        )
     if not overwrite:
         raise ExistingFileError(
             f"{what} exists: pass another {option}, or --overwrite to replace it"
         )
+
+
+def _is_inside(path: PathLike, folder: PathLike) -> bool:
+    """Whether a folder above ``path`` is ``folder`` (compared as files: through links)."""
+    wanted = file_identity(folder)
+    level = os.path.abspath(os.fspath(path))
+    while os.path.dirname(level) != level:
+        level = os.path.dirname(level)
+        if file_identity(level) == wanted:
+            return True
+    return False
 
 
 def refuse_symlink(path: PathLike, fix: str) -> None:

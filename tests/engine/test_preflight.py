@@ -19,7 +19,7 @@ import lambda_det.data
 from lambda_det.cli import check_dataset, lazyconfig_train_net
 from lambda_det.cli import train_net as cli
 from lambda_det.cli.checks import check_model
-from lambda_det.cli.output_dir import prepare_output_dir
+from lambda_det.cli.output_dir import RECORD_FILE, prepare_output_dir, record_run
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import preflight
 from lambda_det.engine.preflight import GIB, Setting, check_device, training_memory_lower_bound
@@ -527,9 +527,11 @@ RUN_WITHOUT_CHECKPOINT = {
 
 @pytest.fixture
 def killed_run(tmp_path) -> Path:
-    """An OUTPUT_DIR whose run was killed before its first checkpoint."""
+    """An OUTPUT_DIR whose run was killed before its first checkpoint (with the record of its
+    files that a run writes first)."""
     folder = tmp_path / "run"
     folder.mkdir()
+    record_run(folder)
     for name, text in RUN_WITHOUT_CHECKPOINT.items():
         (folder / name).write_text(text)
     (folder / "notes.md").write_text("not the run's")
@@ -542,7 +544,9 @@ def assert_moved_aside(folder: Path, previous) -> None:
     assert {
         name: (previous / name).read_text() for name in RUN_WITHOUT_CHECKPOINT
     } == RUN_WITHOUT_CHECKPOINT
-    left = sorted(path.name for path in folder.iterdir() if path.name != "run.lock")
+    assert (previous / RECORD_FILE).is_file()  # the run's record went with its files
+    new_run = ("run.lock", RECORD_FILE)  # what a new run there has written
+    left = sorted(path.name for path in folder.iterdir() if path.name not in new_run)
     assert left == ["notes.md", previous.name]
 
 

@@ -1,6 +1,7 @@
-"""tools/compare_backbones.py: variants, the aggregation over seeds, the report files, reuse of
-finished runs and continuation of interrupted ones."""
+"""tools/compare_backbones.py: variants, the aggregation over seeds, the report files (its own
+replaced, a user's never), reuse of finished runs and continuation of interrupted ones."""
 
+import hashlib
 import json
 import math
 import os
@@ -16,7 +17,9 @@ import pytest
 from conftest import (
     REPO_ROOT,
     TINY_EVALUATED_RUN,
+    assert_one_line_error,
     comparison_options,
+    exit_status,
     overrides,
     subprocess_env,
 )
@@ -34,7 +37,9 @@ from lambda_det.cli.comparison import (
     variant_presets,
 )
 from lambda_det.cli.interrupts import TRAIN_NET
+from lambda_det.cli.output_dir import read_record, record_outputs
 from lambda_det.reports.compare_report import (
+    REPORT_FILES,
     format_comparison,
     mean_std,
     median_iteration_time,
@@ -527,6 +532,52 @@ def test_run_trains_new_pairs_continues_interrupted_ones_and_reuses_finished_one
     run_comparison(plan(tmp_path), [sys.executable, str(train_net)], log=lines.append)
     assert len(calls.read_text().splitlines()) == 3
     assert all("finished, reusing" in line for line in lines) and len(lines) == 4
+
+
+def finished_comparison(tmp_path) -> list:
+    """compare_backbones' options for a comparison of two variants whose runs are finished
+    (reused: nothing trains), into tmp_path/cmp."""
+    for run in plan(tmp_path, seeds=(0,)).runs:
+        run.folder.mkdir(parents=True)
+        (run.folder / RECIPE_FILE).write_text(run.recipe)
+        fake_run(run.folder, metrics(40.0), metrics(30.0), [1.0])
+    return comparison_options(tmp_path / "cmp")
+
+
+def hashes(folder: Path) -> dict:
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def test_the_comparison_replaces_its_own_report_and_only_that(tmp_path, capsys, monkeypatch):
+    options = finished_comparison(tmp_path)
+    output = tmp_path / "cmp"
+    assert compare_backbones.main(options) == 0
+    assert set(read_record(output)["files"]) == set(REPORT_FILES)
+    (output / "comparison.md").write_text("stale")  # as if an earlier, other report
+    record_outputs(output, ["comparison.md"])
+    assert compare_backbones.main(options) == 0  # run again: its own report is replaced
+    assert (output / "comparison.md").read_text() != "stale"
+    # A user's file of a report's name stops it before anything is planned.
+    (output / "comparison.json").write_text('{"the user\'s": 1}')
+    before = hashes(tmp_path)
+    with monkeypatch.context() as planning:
+        planning.setattr(compare_backbones, "plan_comparison", pytest.fail)
+        status, stderr = exit_status(compare_backbones.main, options, capsys)
+    assert_one_line_error(
+        status,
+        stderr,
+        f"--output '{output}' holds comparison.json, which the comparison did not write",
+        "move it away, or pass another --output",
+    )
+    assert hashes(tmp_path) == before
+    # The negative control: without the check, the report replaces the user's file.
+    monkeypatch.setattr(compare_backbones, "check_tool_outputs", lambda *args: None)
+    assert compare_backbones.main(options) == 0
+    assert (output / "comparison.json").read_text() != '{"the user\'s": 1}'
 
 
 def test_a_failed_run_stops_the_comparison_with_one_line(tmp_path, capsys):

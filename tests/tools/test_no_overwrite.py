@@ -1,9 +1,9 @@
 """No tool writes over a user's files (the output rule, lambda_det.utils.atomic.check_output_file):
-tools/predict.py, tools/export_model.py, tools/ap_table.py, tools/convert_timm_checkpoint.py,
---eval-only of tools/train_net.py and tools/lazyconfig_train_net.py, and a run's run.lock. A file
-the command reads is never replaced, another existing file only with --overwrite, and a link is
-replaced rather than written through. Each case hashes every file of the folders concerned
-before and after the command."""
+tools/predict.py, tools/export_model.py, tools/ap_table.py, tools/convert_timm_checkpoint.py, the
+benchmarks, --eval-only of tools/train_net.py and tools/lazyconfig_train_net.py, and a run's
+run.lock. A file the command reads or a run owns is never replaced, another existing file only
+with --overwrite, and a link is replaced rather than written through. Each case hashes every
+file of the folders concerned before and after the command."""
 
 import contextlib
 import hashlib
@@ -32,12 +32,14 @@ from lambda_det.cli.output_dir import (
     OutputDirLock,
     evaluation_output_dir,
     prepare_output_dir,
+    record_run,
 )
 from lambda_det.cli.train_net import main as train_net_main
 from lambda_det.config import resolve_config_file
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.inference import collect_inputs, drawing_names
 from lambda_det.run_config import load_config
+from lambda_det.utils import atomic
 from lambda_det.utils.atomic import OutputWriteError
 
 CONFIG = "lambda_r26_shapes"
@@ -63,6 +65,7 @@ LAZY_TINY = [
     "train.device=cpu",
 ]
 DATASET = "no_overwrite_val"  # a COCO-format dataset of two images (fixture `dataset`)
+PREDICTIONS = f"inference/{DATASET}/coco_instances_results.json"  # a run's, in its folder
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -423,9 +426,14 @@ def ap_table(*arguments) -> int:
     return ap_table_tool.main([*map(str, arguments)])
 
 
-def finished_run(folder: Path) -> Path:
-    """A run's folder with its config, results and checkpoint (as bytes of its own)."""
+def finished_run(folder: Path, recorded: bool = False) -> Path:
+    """A run's folder with its config, results, checkpoint and predictions (as bytes of their
+    own); ``recorded``: with the record of its files that a run writes first."""
     folder.mkdir(parents=True)
+    if recorded:
+        record_run(folder)
+    (folder / PREDICTIONS).parent.mkdir(parents=True)
+    (folder / PREDICTIONS).write_text("[]")
     (folder / "config.yaml").write_text("the run's config")
     (folder / "model_final.pth").write_text("the run's checkpoint")
     (folder / "eval_results.json").write_text(
@@ -487,6 +495,127 @@ def test_ap_table_replaces_an_existing_file_only_with_overwrite(tmp_path, capsys
     with pytest.raises(SystemExit):
         ap_table(run, "--output", tmp_path / "one", "--plot", tmp_path / "one")
     assert_one_line_error(capsys, "--output and --plot name one file")
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+@pytest.mark.parametrize("read", [True, False])
+def test_ap_table_never_writes_over_a_runs_predictions(read, overwrite, tmp_path, capsys):
+    """--output RUN/inference/<set>/coco_instances_results.json, of the run the table reads
+    (``read``: a file in a folder of that run) or of another run (one with its record)."""
+    run = finished_run(tmp_path / "run", recorded=True)
+    other = finished_run(tmp_path / "other")
+    target = run / PREDICTIONS
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        ap_table(run if read else other, "--output", target, *overwrite)
+    assert exit_info.value.code == 2
+    expected = (
+        f"is inside a folder of the run '{run}' (inference/), which this command reads"
+        if read
+        else f"belongs to the run in '{run}' (inside its inference/): a run's files are never "
+        f"written over, not even with --overwrite"
+    )
+    assert_one_line_error(capsys, f"--output '{target}' {expected}: pass another --output")
+    assert hashes(tmp_path) == before
+
+
+def test_without_its_guards_the_table_would_replace_a_runs_predictions(tmp_path, monkeypatch):
+    """The negative control of the test above: the checks of the folder a file is in and of the
+    run that owns it off, and the table goes over the run's predictions."""
+    run = finished_run(tmp_path / "run", recorded=True)
+    monkeypatch.setattr(atomic, "_is_inside", lambda path, folder: False)
+    monkeypatch.setattr(ap_table_tool, "run_owner", lambda path: None)
+    before = (run / PREDICTIONS).read_bytes()
+    assert ap_table(run, "--output", run / PREDICTIONS, "--overwrite") == 0
+    assert (run / PREDICTIONS).read_bytes() != before
+
+
+# ---- a file a run owns, by every other tool ----
+
+
+def export_into(target: Path, weights: Path, inputs: Path) -> None:
+    export("--output", target, "--overwrite", weights=weights, model=False)
+
+
+def convert_into(target: Path, weights: Path, inputs: Path) -> None:
+    arguments = ["--config", CONFIG, str(inputs / "classifier.pth"), str(target), "--overwrite"]
+    with without(convert_timm_checkpoint, "load_checkpoint_file"):
+        convert_timm_checkpoint.main(arguments)
+
+
+def predict_into(target: Path, weights: Path, inputs: Path) -> None:
+    image = inputs / "photo.png"
+    predict(
+        "--input", image, "--output", target.parent, "--overwrite", weights=weights, model=False
+    )
+
+
+def benchmark_into(tool: str, option: str):
+    def run(target: Path, weights: Path, inputs: Path) -> None:
+        module = tool_module(tool)
+        with (
+            mock.patch.object(module, "benchmark_detector", model_not_loaded, create=True),
+            mock.patch.object(module, "run", model_not_loaded, create=True),
+        ):
+            module.main([option, str(target.parent), "--overwrite"])
+
+    return run
+
+
+RUN_OWNED = {
+    # tool: (how it writes into a run's folder, the file, the module whose run_owner it asks,
+    # how its error names the file)
+    "export_model": (export_into, "config.yaml", export_model, "--output '{0}'"),
+    "convert_timm_checkpoint": (
+        convert_into,
+        "model_final.pth",
+        convert_timm_checkpoint,
+        "output file '{0}'",
+    ),
+    "predict": (
+        predict_into,
+        f"inference/{DATASET}/predictions.json",
+        predict_tool,
+        "--output '{0.parent}': {0.name}",
+    ),
+    "benchmark_lambda": (
+        benchmark_into("benchmark_lambda", "--out"),
+        f"inference/{DATASET}/results.md",
+        "benchmark_lambda",
+        "--out '{0}'",
+    ),
+    "benchmark_detector": (
+        benchmark_into("benchmark_detector", "--output"),
+        f"inference/{DATASET}/table.md",
+        "benchmark_detector",
+        "--output '{0}'",
+    ),
+}
+
+
+@pytest.mark.parametrize("tool", list(RUN_OWNED))
+def test_no_tool_writes_over_a_file_a_run_owns(tool, weights, tmp_path, capsys, monkeypatch):
+    """Not even with --overwrite: a run's config.yaml or checkpoint, a file in its inference/.
+    The negative control: without the owner's check the tool goes on to its work (the model
+    or the measurement, here a failing stand-in) before writing there."""
+    write_into, name, module, what = RUN_OWNED[tool]
+    inputs = tmp_path / "inputs"
+    write_image(inputs / "photo.png", 40)
+    (inputs / "classifier.pth").write_bytes(b"a timm checkpoint")
+    run = finished_run(tmp_path / "run", recorded=True)
+    target = run / name
+    target.write_text("the run's own file")
+    before = hashes(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        write_into(target, weights, inputs)
+    assert exit_info.value.code == 2
+    owner = f"the run in '{run}' ({'inside its inference/' if '/' in name else 'its ' + name})"
+    assert_one_line_error(capsys, f"{what.format(target)} belongs to {owner}: a run's files are")
+    assert hashes(tmp_path) == before
+    module = tool_module(module) if isinstance(module, str) else module
+    monkeypatch.setattr(module, "run_owner", lambda path: None)
+    with pytest.raises(AssertionError, match="before refusing"):
+        write_into(target, weights, inputs)
 
 
 # ---- tools/convert_timm_checkpoint.py ----
@@ -551,6 +680,24 @@ def test_a_benchmark_replaces_earlier_results_only_with_overwrite(
     assert hashes(tmp_path) == before
     with pytest.raises(AssertionError, match="before refusing"):  # --overwrite goes on to measure
         module.main([option, str(tmp_path), "--overwrite"])
+
+
+def test_the_detector_benchmark_never_writes_over_a_config_it_reads(tmp_path, capsys):
+    config = tmp_path / "table.md"  # a config of the user's, at the name of the table
+    config.write_text(f"_BASE_: {resolve_config_file(CONFIG)}\n")
+    before = hashes(tmp_path)
+    module = tool_module("benchmark_detector")
+    with mock.patch.object(module, "benchmark_detector", model_not_loaded):
+        with pytest.raises(SystemExit) as exit_info:
+            module.main(["--configs", str(config), "--output", str(tmp_path), "--overwrite"])
+        assert exit_info.value.code == 2
+        assert_one_line_error(
+            capsys, f"--output '{config}' is --configs '{config}', which this command reads"
+        )
+        assert hashes(tmp_path) == before
+        # The negative control: another config, and --overwrite goes on to measure.
+        with pytest.raises(AssertionError, match="before refusing"):
+            module.main(["--configs", CONFIG, "--output", str(tmp_path), "--overwrite"])
 
 
 # ---- OUTPUT_DIR/run.lock and the files detectron2 writes in place ----

@@ -1,6 +1,7 @@
 """The tools that train through a child process (the demo, the comparison) start the installed
 module, ``python -m lambda_det.cli.train_net``: it needs no checkout beside the package."""
 
+import json
 import shutil
 import signal
 import sys
@@ -19,6 +20,7 @@ from conftest import (
 
 from lambda_det.cli import compare_backbones, comparison, demo
 from lambda_det.cli import train_net as cli
+from lambda_det.cli.output_dir import RECORD_FILE
 from lambda_det.engine.interrupt import Interrupted
 
 MODULE_COMMAND = [sys.executable, "-m", "lambda_det.cli.train_net"]
@@ -110,3 +112,20 @@ def test_the_demo_of_an_installed_package_trains_outside_any_checkout(
     assert f"+ {' '.join(MODULE_COMMAND)} --config-file {site}" in result.stdout
     assert "COCO AP by object size" in result.stdout
     assert (output / "model_final.pth").is_file() and (output / "ap_table.md").is_file()
+    # The training child's record of its files and the demo's of its own share one file; run
+    # again (make demo), the demo reuses the run and replaces its own pictures.
+    record = json.loads((output / RECORD_FILE).read_text())
+    assert record["run"] == {"not the run's": []} and set(record["files"]) == set(demo.DEMO_FILES)
+    again = run_python(
+        "-m",
+        "lambda_det.cli.demo",
+        *TINY_EVALUATED_RUN,
+        "OUTPUT_DIR",
+        output,
+        env=env,
+        cwd=elsewhere,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"reusing the finished run in {output}" in again.stdout
+    assert not list(output.glob("previous_*"))
