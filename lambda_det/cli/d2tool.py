@@ -19,16 +19,18 @@ after lambda_det has become part of detectron2:
   (convert-torchvision-to-d2.py), read weights with
   :func:`lambda_det.checkpoint.load_checkpoint_file` (a restricted unpickler for ``.pkl``,
   ``weights_only`` for torch files; what loads, loads as detectron2 loads it), and
-  ``LazyConfig.load`` reads a ``.yaml`` as data (:func:`lambda_det.config.lazy.
-  load_lazy_config_file`: yaml's safe loader, and a ``_target_`` only of the allow-list). A
-  ``.py`` recipe is Python: it runs, as in detectron2; so does a LazyConfig yaml given as
-  ``--trust-config FILE``. A refused file, a missing one or a yaml tag is one ``error:`` line
-  with exit status 2 (``--debug`` before SCRIPT: its traceback);
+  ``LazyConfig.load`` reads a ``.yaml`` as data
+  (:func:`lambda_det.config.lazy.load_lazy_config_file`: yaml's safe loader, and each
+  ``_target_`` on the allow-list). A ``.py`` recipe is Python: it runs, as in detectron2; so
+  does a LazyConfig yaml given as ``--trust-config FILE``. A refused file, a missing one or a
+  yaml tag is one ``error:`` line with exit status 2 (``--debug`` before SCRIPT: its
+  traceback);
 * the files a script writes itself follow lambda_det's output rule
   (:func:`lambda_det.utils.atomic.check_output_file`): convert-torchvision-to-d2.py's OUTPUT,
   the images of visualize_data.py and visualize_json_results.py are never a file the command
   reads (its input, a file its command line names, an image it read), an existing file is
-  replaced only with ``--overwrite`` before SCRIPT, and each is written whole or not at all;
+  replaced only with ``--overwrite`` before SCRIPT, and each is written whole or not at all
+  (:class:`ScriptFiles`);
 * a LazyConfig yaml given where a script reads a yacs config (benchmark.py, train_net.py,
   ``--config-file x.yaml``) is one line saying so.
 
