@@ -349,6 +349,7 @@ def check_lazy_targets(cfg: DictConfig, filename: str) -> None:
 
     Raises:
         UntrustedConfigError: naming ``filename``, the key and the target.
+        ConfigFileError: a target that names nothing (a misspelt name, a saved lambda).
     """
     stack = [("", cfg)]
     # An interpolation leads to a node itself: each node is walked once. Held, not only its id:
