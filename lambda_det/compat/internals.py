@@ -25,6 +25,7 @@ them).
 """
 
 import contextlib
+import importlib.util
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 from unittest import mock
 
@@ -44,6 +45,7 @@ __all__ = [
     "set_local_process_group",
     "add_default_flop_handles",
     "detectron2_tool_patches",
+    "detectron2_script_file_patches",
 ]
 
 
@@ -222,3 +224,66 @@ def detectron2_tool_patches(
         mock.patch.object(LazyConfig, "load", staticmethod(lazy_config_load)),
     ):
         yield
+
+
+@contextlib.contextmanager
+def detectron2_script_file_patches(
+    torch_load: Callable,
+    write_file: Callable[[str, Callable[[str], Any]], Any],
+    read_file: Callable[[str], None],
+) -> Iterator[None]:
+    """Within: the files that detectron2's own scripts read and write themselves, rather than
+    through a checkpointer or a config, go through lambda_det:
+
+    * ``torch_load`` replaces ``torch.load`` (convert-torchvision-to-d2.py reads its input
+      with it; no script of detectron2 0.6 or main 02b5c4e calls ``pickle.load``);
+    * ``write_file(path, write)`` is called instead of each image a script writes, with
+      ``write(other_path)`` doing the write: detectron2's ``VisImage.save``
+      (visualize_data.py) and OpenCV's ``cv2.imwrite`` (visualize_json_results.py);
+    * ``read_file(path)`` is told of each image read with detectron2's
+      ``detection_utils.read_image`` (visualize_data.py, the data loaders) or ``cv2.imread``
+      (visualize_json_results.py) before it is read.
+
+    Each is replaced only where it exists (OpenCV is optional to detectron2), and restored on
+    leaving, also on an exception.
+    """
+    import torch
+    from detectron2.data import detection_utils
+    from detectron2.utils.visualizer import VisImage
+
+    targets = [(torch, "load", lambda load: torch_load)]
+    if hasattr(VisImage, "save"):
+        targets.append((VisImage, "save", lambda save: _saving(save, write_file)))
+    if hasattr(detection_utils, "read_image"):
+        targets.append((detection_utils, "read_image", lambda read: _reading(read, read_file)))
+    if importlib.util.find_spec("cv2") is not None:
+        import cv2
+
+        targets.append((cv2, "imwrite", lambda imwrite: _writing_image(imwrite, write_file)))
+        targets.append((cv2, "imread", lambda imread: _reading(imread, read_file)))
+    with contextlib.ExitStack() as stack:
+        for owner, name, replacement in targets:
+            stack.enter_context(mock.patch.object(owner, name, replacement(getattr(owner, name))))
+        yield
+
+
+def _saving(save: Callable, write_file: Callable) -> Callable:
+    def saving(image, filepath):  # VisImage.save(self, filepath)
+        return write_file(filepath, lambda path: save(image, path))
+
+    return saving
+
+
+def _writing_image(imwrite: Callable, write_file: Callable) -> Callable:
+    def writing(filename, image, *args, **kwargs):  # cv2.imwrite(filename, img, params)
+        return write_file(filename, lambda path: imwrite(path, image, *args, **kwargs))
+
+    return writing
+
+
+def _reading(read: Callable, read_file: Callable) -> Callable:
+    def reading(file_name, *args, **kwargs):
+        read_file(file_name)
+        return read(file_name, *args, **kwargs)
+
+    return reading

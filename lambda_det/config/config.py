@@ -268,11 +268,12 @@ _PlainYamlLoader.add_constructor(
 _PlainYamlLoader.add_constructor("tag:yaml.org,2002:int", _construct_integer)
 
 
-def _load_plain_yaml(stream, where: str):
-    """The yaml document of ``stream`` (text or a file) with the safe loader; a tag or a yaml
-    syntax error is a :class:`ConfigFileError` that starts with ``where``."""
+def _load_plain_yaml(stream, where: str, loader: type = _PlainYamlLoader):
+    """The yaml document of ``stream`` (text or a file) with the safe loader (or ``loader``, a
+    subclass of it); a tag or a yaml syntax error is a :class:`ConfigFileError` that starts
+    with ``where``."""
     try:
-        return yaml.load(stream, Loader=_PlainYamlLoader)
+        return yaml.load(stream, Loader=loader)
     except _RefusedTag as refused:
         raise ConfigFileError(
             f"{where}, line {refused.line}: the yaml tag {refused.tag} is refused (a config "

@@ -6,12 +6,20 @@ A recipe defines ``model``, ``dataloader`` (``train``, ``test``, ``evaluator``),
 ``lr_multiplier`` and ``train`` (tools/lazyconfig_train_net.py reads them).
 """
 
+import contextlib
+import dataclasses
+import functools
+import inspect
 import logging
 import os
-from typing import Sequence
+import pydoc
+import re
+from typing import Optional, Sequence, Tuple
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from lambda_det.compat import import_detectron2
 
@@ -19,9 +27,15 @@ import_detectron2()  # quietly, and with a helpful error when it is missing
 
 from detectron2.config import LazyConfig
 from detectron2.utils.file_io import PathManager
+from detectron2.utils.registry import locate
 
 from lambda_det.config import adapt_norms_to_device, config_keys, did_you_mean
-from lambda_det.config.config import _load_plain_yaml
+from lambda_det.config.config import (
+    ConfigFileError,
+    _load_plain_yaml,
+    _PlainYamlLoader,
+    _RefusedTag,
+)
 from lambda_det.utils.errors import MissingFileError, UserError
 from lambda_det.utils.setting import shown
 
@@ -31,6 +45,11 @@ __all__ = [
     "apply_overrides",
     "scale_to_world_size",
     "load_lazy_config_file",
+    "check_lazy_targets",
+    "is_trusted_callable",
+    "UntrustedConfigError",
+    "TRUSTED_PACKAGES",
+    "TRUSTED_FUNCTIONS",
     "REQUIRED_KEYS",
 ]
 
@@ -219,30 +238,242 @@ def load_lazy_config(config_file: str, overrides: Sequence[str] = ()) -> DictCon
     return cfg
 
 
+# ---- LazyConfig yaml files: data, whose _target_s name only what a recipe builds ----
+
+# The packages whose classes a LazyConfig yaml may name, as a _target_ or with the tags that
+# LazyConfig.save writes for a class (!!python/name) or an object (ShapeSpec:
+# !!python/object/new, or !!python/object for a dataclass).
+TRUSTED_PACKAGES = ("detectron2", "lambda_det", "torch.nn", "torch.optim", "fvcore")
+# The functions that detectron2's own recipes (its model_zoo/configs, in 0.6 and in main at
+# 02b5c4e) and lambda_det's name as a _target_. Not every function of those packages: some run
+# code or write files (detectron2's LazyConfig.load runs a .py file; lambda_det's atomic_write
+# writes any file).
+TRUSTED_FUNCTIONS = (
+    "detectron2.data.build_detection_test_loader",
+    "detectron2.data.build_detection_train_loader",
+    "detectron2.data.get_detection_dataset_dicts",
+    "detectron2.data.samplers.RepeatFactorTrainingSampler.repeat_factors_from_category_frequency",
+    "detectron2.modeling.ResNet.make_default_stages",
+    "detectron2.modeling.ResNet.make_stage",
+    "detectron2.solver.get_default_optimizer_params",
+    "lambda_det.data.build_lsj_augmentations",
+    "lambda_det.data.checks.load_checked_dataset_dicts",
+    "lambda_det.solver.warmup_multistep",
+)
+_DOTTED_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_PYTHON_TAG = "tag:yaml.org,2002:python/"
+TRUST_HINT = (
+    "if you trust the file (what it names runs as code), pass --trust-config FILE to "
+    "python -m lambda_det.d2tool before SCRIPT (in Python: load_lazy_config_file('FILE', "
+    "trusted=True))"
+)
+
+
+class UntrustedConfigError(ConfigFileError):
+    """A LazyConfig yaml that names a callable outside the allow-list (:data:`TRUSTED_PACKAGES`,
+    :data:`TRUSTED_FUNCTIONS`): loading and instantiating it would run that callable."""
+
+
+def _in_trusted_package(name: str) -> bool:
+    return any(name == package or name.startswith(package + ".") for package in TRUSTED_PACKAGES)
+
+
+@functools.lru_cache(maxsize=None)
+def _trusted_functions() -> tuple:
+    """The functions of :data:`TRUSTED_FUNCTIONS` that this detectron2 and lambda_det have."""
+    found = []
+    for name in TRUSTED_FUNCTIONS:
+        with contextlib.suppress(ImportError, pydoc.ErrorDuringImport):
+            found.append(locate(name))
+    return tuple(found)
+
+
+def is_trusted_callable(obj) -> bool:
+    """Whether a LazyConfig yaml may name ``obj``: a class of :data:`TRUSTED_PACKAGES`, or one of
+    :data:`TRUSTED_FUNCTIONS`."""
+    if inspect.isclass(obj):
+        return _in_trusted_package(str(getattr(obj, "__module__", "")))
+    return any(obj is function for function in _trusted_functions())
+
+
+# Why a name is refused: the end of the error, after "... names NAME, which".
+_UNTRUSTED = "a LazyConfig yaml may not name"
+_NOT_A_NAME = (
+    "is no importable name (LazyConfig.save writes a lambda or a function of the recipe itself "
+    "so, and nothing loads it back): load the .py recipe instead"
+)
+
+
+def _find_trusted(name: str) -> Tuple[Optional[object], Optional[str]]:
+    """(the trusted callable that the dotted ``name`` names, found as detectron2's
+    ``instantiate`` finds it, None), or (None, why ``name`` is refused). Only a module of
+    :data:`TRUSTED_PACKAGES` is imported."""
+    if not _DOTTED_NAME.fullmatch(name):
+        return None, _NOT_A_NAME
+    if not _in_trusted_package(name):
+        return None, _UNTRUSTED
+    try:
+        obj = locate(name)
+    except (ImportError, pydoc.ErrorDuringImport) as error:
+        return None, f"does not exist ({type(error).__name__}): check its spelling"
+    return (obj, None) if is_trusted_callable(obj) else (None, _UNTRUSTED)
+
+
+def _refused(where: str, subject: str, named: str, why: str, filename: str) -> ConfigFileError:
+    """The error for ``subject`` (a key, a tag) at ``where`` that names ``named``."""
+    if why != _UNTRUSTED:
+        return ConfigFileError(f"{where}: {subject} names {named}, which {why}")
+    return UntrustedConfigError(
+        f"{where}: {subject} names {named}, which a LazyConfig yaml may not name (a yaml file "
+        f"is data: it may name the classes of {', '.join(TRUSTED_PACKAGES)} and the functions "
+        f"detectron2's recipes call); {TRUST_HINT.replace('FILE', filename)}"
+    )
+
+
+def _described(target) -> str:
+    """How an error names a ``_target_``: a name as written, an object by its full name."""
+    if isinstance(target, str):
+        return repr(target)
+    if isinstance(target, (DictConfig, ListConfig)):
+        return "a mapping" if isinstance(target, DictConfig) else "a list"
+    name = getattr(target, "__qualname__", None)
+    if name is not None:
+        return f"{getattr(target, '__module__', '?')}.{name}"
+    return f"a {type(target).__name__}"
+
+
+def check_lazy_targets(cfg: DictConfig, filename: str) -> None:
+    """Refuse a LazyConfig that names a callable outside the allow-list as a ``_target_``: at any
+    depth, in lists, and where an interpolation leads (``${oc.create:...}`` makes a node).
+    A ``_target_`` may be a dotted name or an object; a name outside :data:`TRUSTED_PACKAGES` is
+    refused without importing anything. A value that does not resolve (``???``, a dangling
+    interpolation) is skipped: detectron2 cannot build from it either.
+
+    Raises:
+        UntrustedConfigError: naming ``filename``, the key and the target.
+        ConfigFileError: a target that names nothing (a misspelt name, a saved lambda).
+    """
+    stack = [("", cfg)]
+    # An interpolation leads to a node itself: each node is walked once. Held, not only its id:
+    # a node that ${oc.create:...} makes anew would otherwise free an id for the next one.
+    seen = {}
+    while stack:
+        path, node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node
+        keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
+        for key in keys:
+            where = f"{path}[{key}]" if isinstance(node, ListConfig) else f"{path}.{key}"
+            where = where.lstrip(".")
+            try:
+                value = node[key]
+            except OmegaConfBaseException:
+                continue
+            if key == "_target_":
+                if isinstance(value, str):
+                    why = _find_trusted(value)[1]
+                else:
+                    why = None if callable(value) and is_trusted_callable(value) else _UNTRUSTED
+                if why is not None:
+                    named = _described(value)
+                    raise _refused(f"LazyConfig {filename}", where, named, why, filename)
+            if isinstance(value, (DictConfig, ListConfig)):
+                stack.append((where, value))
+
+
+class _TaggedValueError(Exception):
+    """A refused python tag of a LazyConfig yaml: the name it gives (``named``) and why it is
+    refused, or (``named`` None) why its value does not build. (No YAMLError: _load_plain_yaml
+    words those.)"""
+
+    def __init__(self, node: yaml.Node, named: Optional[str] = None, reason: str = ""):
+        super().__init__(node.tag)
+        self.tag = f"!!python/{node.tag[len(_PYTHON_TAG) :]}"
+        self.line = node.start_mark.line + 1
+        self.named = named
+        self.reason = reason
+
+
+def _construct_python_tag(loader: yaml.Loader, suffix: str, node: yaml.Node):
+    """A ``!!python/...`` tag as LazyConfig.save writes it, for a trusted callable only:
+    ``!!python/name:CLASS ''`` is the class, ``!!python/object/new:CLASS [ARGS]`` a tuple class
+    (detectron2 0.6's ShapeSpec) built from ARGS, ``!!python/object:CLASS {FIELDS}`` a
+    dataclass (detectron2 main's ShapeSpec) built from FIELDS. Any other tag is refused."""
+    kind, _, name = suffix.partition(":")
+    if not name:
+        raise _RefusedTag(node)
+    obj, why = _find_trusted(name)
+    if why is not None:
+        raise _TaggedValueError(node, named=name, reason=why)
+    if kind == "name" and isinstance(node, yaml.ScalarNode):
+        return obj
+    if kind == "object/new" and isinstance(node, yaml.SequenceNode) and _is_tuple_class(obj):
+        values, build = loader.construct_sequence(node, deep=True), lambda: obj(*values)
+    elif kind == "object" and isinstance(node, yaml.MappingNode) and _is_dataclass(obj):
+        values, build = loader.construct_mapping(node, deep=True), lambda: obj(**values)
+    else:
+        raise _RefusedTag(node)
+    try:
+        return build()
+    except TypeError as error:  # the wrong fields for the class
+        raise _TaggedValueError(node, reason=str(error)) from None
+
+
+def _is_tuple_class(obj) -> bool:
+    return inspect.isclass(obj) and issubclass(obj, tuple)
+
+
+def _is_dataclass(obj) -> bool:
+    return inspect.isclass(obj) and dataclasses.is_dataclass(obj)
+
+
+class _LazyConfigYamlLoader(_PlainYamlLoader):
+    """The plain-yaml loader of configs, plus the python tags of :func:`_construct_python_tag`
+    (``!!python/object/apply:eval`` stays the config expression)."""
+
+
+_LazyConfigYamlLoader.add_multi_constructor(_PYTHON_TAG, _construct_python_tag)
+
 # Detectron2's own, for the .py recipes (LazyConfig.load may be patched with the function below).
 _detectron2_lazy_config_load = LazyConfig.load
 
 
-def load_lazy_config_file(filename: str, keys=None):
-    """Detectron2's ``LazyConfig.load(filename, keys)``, but a ``.yaml``/``.yml`` config is read
-    with yaml's safe loader (detectron2 reads it with ``yaml.unsafe_load``, which runs
-    ``!!python/...`` tags); a ``.py`` recipe is Python and runs as detectron2 runs it.
+def load_lazy_config_file(filename: str, keys=None, trusted: bool = False):
+    """Detectron2's ``LazyConfig.load(filename, keys)``, but a ``.yaml``/``.yml`` config is data:
+    read with yaml's safe loader (detectron2 reads it with ``yaml.unsafe_load``, which runs
+    ``!!python/...`` tags), and every ``_target_`` it names must be a trusted callable
+    (:func:`check_lazy_targets`; the tags LazyConfig.save writes for trusted classes load, see
+    :func:`_construct_python_tag`). A ``.py`` recipe is Python and runs as detectron2 runs it;
+    so does a yaml file with ``trusted`` (detectron2's own loading: its tags and targets are
+    code).
 
     Raises:
         MissingFileError: no such local file.
-        ConfigFileError: a yaml config with a tag (or a yaml syntax error); names the file.
+        ConfigFileError: a yaml config with another tag (or a yaml syntax error); names the file.
+        UntrustedConfigError: a callable outside the allow-list; names the file, key and name.
     """
     if "://" not in filename and not os.path.isfile(filename):
         raise MissingFileError(
             f"LazyConfig {filename!r} does not exist: pass the path of a .py recipe or of a "
             f"saved .yaml config"
         )
-    if os.path.splitext(filename)[1] not in (".yaml", ".yml"):
+    if trusted or os.path.splitext(filename)[1] not in (".yaml", ".yml"):
         return _detectron2_lazy_config_load(filename, keys)
-    with PathManager.open(filename) as f:
-        cfg = OmegaConf.create(
-            _load_plain_yaml(f, f"LazyConfig {filename}"), flags={"allow_objects": True}
-        )
+    where = f"LazyConfig {filename}"
+    try:
+        with PathManager.open(filename) as f:
+            data = _load_plain_yaml(f, where, loader=_LazyConfigYamlLoader)
+    except _TaggedValueError as error:
+        where = f"{where}, line {error.line}"
+        if error.named is not None:
+            subject = f"the yaml tag {error.tag}"
+            raise _refused(where, subject, error.named, error.reason, filename) from None
+        raise ConfigFileError(
+            f"{where}: the yaml tag {error.tag} does not build: {error.reason}"
+        ) from None
+    cfg = OmegaConf.create(data, flags={"allow_objects": True})
+    check_lazy_targets(cfg, filename)
     if keys is None:
         return cfg
     return cfg[keys] if isinstance(keys, str) else tuple(cfg[key] for key in keys)

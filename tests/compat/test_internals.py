@@ -267,6 +267,54 @@ def test_the_names_detectron2s_tools_are_given_lambda_dets_parts_through_0_6_and
     ) == originals
 
 
+def test_the_files_detectron2s_scripts_read_and_write_themselves_go_through_lambda_det(
+    tmp_path,
+):
+    """convert-torchvision-to-d2.py calls torch.load; visualize_data.py writes with
+    ``VisImage.save`` and reads with ``detection_utils.read_image``, visualize_json_results.py
+    writes with ``cv2.imwrite`` and reads with ``cv2.imread``: each is replaced within, and
+    restored after, also after an exception."""
+    cv2 = pytest.importorskip("cv2")
+    import numpy as np
+    from detectron2.data import detection_utils
+    from detectron2.utils.visualizer import VisImage
+
+    def originals():
+        return (torch.load, VisImage.save, cv2.imwrite, cv2.imread, detection_utils.read_image)
+
+    before = originals()
+    image = np.zeros((4, 4, 3), np.uint8)
+    cv2.imwrite(str(tmp_path / "read.png"), image)
+    calls = []
+
+    def write_file(path, write):
+        calls.append(("write", path))
+        return write(str(tmp_path / f"other{len(calls)}.png"))
+
+    with (
+        pytest.raises(RuntimeError),
+        internals.detectron2_script_file_patches(
+            torch_load=len,
+            write_file=write_file,
+            read_file=lambda path: calls.append(("read", path)),
+        ),
+    ):
+        assert torch.load is len
+        VisImage(image).save("vis.png")
+        assert cv2.imwrite("cv2.png", image) is True
+        cv2.imread(str(tmp_path / "read.png"))
+        detection_utils.read_image(str(tmp_path / "read.png"), "RGB")
+        raise RuntimeError("a script's error")
+    assert calls == [
+        ("write", "vis.png"),
+        ("write", "cv2.png"),
+        ("read", str(tmp_path / "read.png")),
+        ("read", str(tmp_path / "read.png")),
+    ]
+    assert (tmp_path / "other1.png").is_file() and (tmp_path / "other2.png").is_file()
+    assert originals() == before
+
+
 @pytest.mark.parametrize(
     "method, members, use",
     [

@@ -1,7 +1,9 @@
 """The LazyConfig recipes (configs/LazyConfigs/) against their yaml twins, and
 tools/lazyconfig_train_net.py."""
 
+import contextlib
 import copy
+import inspect
 import json
 import os
 import re
@@ -10,19 +12,30 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import CONFIGS, REPO_ROOT, run_tool
-from detectron2.config import instantiate
+from detectron2.config import LazyConfig, instantiate
 from detectron2.engine import DefaultTrainer
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import build_model
 from detectron2.modeling.anchor_generator import DefaultAnchorGenerator
 from detectron2.solver import build_lr_scheduler, build_optimizer
+from detectron2.utils.registry import locate
+from omegaconf import OmegaConf
 from torch import nn
 
 import lambda_det.data
 from lambda_det import model_zoo
 from lambda_det.cli.lazyconfig_train_net import main as lazyconfig_main
-from lambda_det.config.lazy import load_lazy_config, scale_to_world_size
+from lambda_det.config import ConfigFileError
+from lambda_det.config.lazy import (
+    TRUSTED_FUNCTIONS,
+    UntrustedConfigError,
+    check_lazy_targets,
+    load_lazy_config,
+    load_lazy_config_file,
+    scale_to_world_size,
+)
 from lambda_det.data import build_mapper
 from lambda_det.data.shapes import register_shapes_datasets
 from lambda_det.engine import lazy_training
@@ -635,3 +648,235 @@ def test_a_recipe_without_a_test_set_trains_and_evaluates_nothing(tmp_path, shap
     assert lazyconfig_train_net.main(argv) == 0
     assert (tmp_path / "model_final.pth").is_file()
     assert not (tmp_path / "eval_results.json").exists()
+
+
+# ---- a LazyConfig yaml is data: what it names is allow-listed ----
+
+
+# A recipe that builds a torchvision ResNet-50 as it loads: saved, a 180 MB yaml (minutes).
+HEAVY_RECIPES = {"Misc/torchvision_imagenet_R_50.py"}
+
+
+def detectron2_recipes() -> list:
+    """Every .py config that the installed detectron2 ships (its model_zoo/configs)."""
+    import detectron2.model_zoo
+
+    root = Path(detectron2.model_zoo.__file__).parent / "configs"
+    names = sorted(str(path.relative_to(root)) for path in root.rglob("*.py"))
+    return [
+        pytest.param(name, marks=pytest.mark.slow) if name in HEAVY_RECIPES else name
+        for name in names
+    ]
+
+
+def saved_recipe(recipe: Path, tmp_path: Path) -> Path:
+    """``recipe`` written by detectron2's LazyConfig.save, as users pass configs around."""
+    saved = tmp_path / (recipe.stem + ".yaml")
+    LazyConfig.save(LazyConfig.load(str(recipe)), str(saved))
+    return saved
+
+
+@pytest.mark.parametrize("recipe", detectron2_recipes() or ["(none shipped)"])
+def test_every_detectron2_recipe_loads_back_from_the_yaml_it_saves(recipe, tmp_path):
+    """What detectron2 loads back of its own recipes loads the same through the allow-list.
+    A recipe that holds a lambda or a function of its own file is saved as a name that no
+    loader can import (detectron2 says "cannot be loaded" and also writes a .pkl): one line."""
+    import detectron2.model_zoo
+
+    if recipe == "(none shipped)":
+        pytest.skip("this detectron2 ships no model_zoo/configs")
+    saved = saved_recipe(Path(detectron2.model_zoo.__file__).parent / "configs" / recipe, tmp_path)
+    try:
+        theirs = LazyConfig.load(str(saved))
+    except yaml.constructor.ConstructorError:  # a name detectron2 cannot import either
+        with pytest.raises(ConfigFileError, match=f"LazyConfig {re.escape(str(saved))}, line "):
+            load_lazy_config_file(str(saved))
+        return
+    assert load_lazy_config_file(str(saved)) == theirs
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_lambda_det_recipe_loads_back_from_the_yaml_it_saves(recipe, tmp_path):
+    saved = saved_recipe(LAZY_ROOT / recipe, tmp_path)
+    assert load_lazy_config_file(str(saved)) == LazyConfig.load(str(saved))
+
+
+def test_the_allow_lists_functions_are_those_detectron2s_recipes_call():
+    """Each name of TRUSTED_FUNCTIONS is a function (a class is trusted by its package), and
+    each importable function that a shipped recipe names, detectron2's or lambda_det's, is
+    among them."""
+    import detectron2.model_zoo
+
+    trusted = [locate(name) for name in TRUSTED_FUNCTIONS]
+    assert not any(inspect.isclass(function) for function in trusted)
+    roots = [Path(detectron2.model_zoo.__file__).parent / "configs", LAZY_ROOT]
+    named = set()
+    for recipe in (path for root in roots for path in root.rglob("*.py")):
+        cfg = LazyConfig.load(str(recipe))
+        named |= set(_targets(OmegaConf.to_container(cfg, resolve=False)))
+    functions = {target for target in named if not inspect.isclass(target) and importable(target)}
+    assert functions and functions <= set(trusted), functions - set(trusted)
+
+
+def importable(function) -> bool:
+    """Whether a saved yaml can name ``function`` (not one that a recipe defines itself, as
+    Misc/torchvision_imagenet_R_50.py does: LazyConfig.save writes no importable name)."""
+    try:
+        return locate(f"{function.__module__}.{function.__qualname__}") is function
+    except ImportError:
+        return False
+
+
+def _targets(node):
+    """The callables a .py recipe (its config as plain containers) names as _target_s."""
+    if isinstance(node, dict):
+        if callable(node.get("_target_")):
+            yield node["_target_"]
+        for value in node.values():
+            yield from _targets(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _targets(value)
+
+
+def write_lazy_yaml(tmp_path, text: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    return path
+
+
+# Each a LazyConfig yaml whose ``model`` creates the file MARKER when detectron2 loads and
+# instantiates it, and the key and target the refusal names.
+UNTRUSTED_MODELS = {
+    "a plain _target_": (
+        "model: {_target_: os.system, command: 'touch MARKER'}",
+        "model._target_ names 'os.system'",
+    ),
+    "nested in a list": (
+        "model: {_target_: torch.nn.ModuleList, modules: [{_target_: os.system, "
+        "command: 'touch MARKER'}]}",
+        "model.modules[0]._target_ names 'os.system'",
+    ),
+    "made by an interpolation": (
+        "model: '${oc.create:{_target_: os.system, command: \"touch MARKER\"}}'",
+        "model._target_ names 'os.system'",
+    ),
+    "spelt by an interpolation": (
+        "module: os\nmodel: {_target_: '${module}.system', command: 'touch MARKER'}",
+        "model._target_ names 'os.system'",
+    ),
+    "reached through a trusted module": (
+        "model: {_target_: detectron2.config.lazy.os.system, command: 'touch MARKER'}",
+        "model._target_ names 'detectron2.config.lazy.os.system'",
+    ),
+    "a trusted package's function that runs a file": (
+        "model: {_target_: detectron2.config.LazyConfig.load, filename: RECIPE}",
+        "model._target_ names 'detectron2.config.LazyConfig.load'",
+    ),
+    "a trusted package's function that writes a file": (
+        "model: {_target_: lambda_det.utils.atomic.atomic_write, path: MARKER, data: x}",
+        "model._target_ names 'lambda_det.utils.atomic.atomic_write'",
+    ),
+    "an object (!!python/name)": (
+        "model: {_target_: !!python/name:os.system '', command: 'touch MARKER'}",
+        "line 1: the yaml tag !!python/name:os.system names os.system",
+    ),
+    "an object built at load (!!python/object/apply)": (
+        "model: !!python/object/apply:os.system ['touch MARKER']",
+        "line 1: the yaml tag !!python/object/apply:os.system names os.system",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", UNTRUSTED_MODELS)
+def test_a_callable_outside_the_allow_list_is_refused_in_one_line(case, tmp_path):
+    text, named = UNTRUSTED_MODELS[case]
+    marker = tmp_path / "marker"
+    recipe = tmp_path / "evil.py"  # what LazyConfig.load runs, when named
+    recipe.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    config = write_lazy_yaml(
+        tmp_path, text.replace("MARKER", str(marker)).replace("RECIPE", str(recipe)) + "\n"
+    )
+    with pytest.raises(UntrustedConfigError) as refused:
+        load_lazy_config_file(str(config))
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"LazyConfig {config}")
+    assert named in message and "which a LazyConfig yaml may not name" in message
+    assert f"pass --trust-config {config} to python -m lambda_det.d2tool before SCRIPT" in message
+    assert not marker.exists()
+    # Without the guard: detectron2's own loading (trusted), then instantiate, runs the code.
+    with contextlib.suppress(Exception):
+        instantiate(load_lazy_config_file(str(config), trusted=True).model)
+    assert marker.exists()
+
+
+def test_no_module_outside_the_allow_list_is_imported_to_check_a_name(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    (tmp_path / "planted.py").write_text(f"open({str(marker)!r}, 'w').close()\nBuild = dict\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = write_lazy_yaml(tmp_path, "model: {_target_: planted.Build}\n")
+    with pytest.raises(UntrustedConfigError, match="model._target_ names 'planted.Build'"):
+        load_lazy_config_file(str(config))
+    assert not marker.exists()
+    locate("planted.Build")  # detectron2's instantiate finds a name by importing its module
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "model: {_target_: detectron2.modeling.ResNt}",
+            "model._target_ names 'detectron2.modeling.ResNt', which does not exist "
+            "(ImportError): check its spelling",
+        ),
+        (
+            "model: {norm: !!python/name:detectron2._cfg_loader1234.recipe.py.%3Clambda%3E ''}",
+            "line 1: the yaml tag !!python/name:detectron2._cfg_loader1234.recipe.py.<lambda> "
+            "names detectron2._cfg_loader1234.recipe.py.<lambda>, which is no importable name",
+        ),
+        (
+            "model: {s: !!python/object/new:detectron2.layers.ShapeSpec [1, 2, 3, 4, 5, 6]}",
+            "line 1: the yaml tag !!python/object/new:detectron2.layers.ShapeSpec does not build: ",
+        ),
+        (
+            "model: {s: !!python/object/new:detectron2.layers.ShapeSpec {args: [1]}}",
+            "line 1: the yaml tag !!python/object/new:detectron2.layers.ShapeSpec is refused",
+        ),
+    ],
+)
+def test_a_name_that_builds_nothing_is_one_line(text, message, tmp_path):
+    config = write_lazy_yaml(tmp_path, text + "\n")
+    with pytest.raises(ConfigFileError) as refused:
+        load_lazy_config_file(str(config))
+    assert not isinstance(refused.value, UntrustedConfigError)
+    assert str(refused.value).startswith(f"LazyConfig {config}")
+    assert message in str(refused.value)
+
+
+def test_what_the_allow_list_takes_loads_as_detectron2_loads_it(tmp_path):
+    config = write_lazy_yaml(
+        tmp_path,
+        "model: {_target_: torch.nn.Linear, in_features: 2, out_features: '${width}'}\n"
+        "width: 3\n"
+        "shape: !!python/object/new:detectron2.layers.shape_spec.ShapeSpec [8, 7, 7, null]\n"
+        "block: !!python/name:detectron2.modeling.backbone.resnet.BottleneckBlock ''\n"
+        "stages: {_target_: detectron2.modeling.ResNet.make_default_stages, depth: 50}\n"
+        "unset: ???\n"
+        "dangling: ${nowhere}\n",
+    )
+    ours = load_lazy_config_file(str(config))
+    assert ours == LazyConfig.load(str(config))
+    assert ours.shape == ShapeSpec(channels=8, height=7, width=7)
+    assert isinstance(instantiate(ours.model), nn.Linear)
+
+
+def test_a_target_may_be_an_object():
+    cfg = OmegaConf.create(
+        {"model": {"_target_": nn.Linear, "parts": [{"_target_": os.system}]}},
+        flags={"allow_objects": True},
+    )
+    with pytest.raises(UntrustedConfigError, match=r"model.parts\[0\]._target_ names posix.system"):
+        check_lazy_targets(cfg, "recipe.yaml")
+    del cfg.model.parts
+    check_lazy_targets(cfg, "recipe.yaml")
