@@ -15,7 +15,13 @@ from lambda_det.config import adapt_norms_to_device, resolve_config_file
 from lambda_det.config.lazy import load_lazy_config
 
 SHIPPED_CONFIGS = sorted(str(p.relative_to(CONFIGS)) for p in CONFIGS.rglob("*.yaml"))
-PAPER_CONFIGS = [name for name in SHIPPED_CONFIGS if name.startswith("COCO-InstanceSegmentation")]
+# Table 14's configs; the timm_* ones fine-tune timm's ImageNet models on detectron2's schedules.
+PAPER_CONFIGS = [
+    name
+    for name in SHIPPED_CONFIGS
+    if name.startswith("COCO-InstanceSegmentation") and not Path(name).name.startswith("timm_")
+]
+FINE_TUNING_CONFIGS = [name for name in SHIPPED_CONFIGS if Path(name).name.startswith("timm_")]
 
 
 def load_config(relative: str):
@@ -61,6 +67,27 @@ SHIPPED_BACKBONES = {
     "COCO-InstanceSegmentation/r101_se_mask_rcnn.yaml": (64_916_128, FPN_P2_P6, RES2_RES5),
     "COCO-InstanceSegmentation/r152_mask_rcnn.yaml": (61_546_464, FPN_P2_P6, RES2_RES5),
     "COCO-InstanceSegmentation/r152_se_mask_rcnn.yaml": (87_919_008, FPN_P2_P6, RES2_RES5),
+    "Base-Timm-MaskRCNN-FPN.yaml": (12_221_672, FPN_P2_P6, RES2_RES5),  # lambda_resnet26t
+    "COCO-InstanceSegmentation/timm_lambda_resnet26t_mask_rcnn_1x.yaml": (
+        12_221_672,
+        FPN_P2_P6,
+        RES2_RES5,
+    ),
+    "COCO-InstanceSegmentation/timm_lambda_resnet26t_mask_rcnn_3x.yaml": (
+        12_221_672,
+        FPN_P2_P6,
+        RES2_RES5,
+    ),
+    "COCO-InstanceSegmentation/timm_lambda_resnet50ts_mask_rcnn_1x.yaml": (
+        22_777_640,
+        FPN_P2_P6,
+        RES2_RES5,
+    ),
+    "COCO-InstanceSegmentation/timm_lambda_resnet50ts_mask_rcnn_3x.yaml": (
+        22_777_640,
+        FPN_P2_P6,
+        RES2_RES5,
+    ),
     "Demo/aft_conv_r26_shapes.yaml": (2_730_936, DEMO_FPN, DEMO_RES),
     "Demo/lambda_r26_shapes.yaml": (2_371_424, DEMO_FPN, DEMO_RES),
 }
@@ -204,3 +231,23 @@ def test_a_key_missing_from_a_saved_config_counts_as_its_default():
     assert config_differences(saved.dump(), wanted.dump()) == [
         "MODEL.LAMBDA_RESNET.COMPILE: False -> True"
     ]
+
+
+@pytest.mark.parametrize("relative", FINE_TUNING_CONFIGS)
+def test_fine_tuning_configs_follow_detectron2s_schedules_from_timms_weights(relative):
+    cfg = load_config(relative)
+    schedule = "3x" if relative.endswith("_3x.yaml") else "1x"
+    steps, max_iter = {"1x": ((60000, 80000), 90000), "3x": ((210000, 250000), 270000)}[schedule]
+    assert (cfg.SOLVER.IMS_PER_BATCH, cfg.SOLVER.BASE_LR) == (16, 0.02)
+    assert (tuple(cfg.SOLVER.STEPS), cfg.SOLVER.MAX_ITER) == (steps, max_iter)
+    assert cfg.MODEL.WEIGHTS == f"timm://{cfg.MODEL.TIMM.NAME}"
+    assert (cfg.MODEL.TIMM.NORM, cfg.MODEL.BACKBONE.FREEZE_AT, cfg.INPUT.FORMAT) == (
+        "FrozenBN",
+        2,
+        "RGB",
+    )
+    # timm's ImageNet statistics, on detectron2's 0-255 pixels.
+    timm = pytest.importorskip("timm")
+    pretrained = timm.models.get_pretrained_cfg(cfg.MODEL.TIMM.NAME)
+    assert cfg.MODEL.PIXEL_MEAN == pytest.approx([255 * m for m in pretrained.mean])
+    assert cfg.MODEL.PIXEL_STD == pytest.approx([255 * s for s in pretrained.std])
