@@ -11,7 +11,7 @@ import torch
 timm = pytest.importorskip("timm")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from conftest import CONFIGS
+from conftest import CONFIGS, overrides
 from detectron2.modeling import build_backbone, build_model
 
 from lambda_det.checkpoint import AtomicCheckpointer, CorruptCheckpointError, check_weights
@@ -235,3 +235,50 @@ def test_a_file_that_is_not_safetensors_is_one_line(tmp_path):
     fake.write_bytes(b"\xff" * 64)
     with pytest.raises(CorruptCheckpointError, match="is not a safetensors file"):
         AtomicCheckpointer(build_model(timm_cfg())).load(str(fake))
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_fine_tuning_config_trains_evaluates_and_predicts_at_demo_size(
+    tmp_path, small_shapes, small_datasets_root, capsys
+):
+    """The shipped timm_lambda_resnet26t_mask_rcnn_1x on the bundled shapes data at 128 px (from
+    random weights: no hub here), then --eval-only and predict of its run, as for a LambdaResNet."""
+    from lambda_det.cli import predict, train_net
+
+    run = tmp_path / "run"
+    small = overrides(
+        {
+            "MODEL.DEVICE": "cpu",
+            "MODEL.WEIGHTS": "",
+            "MODEL.ROI_HEADS.NUM_CLASSES": 3,
+            "DATASETS.TRAIN": "('lambda_det_shapes_train',)",
+            "DATASETS.TEST": "('lambda_det_shapes_val',)",
+            "SOLVER.IMS_PER_BATCH": 2,
+            "SOLVER.MAX_ITER": 2,
+            "SOLVER.STEPS": "()",
+            "SOLVER.WARMUP_ITERS": 1,
+            "INPUT.MIN_SIZE_TRAIN": "(128,)",
+            "INPUT.MAX_SIZE_TRAIN": 128,
+            "INPUT.MIN_SIZE_TEST": 128,
+            "INPUT.MAX_SIZE_TEST": 128,
+            "DATALOADER.NUM_WORKERS": 0,
+            "MODEL.RPN.POST_NMS_TOPK_TEST": 50,
+            "TEST.DETECTIONS_PER_IMAGE": 20,
+        }
+    )
+    config = "timm_lambda_resnet26t_mask_rcnn_1x"
+    assert train_net.main(["--config", config, *small, "OUTPUT_DIR", str(run)]) == 0
+    assert (run / "model_final.pth").is_file() and (run / "inference").is_dir()
+    saved = str(run / "config.yaml")
+    evaluation = tmp_path / "evaluation"
+    argv = ["--config", saved, "--eval-only", "MODEL.WEIGHTS", str(run / "model_final.pth")]
+    assert train_net.main([*argv, "OUTPUT_DIR", str(evaluation)]) == 0
+    assert "loaded 185 of 185 backbone weights" in "".join(capsys.readouterr())
+    predicted = tmp_path / "predicted"
+    from lambda_det.data.shapes import VERSION
+
+    images = small_datasets_root / f"lambda_det_shapes_{VERSION}" / "val"
+    argv = ["--config", saved, "--input", str(images), "--output", str(predicted)]
+    assert predict.main([*argv, "MODEL.WEIGHTS", str(run / "model_final.pth")]) == 0
+    assert (predicted / "predictions.json").is_file()
