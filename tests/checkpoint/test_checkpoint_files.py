@@ -13,6 +13,7 @@ import resource
 import struct
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -389,3 +390,37 @@ def test_safetensors_weights_load(tmp_path):
         [0.0, 1.0, 2.0],
         [3.0, 4.0, 5.0],
     ]
+
+
+def claiming(numel: int, zip_format: bool) -> bytes:
+    """A torch.save checkpoint of a 7-element tensor whose storage claims ``numel`` elements."""
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(7.0)}, buffer, _use_new_zipfile_serialization=zip_format)
+    data = buffer.getvalue()
+    size = numel.bit_length() // 8 + 1
+    claim = b"\x8a" + bytes([size]) + numel.to_bytes(size, "little")  # LONG1 for BININT1 7
+    if not zip_format:
+        return data.replace(b"K\x07", claim, 1)
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    output = io.BytesIO()
+    with zipfile.ZipFile(output, "w") as archive:
+        for name, member in members.items():
+            archive.writestr(
+                name, member.replace(b"K\x07", claim, 1) if name.endswith(".pkl") else member
+            )
+    return output.getvalue()
+
+
+@pytest.mark.parametrize("numel", [2**50, 2**70], ids=["4 PiB", "beyond 64 bits"])
+@pytest.mark.parametrize("zip_format", [True, False], ids=["zip", "legacy"])
+def test_a_torch_file_whose_tensor_claims_more_than_it_holds_is_one_line(
+    tmp_path, zip_format, numel
+):
+    """torch checks a zip member's size against the claim before reading it; the legacy format
+    allocates the claim first (4 PiB, which no allocation takes)."""
+    path = tmp_path / "model.pth"
+    path.write_bytes(claiming(numel, zip_format))
+    refused_at_once(path, CorruptCheckpointError, "is truncated or corrupt and cannot be loaded")
+    with pytest.raises((RuntimeError, TypeError, ValueError)):  # the control: torch's own
+        torch.load(str(path), weights_only=True)
