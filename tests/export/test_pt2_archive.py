@@ -281,7 +281,7 @@ LAYOUTS = {
     ),
     "config not JSON": (
         {"data/weights/model_weights_config.json": b"\x80\x02"},
-        "model_weights_config.json is not a payload config",
+        "its data/weights/model_weights_config.json is not JSON",
     ),
 }
 
