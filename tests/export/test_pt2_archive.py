@@ -561,6 +561,11 @@ FORMATS = {
         "its models/model.json is nested deeper than 64 levels",
         RecursionError,
     ),
+    "program JSON nested 100 deep": (
+        lambda exported: {"models/model.json": deeply_nested(100)},  # json.loads reads it
+        "its models/model.json is nested deeper than 64 levels",
+        Exception,
+    ),
     "config JSON nested 100,000 deep": (
         lambda exported: {"data/weights/model_weights_config.json": deeply_nested(100_000)},
         "its data/weights/model_weights_config.json is nested deeper than 64 levels",
