@@ -4,23 +4,29 @@ Every weights or checkpoint file lambda_det reads (training's MODEL.WEIGHTS, ``-
 ``--eval-only``, export, the demo's pictures) goes through :func:`load_checkpoint_file`:
 
 * ``.pkl`` (detectron2 and Caffe2 model zoo files) with :class:`RestrictedUnpickler`, which
-  admits only dicts, lists, numbers, strings and numpy arrays (a weight stored as an object
-  array of numbers becomes a numeric array);
+  admits only dicts, lists, numbers, strings and numpy arrays of the number types torch takes,
+  and no more array bytes than the file holds;
+* ``.safetensors`` with its header checked first (its length and every tensor's byte range
+  within the file), then ``torch.load``, which hands it to the safetensors package;
 * every other suffix with ``torch.load(..., weights_only=True)``.
 
-Anything else in a file is refused with :class:`UnsafeCheckpointError` before it can run.
+Anything else in a file is refused with :class:`UnsafeCheckpointError` before it can run, and a
+file that is no checkpoint, or claims more than it holds, with :class:`CorruptCheckpointError`.
 """
 
 import argparse
 import codecs
 import collections
+import contextvars
 import errno
 import glob
 import json
 import logging
+import math
 import os
 import pickle
 import re
+import reprlib
 import zipfile
 from typing import Any, Dict, Optional, Tuple
 
@@ -65,39 +71,230 @@ class WeightsMismatchError(UserError):
 
 
 # What detectron2 / Caffe2 model-zoo pickles hold besides dicts, lists, numbers and strings:
-# numpy arrays, scalars and dtypes (the objects themselves, whatever module numpy keeps them in),
-# OrderedDicts, and _codecs.encode, which protocol-2 pickles use to store bytes. Protocol 5
-# stores a numeric array as its bytes (_frombuffer: np.frombuffer and a reshape).
+# numpy arrays, scalars and dtypes, OrderedDicts, and _codecs.encode (and bytes() for b""), which
+# protocols 0-2 use to store bytes. A numpy array is pickled as _reconstruct(ndarray, (0,), b"b")
+# and then its state (shape, dtype, bytes), under protocol 5 as _frombuffer(bytes, dtype, shape).
+#
+# Each global a pickle may name is a stand-in (_Global) that takes only what those files pass and
+# counts what it allocates: a pickle can use one value many times (its memo), so a 100-byte file
+# could otherwise ask for an 8 GB array, or for a thousand copies of one megabyte. Arrays, byte
+# strings, scalars and OrderedDict items may each take in all no more than the file's size (each
+# array's bytes are in the file, once), checked before anything is allocated.
 _NUMPY_RECONSTRUCT = np.zeros(1).__reduce__()[0]
 _NUMPY_FROMBUFFER = np.zeros(1).__reduce_ex__(5)[0]
 _NUMPY_SCALAR = np.float32(0).__reduce__()[0]
+# The dtypes torch.from_numpy converts (detectron2 makes every weight a tensor so): an array of
+# another dtype (Python objects, strings, records) is not a weight, and is refused unallocated.
+_WEIGHT_DTYPES = frozenset(
+    np.dtype(name)
+    for name in (
+        "bool",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "uint64",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+)
+_MAX_DIMS = 64  # numpy's
+_RESAVE = "save the weights again where they were made, as numeric numpy arrays"
+
+
+class _Budget:
+    """What the stand-ins have allocated while one file is unpickled, by kind."""
+
+    def __init__(self, filename: str, size: int):
+        self.filename = filename
+        self.size = size
+        self.used = collections.Counter()
+
+    def charge(self, kind: str, nbytes: int, what: str) -> None:
+        used = self.used[kind]
+        if used + nbytes > self.size:
+            before = f" (with the {used:,} bytes of {kind} before it)" if used else ""
+            raise CorruptCheckpointError(
+                f"checkpoint {self.filename}: {what} claims {nbytes:,} bytes{before}, more "
+                f"than the file's {self.size:,} bytes could hold: the file is corrupt or "
+                f"crafted, refused before allocating; {_RESAVE}"
+            )
+        self.used[kind] = used + nbytes
+
+
+_BUDGET: contextvars.ContextVar = contextvars.ContextVar("lambda_det_pickle_budget")
+
+
+def _corrupt(what: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"checkpoint {_BUDGET.get().filename}: {what}, which pickled numpy weights never are; "
+        f"{_RESAVE}"
+    )
+
+
+def _weight_dtype(dtype, shape: tuple) -> np.dtype:
+    """``dtype`` (a dtype or a short type code) if it is one that torch takes, else a refusal."""
+    if isinstance(dtype, (str, bytes)) and len(dtype) <= 16:
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError:
+            raise _corrupt(f"a numpy array has the type code {dtype!r}") from None
+    if not isinstance(dtype, np.dtype):
+        raise _corrupt(f"a numpy array's dtype is a {type(dtype).__name__}")
+    if dtype not in _WEIGHT_DTYPES or dtype.names is not None or dtype.subdtype is not None:
+        held = "Python objects (dtype object)" if dtype.hasobject else f"dtype {dtype}"
+        raise CorruptCheckpointError(
+            f"checkpoint {_BUDGET.get().filename}: a numpy array of shape {shape} holds {held}, "
+            f"not numbers a weight can hold (detectron2 cannot load it either); refused before "
+            f"allocating: save it as a numeric array, e.g. array.astype(np.float32)"
+        )
+    return dtype
+
+
+def _charge_array(shape, dtype) -> None:
+    """Count the bytes of an array of ``shape`` and ``dtype``, or refuse it."""
+    dims = (shape,) if type(shape) is int else shape
+    if not (
+        isinstance(dims, (tuple, list))
+        and len(dims) <= _MAX_DIMS
+        and all(type(size) is int and size >= 0 for size in dims)
+    ):
+        raise _corrupt(f"a numpy array's shape is {reprlib.repr(shape)}")
+    dims = tuple(dims)
+    dtype = _weight_dtype(dtype, dims)
+    what = f"a numpy array of shape {dims} and dtype {dtype}"
+    _BUDGET.get().charge("arrays", math.prod(dims) * dtype.itemsize, what)
+
+
+class _UnpickledArray(np.ndarray):
+    """A numpy array as :func:`_reconstruct` makes it: its state (shape, dtype, bytes) checked
+    before numpy allocates it. Weights leave the loader as plain arrays (``np.asarray``), and
+    it pickles as one."""
+
+    def __setstate__(self, state):
+        if not (isinstance(state, tuple) and len(state) in (4, 5)):
+            raise _corrupt("a numpy array's state is not (shape, dtype, order, bytes)")
+        _charge_array(state[-4], state[-3])
+        super().__setstate__(state)
+
+    def __reduce_ex__(self, protocol):
+        return np.asarray(self).__reduce_ex__(protocol)
+
+
+class _OrderedDict(collections.OrderedDict):
+    """An OrderedDict as a pickle builds it; the attributes a pickle sets on one (a state dict's
+    ``_metadata``, which detectron2 does not use) are dropped, so that setting them costs
+    nothing however often. It pickles as an OrderedDict."""
+
+    def __setstate__(self, state):
+        pass
+
+    def __reduce__(self):
+        return collections.OrderedDict, (), None, None, iter(self.items())
+
+
+class _Global:
+    """A global that a weights pickle may call. Unlike a Python function, it has no attributes
+    that the pickle could set (pickle's BUILD)."""
+
+    __slots__ = ("function", "name")
+
+    def __init__(self, function, name: str):
+        self.function = function
+        self.name = name
+
+    def __call__(self, *args):
+        return self.function(*args)
+
+    def __setstate__(self, state):
+        raise _corrupt(f"it sets attributes of {self.name}")
+
+
+def _reconstruct(subtype, shape, dtype):
+    if subtype is not _NDARRAY:
+        raise _corrupt(f"it rebuilds a numpy array as a {type(subtype).__name__}")
+    _charge_array(shape, dtype)
+    return _NUMPY_RECONSTRUCT(_UnpickledArray, shape, dtype)
+
+
+def _frombuffer(buffer, dtype, shape, order):
+    _charge_array(shape, dtype)
+    return _NUMPY_FROMBUFFER(buffer, dtype, shape, order)
+
+
+def _scalar(dtype, *data):
+    if not isinstance(dtype, np.dtype):
+        raise _corrupt(f"a numpy scalar's dtype is a {type(dtype).__name__}")
+    _weight_dtype(dtype, ())
+    _BUDGET.get().charge("scalars", dtype.itemsize, f"a numpy scalar of dtype {dtype}")
+    return _NUMPY_SCALAR(dtype, *data)
+
+
+def _dtype(code, align=False, copy=False):
+    if not (isinstance(code, (str, bytes)) and len(code) <= 16):
+        raise _corrupt(f"it makes a numpy dtype of {reprlib.repr(code)}")
+    return np.dtype(code, bool(align), bool(copy))
+
+
+def _ordered_dict(*items):
+    if items:  # Python 2's OrderedDict pickles its items as a list
+        if len(items) > 1 or not isinstance(items[0], (list, tuple)):
+            raise _corrupt("it makes an OrderedDict of other than a list of items")
+        _BUDGET.get().charge("OrderedDict items", len(items[0]), "an OrderedDict")
+    return _OrderedDict(*items)
+
+
+def _encode(text, encoding):
+    if not (isinstance(text, str) and encoding == "latin1"):
+        raise _corrupt(f"it encodes a {type(text).__name__} as {reprlib.repr(encoding)}")
+    _BUDGET.get().charge("byte strings", len(text), "a byte string")
+    return codecs.encode(text, "latin1")
+
+
+def _empty_bytes(*args):  # how protocols 0-2 store b"" (a zero-size array's bytes)
+    if args:
+        raise _corrupt("it calls bytes() with arguments")
+    return b""
+
+
+_NDARRAY = _Global(None, "numpy.ndarray")  # only ever _reconstruct's first argument
+_STAND_INS = {
+    ("multiarray", "_reconstruct"): _reconstruct,
+    ("multiarray", "scalar"): _scalar,
+    ("numeric", "_frombuffer"): _frombuffer,
+}
 _SAFE_GLOBALS = {
     **{
-        (module, "_reconstruct"): _NUMPY_RECONSTRUCT
-        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
+        (f"numpy.{core}.{module}", name): _Global(function, f"numpy.{name}")
+        for (module, name), function in _STAND_INS.items()
+        for core in ("core", "_core")  # numpy 1's module, numpy 2's
     },
-    **{
-        (module, "_frombuffer"): _NUMPY_FROMBUFFER
-        for module in ("numpy.core.numeric", "numpy._core.numeric")
-    },
-    **{
-        (module, "scalar"): _NUMPY_SCALAR
-        for module in ("numpy.core.multiarray", "numpy._core.multiarray")
-    },
-    ("numpy", "ndarray"): np.ndarray,
-    ("numpy", "dtype"): np.dtype,
-    ("collections", "OrderedDict"): collections.OrderedDict,
-    ("_codecs", "encode"): codecs.encode,
+    ("numpy", "ndarray"): _NDARRAY,
+    ("numpy", "dtype"): _Global(_dtype, "numpy.dtype"),
+    ("collections", "OrderedDict"): _Global(_ordered_dict, "collections.OrderedDict"),
+    ("_codecs", "encode"): _Global(_encode, "_codecs.encode"),
+    ("__builtin__", "bytes"): _Global(_empty_bytes, "bytes"),
+    ("builtins", "bytes"): _Global(_empty_bytes, "bytes"),
 }
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only the globals of plain weight files (numpy arrays, dtypes,
-    scalars, OrderedDict); any other global raises :class:`UnsafeCheckpointError` naming it."""
+    """An unpickler that resolves only the globals of plain weight files (numpy arrays of the
+    number types torch takes, dtypes, scalars, OrderedDict); any other global raises
+    :class:`UnsafeCheckpointError` naming it, and data that claims more memory than the file's
+    ``size`` bytes could hold (default: the size of ``file``) raises
+    :class:`CorruptCheckpointError` before it is allocated."""
 
-    def __init__(self, file, filename: str):
+    def __init__(self, file, filename: str, size: Optional[int] = None):
         super().__init__(file, encoding="latin1")  # Caffe2 files are Python 2 pickles
         self.filename = filename
+        self.size = os.fstat(file.fileno()).st_size if size is None else size
 
     def find_class(self, module: str, name: str):
         try:
@@ -108,6 +305,13 @@ class RestrictedUnpickler(pickle.Unpickler):
                 f"does not need and which could run code; refused (only dicts, lists, numbers, "
                 f"strings and numpy arrays load from .pkl files)"
             ) from None
+
+    def load(self):
+        token = _BUDGET.set(_Budget(self.filename, self.size))
+        try:
+            return super().load()
+        finally:
+            _BUDGET.reset(token)
 
 
 # Modules whose functions run code or commands: a global from one of them (or a bare builtin
@@ -163,9 +367,6 @@ def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError
     )
 
 
-_NUMBERS = (bool, int, float, np.bool_, np.integer, np.floating)
-
-
 # The layouts of a .pkl that detectron2 loads (its DetectionCheckpointer._load_file).
 _PICKLE_LAYOUTS = (
     "a .pkl of weights is detectron2's {'model': {name: numpy array}, "
@@ -176,11 +377,11 @@ _PICKLE_LAYOUTS = (
 def _numeric_weights(
     weights: Dict[str, Any], filename: str, author_missing: bool = False
 ) -> Dict[str, Any]:
-    """``weights`` with numpy object arrays of plain numbers turned into numeric arrays (what
-    the model's weights are); an object array of anything else, or a value that is no array
-    (which detectron2 cannot load either), is refused by name. ``author_missing``: the file has
-    a "model" but no "__author__", so it is read as Caffe2's layout (as detectron2 reads it)."""
-    converted = dict(weights)
+    """``weights`` as plain numpy arrays (the unpickler admits arrays of numbers only); a value
+    that is no array (which detectron2 cannot load either) is refused by name.
+    ``author_missing``: the file has a "model" but no "__author__", so it is read as Caffe2's
+    layout (as detectron2 reads it)."""
+    converted = {}
     for key, value in weights.items():
         if not isinstance(value, np.ndarray):
             read_as = (
@@ -193,19 +394,7 @@ def _numeric_weights(
                 f"checkpoint {filename}: {key!r} is of type {type(value).__name__}, not a numpy "
                 f"array{read_as}; {_PICKLE_LAYOUTS}"
             )
-        if value.dtype != object:
-            continue
-        types = set(map(type, value.flat))
-        try:
-            if not all(issubclass(kind, _NUMBERS) for kind in types):
-                raise TypeError
-            converted[key] = value.astype(np.result_type(*types) if types else np.float32)
-        except (TypeError, OverflowError):  # other objects, or integers beyond 64 bits
-            raise CorruptCheckpointError(
-                f"checkpoint {filename}: weight {key!r} is a numpy array of Python objects "
-                f"({', '.join(sorted(kind.__name__ for kind in types))}), not of numbers that "
-                f"fit a tensor: save it as a numeric array (e.g. array.astype(np.float32))"
-            ) from None
+        converted[key] = np.asarray(value)  # a plain array, not the unpickler's subclass
     return converted
 
 
@@ -220,31 +409,79 @@ def _from_pickle(data: Dict[str, Any]) -> Dict[str, Any]:
     return {"model": weights, "__author__": "Caffe2", "matching_heuristics": True}
 
 
-def _read_safetensors(filename: str) -> Dict[str, torch.Tensor]:
-    """The tensors of a safetensors file (a format that holds tensors and nothing else), after
-    checking its layout: an 8-byte little-endian header length, then that much JSON."""
+# A .safetensors file: the length of its header (8 bytes, little-endian), the header (JSON: each
+# tensor's dtype, shape and [begin, end) byte range in the data after it), then the data.
+_SAFETENSORS = "a .safetensors file begins with the length of its JSON header"
+
+
+def _check_safetensors(filename: str) -> None:
+    """Refuse (one line naming ``filename`` and what is wrong) a ``.safetensors`` file whose
+    header is not there, not JSON, or names bytes outside the file."""
     size = os.path.getsize(filename)
     with open(filename, "rb") as f:
-        head = f.read(8)
-        length = int.from_bytes(head, "little") if len(head) == 8 else -1
-        header = f.read(length) if 0 < length <= size - 8 else b""
+        length = int.from_bytes(f.read(8), "little")
+        if size < 8 or length > size - 8:
+            problem = (
+                f"it has {size} bytes, fewer than the 8 of that length"
+                if size < 8
+                else f"its first 8 bytes give a header of {length:,} bytes, and the file has "
+                f"{size - 8:,} after them"
+            )
+            raise CorruptCheckpointError(
+                f"checkpoint {filename} is not a safetensors file ({_SAFETENSORS}): {problem}; "
+                f"pass a safetensors file, or give a torch.save checkpoint its own suffix (.pth)"
+            )
+        text = f.read(length)
     try:
-        ok = isinstance(json.loads(header), dict)
-    except ValueError:
-        ok = False
-    if not ok:
+        header = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError):
+        header = None
+    if not isinstance(header, dict):
         raise CorruptCheckpointError(
-            f"checkpoint {filename} is not a safetensors file (it needs an 8-byte header length "
-            f"and a JSON header within its {size} bytes): pass a file saved with "
-            f"safetensors.torch.save_file, or rename a torch file to .pth"
+            f"checkpoint {filename} is not a safetensors file ({_SAFETENSORS}): its "
+            f"{length:,}-byte header is not a JSON object"
         )
+    data_size = size - 8 - length
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (
+            isinstance(shape, list)
+            and all(type(dim) is int and dim >= 0 for dim in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(type(offset) is int for offset in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_size
+        ):
+            raise CorruptCheckpointError(
+                f"checkpoint {filename}: the safetensors header's tensor {name[:80]!r} is "
+                f"{reprlib.repr(entry)}, not a shape and a byte range within the file's "
+                f"{data_size:,} bytes of data; the file is corrupt"
+            )
+
+
+def _safetensors_errors() -> tuple:
+    """The safetensors package's error (a file it cannot read), where it is installed."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:
+        return ()
+    return (SafetensorError,)
+
+
+def _read_safetensors(filename: str) -> Dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (a format that holds tensors and nothing else, read by
+    the safetensors package on any torch), after :func:`_check_safetensors`."""
+    _check_safetensors(filename)
     try:
         from safetensors.torch import load_file
     except ImportError:
         raise UserError(f"reading {filename} needs safetensors: pip install safetensors") from None
     try:
         return load_file(filename, device="cpu")
-    except Exception as error:  # safetensors' own error type: a truncated or corrupt body
+    except _safetensors_errors() as error:  # a truncated or corrupt body
         raise CorruptCheckpointError(
             f"checkpoint {filename} is a truncated or corrupt safetensors file ({error})"
         ) from None
@@ -287,6 +524,12 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
             data = torch.load(filename, map_location="cpu", weights_only=True)
     except (UnsafeCheckpointError, CorruptCheckpointError):
         raise
+    except MemoryError:  # a length in the file that no allocation can take
+        raise CorruptCheckpointError(
+            f"checkpoint {filename} asks for more memory than there is while it is read: a "
+            f"length in it is larger than the file's {os.path.getsize(filename):,} bytes could "
+            f"hold (a corrupt or crafted file)"
+        ) from None
     except (
         EOFError,
         RuntimeError,
@@ -296,6 +539,7 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
         TypeError,
         IndexError,
         KeyError,
+        *_safetensors_errors(),
     ) as error:
         if "weights only load failed" in str(error).lower():
             raise _unsafe_torch_file(filename, error) from None

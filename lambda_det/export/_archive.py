@@ -8,14 +8,24 @@ refuses an archive whose loading could run code from it. It follows the layout t
 2.14.1 writes and reads (archive version "0"; ``torch/export/pt2_archive/_package.py``:
 ``package_pt2`` and ``load_pt2``; ``torch/_export/serde/serialize.py``):
 
-* the program ``models/model.json`` and the configs of weights and constants are JSON, and
+* a zip archive of plain files (no link, no folder entry, nothing compressed: torch stores
+  every member as it is) under one top-level folder, each named by a relative path without
+  ``.`` or ``..`` parts, seen alike by torch's zip reader and Python's;
+* the program ``models/model.json`` and the configs of weights and constants are JSON, nested
+  at most :data:`MAX_JSON_DEPTH` deep (so is each pytree spec in the program), and
   ``extra/*`` is text. Strings of the program become Python code: each ``expr_str`` is
   evaluated (``sympy.sympify``, an ``eval``, while loading), each ``guards_code`` entry run
   (``exec``, by ``ExportedProgram.module()``), and the names of inputs, nodes and attributes are
   written into the source of the program's ``forward`` (torch.fx), run while loading. Each
-  expression must be of the kind torch writes (:func:`_check_expression`: sympy constructors of
-  numbers and size symbols; arithmetic and comparisons of the input's sizes), and every other
-  string a dotted name, but for the free text torch only keeps (:data:`TEXT_KEYS`).
+  expression must be of the kind torch writes for lambda_det's models
+  (:func:`_check_expression`: the sympy constructors of numbers, size symbols, sums, products,
+  divisions, clamps and comparisons; in guards, arithmetic and comparisons of the input's sizes),
+  within bounds of length, depth, number size and clamps (:data:`EXPRESSION_LIMITS`), and the
+  archive's distinct expressions must evaluate within :data:`EVALUATION_SECONDS` in all
+  (:func:`_evaluate_expressions` builds them from the checked syntax, without ``eval``; sympy
+  caches what torch then evaluates again). Every other string must be a dotted name, but for
+  the free text torch only keeps (:data:`TEXT_KEYS`).
+* each raw weight or constant claims at most as many elements as its member has bytes;
 * a weight or constant marked ``use_pickle: false`` is raw storage bytes, read as such and never
   unpickled, whatever its first bytes;
 * one marked ``use_pickle: true``, and ``data/sample_inputs/model.pt`` (empty in lambda_det's
@@ -30,12 +40,17 @@ refuses an archive whose loading could run code from it. It follows the layout t
 The file is read once: the check and the load see the same bytes, through torch's own zip
 reader. :func:`load_program` calls ``load_pt2``, not ``torch.export.load``, which after a
 ``RuntimeError`` retries the file as torch 2.7's format and loads that format's pickles in full.
+Whatever the checks let through that torch still cannot load is one line naming the file.
 """
 
 import ast
 import io
 import json
+import math
 import re
+import reprlib
+import stat
+import time
 import zipfile
 from typing import Dict, Tuple
 
@@ -108,6 +123,82 @@ def _refuse(path: str, reason: str) -> UserError:
     )
 
 
+MAX_JSON_DEPTH = 64  # torch writes 17 levels for lambda_det's Mask R-CNN
+
+
+def _read_json(text, path: str, what: str):
+    """``text`` (bytes or str) as JSON, nested at most :data:`MAX_JSON_DEPTH` deep, or a
+    refusal naming ``path`` and ``what`` (torch reads its JSON with recursive functions)."""
+    try:
+        value = json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+    except RecursionError:
+        raise _refuse(path, f"its {what} is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError too
+        raise _refuse(
+            path, f"its {what} is not JSON ({' '.join(str(error).split())[:80]})"
+        ) from None
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise _refuse(path, f"its {what} is nested deeper than {MAX_JSON_DEPTH} levels")
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        )
+        stack.extend((child, depth + 1) for child in children)
+    return value
+
+
+def _check_members(data: bytes, path: str) -> Dict[str, int]:
+    """The archive's members, under its top-level folder -> their sizes, as Python's zip reader
+    sees them: plain files stored as they are, each named by a relative path, under one folder."""
+    try:
+        infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    except (zipfile.BadZipFile, ValueError, EOFError) as error:
+        raise _refuse(path, f"it is not a zip archive ({error})") from None
+    members, folders = {}, set()
+    for info in infos:
+        name = info.filename
+        parts = name.split("/")
+        kind = stat.S_IFMT(info.external_attr >> 16)
+        if name.startswith("/") or "\\" in name or ":" in parts[0]:
+            problem = "is an absolute path"
+        elif name.endswith("/"):
+            problem = "is a folder, not a file"
+        elif len(parts) < 2 or any(part in ("", ".", "..") for part in parts):
+            problem = "is not a relative path under the archive's folder"
+        elif kind not in (0, stat.S_IFREG):
+            problem = "is a symbolic link" if kind == stat.S_IFLNK else "is not a plain file"
+        elif info.compress_type != zipfile.ZIP_STORED:
+            problem = "is compressed (torch stores every member as it is)"
+        elif name.split("/", 1)[1] in members:
+            problem = "is there twice"
+        else:
+            members[name.split("/", 1)[1]] = info.file_size
+            folders.add(parts[0])
+            continue
+        raise _refuse(path, f"its member {name[:200]!r} {problem}")
+    if len(folders) > 1:
+        shown = ", ".join(sorted(folders)[:3])
+        raise _refuse(
+            path, f"its members are under {len(folders)} top-level folders ({shown}), not one"
+        )
+    if sum(members.values()) > len(data):
+        raise _refuse(path, "its members claim more bytes than the file holds")
+    return members
+
+
+def _shown(value) -> str:
+    """A name or version read from the archive, as an error shows it: text as it is (cut
+    short), anything else (bytes that are no utf-8 text, a number) as its repr."""
+    if isinstance(value, bytes):
+        try:
+            value = repr(value.decode("utf-8"))
+        except UnicodeDecodeError:
+            pass
+    return value[:80] if isinstance(value, str) else reprlib.repr(value)
+
+
 def _loads_as_tensors(data: bytes) -> bool:
     try:
         torch.load(io.BytesIO(data), weights_only=True)
@@ -116,25 +207,50 @@ def _loads_as_tensors(data: bytes) -> bool:
     return True
 
 
-def _payloads(reader: PT2ArchiveReader, path: str) -> Dict[str, bool]:
-    """Every member the weight and constant configs name -> whether torch unpickles it."""
+def _numel(sizes) -> int:
+    """The number of elements of a tensor_meta's sizes ([{"as_int": n}, ...]); -1 if not ints."""
+    dims = [size.get("as_int") if isinstance(size, dict) else None for size in sizes]
+    if not all(type(dim) is int and dim >= 0 for dim in dims):
+        return -1
+    return math.prod(dims)
+
+
+def _payloads(reader: PT2ArchiveReader, path: str, sizes: Dict[str, int]) -> Dict[str, bool]:
+    """Every member the weight and constant configs name -> whether torch unpickles it. A raw
+    member (torch reads its bytes as a tensor) must hold a byte for each element its tensor
+    claims, an empty one none: torch makes the tensor of an empty member with torch.zeros."""
     members: Dict[str, bool] = {}
     for config_name, folder, prefix in PAYLOADS:
+        config = _read_json(reader.read_bytes(config_name), path, config_name)
         try:
-            config = json.loads(reader.read_string(config_name))["config"]
             entries = [
-                (meta["path_name"], bool(meta.get("use_pickle"))) for meta in config.values()
+                (
+                    meta["path_name"],
+                    bool(meta.get("use_pickle")),
+                    (meta.get("tensor_meta") or {}).get("sizes", []),
+                )
+                for meta in config["config"].values()
             ]
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
+        except (KeyError, TypeError, AttributeError) as error:
             raise _refuse(path, f"{config_name} is not a payload config ({error!r})") from None
-        for name, pickled in entries:
+        for name, pickled, tensor_sizes in entries:
             if not (isinstance(name, str) and re.fullmatch(re.escape(prefix) + r"\d+", name)):
                 raise _refuse(
                     path,
-                    f"{config_name} names {folder}{name}, not a {prefix}N "
+                    f"{config_name} names {folder}{_shown(name)}, not a {prefix}N "
                     f"tensor (other kinds are unpickled in full)",
                 )
-            members[folder + name] = members.get(folder + name, False) or pickled
+            member = folder + name
+            if member not in sizes:
+                raise _refuse(path, f"{config_name} names {member}, which it does not hold")
+            numel = _numel(tensor_sizes) if isinstance(tensor_sizes, list) else -1
+            if not pickled and not 0 <= numel <= sizes[member]:
+                raise _refuse(
+                    path,
+                    f"{config_name} gives {member} a tensor of {reprlib.repr(tensor_sizes)} "
+                    f"sizes, more elements than the member's {sizes[member]:,} bytes hold",
+                )
+            members[member] = members.get(member, False) or pickled
     return members
 
 
@@ -143,48 +259,121 @@ def _payloads(reader: PT2ArchiveReader, path: str) -> Dict[str, bool]:
 _SYMBOL_NAME = re.compile(r"[a-z]+\d+")  # s0, u1: torch's names of symbolic sizes
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMBER_TYPES = (int, float, bool)
+# What torch writes in expr_str for lambda_det's models (Symbol, Integer, Add, Mul, FloorDiv,
+# Max, Min, LessThan, GreaterThan), with the other comparisons, divisions and remainders of
+# sizes it writes so and the constants of sympy's srepr: each is as cheap as its arguments.
+# Powers, factorials and other functions are not written for sizes, and can take hours.
+_SYMPY_NAMES = {
+    "Symbol",
+    "Integer",
+    "Rational",
+    "Float",
+    "Add",
+    "Mul",
+    "FloorDiv",
+    "CeilDiv",
+    "CleanDiv",
+    "Mod",
+    "PythonMod",
+    "Max",
+    "Min",
+    "Equality",
+    "Unequality",
+    "StrictLessThan",
+    "LessThan",
+    "StrictGreaterThan",
+    "GreaterThan",
+    "And",
+    "Or",
+    "Not",
+    "oo",
+    "true",
+    "false",
+}
+# What torch writes in guards_code: torch.sym_max and torch.sym_min of sizes, the sizes
+# themselves, and the few functions torch prints for size arithmetic.
 _GUARD_FUNCTIONS = {"IsNonOverlappingAndDenseIndicator", "cast_symbool_to_symint_guardless"}
+_GUARD_MODULE_FUNCTIONS = {
+    "torch": {"sym_max", "sym_min", "sym_float", "sym_int", "sym_not", "sym_ite"},
+    "math": {"floor", "ceil", "trunc"},
+}
 _TENSOR_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
-_ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
+_ARITHMETIC = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod)  # no ** (powers)
 _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+# Bounds of one expression (what torch writes for lambda_det's Mask R-CNN: 1,185 characters, a
+# syntax tree 17 deep, numbers up to 12,288, up to 6 clamps, each of a number and a size).
+EXPRESSION_LIMITS = {
+    "characters": 8_000,
+    "depth": 64,  # of its syntax tree
+    "number": 2**64,  # the magnitude of each number in it
+    "float digits": 32,  # of a sympy Float's string
+    "float precision": 64,  # bits
+    "clamps": 8,  # Max and Min, of two arguments each
+}
+# Evaluating the distinct expressions of lambda_det's Mask R-CNN (199) takes 0.8 s; clamps of
+# sizes that sympy must compare can take seconds each.
+EVALUATION_SECONDS = 10.0
 
 
-def _is_sympy(name: str) -> bool:
-    """A sympy class or constant (torch's sympy functions included): what sympify may build."""
-    if name.startswith("_"):
+def _is_number(value) -> bool:
+    return type(value) in _NUMBER_TYPES and (
+        abs(value) <= EXPRESSION_LIMITS["number"]
+        if type(value) is int
+        else math.isfinite(value) and abs(value) <= EXPRESSION_LIMITS["number"]
+    )
+
+
+def _float_ok(args, keywords) -> bool:
+    """Float('1.5', precision=53): a short decimal within the number bound, a small precision."""
+    if not (len(args) == 1 and isinstance(args[0], ast.Constant)):
         return False
-    value = getattr(torch_sympy, name, None)
-    value = getattr(sympy, name, None) if value is None else value
-    return isinstance(value, sympy.Basic) or (
-        isinstance(value, type) and issubclass(value, sympy.Basic)
+    digits = args[0].value
+    if isinstance(digits, str):
+        if len(digits) > EXPRESSION_LIMITS["float digits"] or not _NUMBER.fullmatch(digits):
+            return False
+        digits = float(digits)
+    return _is_number(digits) and all(
+        keyword.arg == "precision"
+        and isinstance(keyword.value, ast.Constant)
+        and type(keyword.value.value) is int
+        and 1 <= keyword.value.value <= EXPRESSION_LIMITS["float precision"]
+        for keyword in keywords
     )
 
 
 def _sympy_ok(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant):
-        return type(node.value) in _NUMBER_TYPES
+        return _is_number(node.value)
     if isinstance(node, ast.Name):
-        return _is_sympy(node.id)
+        return node.id in ("oo", "true", "false")
     if isinstance(node, ast.UnaryOp):
         return isinstance(node.op, (ast.USub, ast.UAdd)) and _sympy_ok(node.operand)
     if not (
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and _is_sympy(node.func.id)
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _SYMPY_NAMES
     ):
         return False
-    args = node.args
-    # Only a symbol's name or a float's digits are strings (sympy would sympify others).
-    pattern = {"Symbol": _SYMBOL_NAME, "Float": _NUMBER}.get(node.func.id)
-    if pattern and args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
-        if not pattern.fullmatch(args[0].value):
-            return False
-        args = args[1:]
-    return all(map(_sympy_ok, args)) and all(
-        keyword.arg
-        and not keyword.arg.startswith("_")
-        and isinstance(keyword.value, ast.Constant)
-        and type(keyword.value.value) in _NUMBER_TYPES
-        for keyword in node.keywords
-    )
+    name, args = node.func.id, node.args
+    if name == "Float":
+        return _float_ok(args, node.keywords)
+    if name == "Symbol":  # Symbol('s0', positive=True, integer=True)
+        return (
+            len(args) == 1
+            and isinstance(args[0], ast.Constant)
+            and isinstance(args[0].value, str)
+            and _SYMBOL_NAME.fullmatch(args[0].value) is not None
+            and all(
+                keyword.arg
+                and not keyword.arg.startswith("_")
+                and isinstance(keyword.value, ast.Constant)
+                and type(keyword.value.value) is bool
+                for keyword in node.keywords
+            )
+        )
+    if name in ("Max", "Min") and len(args) != 2:
+        return False
+    return not node.keywords and all(map(_sympy_ok, args))
 
 
 def _is_input(node: ast.AST) -> bool:
@@ -202,16 +391,16 @@ def _guard_function(node: ast.AST) -> bool:
     """torch.sym_max, math.floor, L['image'].size, ... (what a guard may call)."""
     if isinstance(node, ast.Name):
         return node.id in _GUARD_FUNCTIONS
-    if not isinstance(node, ast.Attribute) or node.attr.startswith("_"):
+    if not isinstance(node, ast.Attribute):
         return False
-    if isinstance(node.value, ast.Name) and node.value.id in ("torch", "math"):
-        return node.value.id == "math" or node.attr.startswith("sym_")
+    if isinstance(node.value, ast.Name) and node.value.id in _GUARD_MODULE_FUNCTIONS:
+        return node.attr in _GUARD_MODULE_FUNCTIONS[node.value.id]
     return node.attr in _TENSOR_METHODS and _is_input(node.value)
 
 
 def _guard_ok(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant):
-        return type(node.value) in _NUMBER_TYPES
+        return _is_number(node.value)
     if isinstance(node, ast.Name):
         return node.id == "inf"
     if isinstance(node, ast.BoolOp):
@@ -236,22 +425,99 @@ def _guard_ok(node: ast.AST) -> bool:
     return False
 
 
-def _check_expression(text, guard: bool, path: str) -> None:
-    """A string torch evaluates: an expression the grammar above admits, or a refusal."""
+def _tree_depth(tree: ast.AST) -> int:
+    """The depth of a syntax tree, counted without recursion."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
+def _clamps(tree: ast.AST) -> int:
+    return sum(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Max", "Min")
+        for node in ast.walk(tree)
+    )
+
+
+def _check_expression(text, guard: bool, path: str) -> ast.Expression:
+    """A string torch evaluates: an expression the grammar above admits within
+    :data:`EXPRESSION_LIMITS` (its syntax tree), or a refusal."""
     what = "guards_code entry" if guard else "expr_str"
     # A guard is pasted into generated source: no comment, line break, escape or double quote.
     if not isinstance(text, str) or (guard and re.search(r'[#\\"\n\r]', text)):
         raise _refuse(path, f"its {what} {str(text)[:80]!r} is not an expression of sizes")
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError):
-        tree = None
+    limits = EXPRESSION_LIMITS
+    bound = None
+    if len(text) > limits["characters"]:
+        bound = f"is {len(text):,} characters long, more than {limits['characters']:,}"
+    else:
+        try:
+            tree = ast.parse(text, mode="eval")
+        except (SyntaxError, ValueError, MemoryError, RecursionError):  # the parser's stack
+            tree = None
+        if tree is not None and _tree_depth(tree) > limits["depth"]:
+            bound = f"is nested deeper than {limits['depth']} levels"
+        elif tree is not None and not guard and _clamps(tree) > limits["clamps"]:
+            bound = f"has more than {limits['clamps']} clamps (Max, Min)"
+    if bound is not None:
+        raise _refuse(path, f"its {what} {text[:80]!r}... {bound}")
     if tree is None or not (_guard_ok if guard else _sympy_ok)(tree.body):
         raise _refuse(
             path,
-            f"its {what} {text[:80]!r} is not an expression of sizes, which "
-            f"torch would run as Python code",
+            f"its {what} {text[:80]!r} is not an expression of sizes within lambda_det's "
+            f"bounds (functions and numbers torch writes for sizes, numbers up to "
+            f"{limits['number']:.3g}), which torch would run as Python code",
         )
+    return tree
+
+
+def _sympy_value(node: ast.AST):
+    """The sympy value of a checked expression's node, built as sympify's eval would."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return _SYMPY_VALUES[node.id]
+    if isinstance(node, ast.UnaryOp):
+        operand = _sympy_value(node.operand)
+        return -operand if isinstance(node.op, ast.USub) else +operand
+    keywords = {keyword.arg: keyword.value.value for keyword in node.keywords}
+    return _SYMPY_VALUES[node.func.id](*map(_sympy_value, node.args), **keywords)
+
+
+def _sympy_namespace() -> dict:
+    """What the names of _SYMPY_NAMES are when torch sympifies: torch's functions first."""
+    return {
+        name: getattr(torch_sympy, name) if name in torch_sympy.__all__ else getattr(sympy, name)
+        for name in _SYMPY_NAMES
+    }
+
+
+_SYMPY_VALUES = _sympy_namespace()
+
+
+def _evaluate_expressions(trees: Dict[str, ast.Expression], path: str) -> None:
+    """Evaluate each distinct expr_str once, within :data:`EVALUATION_SECONDS` in all, or
+    refuse: what torch evaluates while loading, then from sympy's cache."""
+    deadline = time.monotonic() + EVALUATION_SECONDS
+    for count, (text, tree) in enumerate(trees.items()):
+        if time.monotonic() > deadline:
+            raise _refuse(
+                path,
+                f"evaluating its {len(trees):,} size expressions takes more than "
+                f"{EVALUATION_SECONDS:g} s ({count:,} done)",
+            )
+        try:
+            _sympy_value(tree.body)
+        except (ArithmeticError, TypeError, ValueError, AttributeError) as error:
+            raise _refuse(
+                path,
+                f"its expr_str {text[:80]!r} cannot be evaluated ({type(error).__name__})",
+            ) from None
 
 
 # The program's strings that torch keeps as data (messages, stack traces, module paths, pytree
@@ -266,16 +532,20 @@ TEXT_KEYS = {
     "in_spec",
     "out_spec",
 }
+PYTREE_SPECS = {"in_spec", "out_spec"}  # JSON in a string, read by recursive functions
 _NAME = re.compile(r"([A-Za-z_][\w.]*)?")
 
 
-def _check_program(program, path: str) -> None:
-    """The strings of the program (its JSON) that torch turns into code: expressions and names."""
+def _check_program(program, path: str) -> Dict[str, ast.Expression]:
+    """The strings of the program (its JSON) that torch turns into code: expressions and names.
+    Returns the distinct expr_str's syntax trees."""
+    expressions: Dict[str, ast.Expression] = {}
     stack = [("", program)]
     while stack:
         key, value = stack.pop()
         if key == "expr_str":
-            _check_expression(value, False, path)
+            if value not in expressions:
+                expressions[value] = _check_expression(value, False, path)
         elif key == "guards_code":
             for text in value if isinstance(value, list) else [value]:
                 _check_expression(text, True, path)
@@ -283,37 +553,43 @@ def _check_program(program, path: str) -> None:
             stack.extend(value.items())
         elif isinstance(value, list):
             stack.extend((key, item) for item in value)
+        elif key in PYTREE_SPECS and isinstance(value, str):
+            _read_json(value, path, f"{MODEL}'s {key}")
         elif isinstance(value, str) and key not in TEXT_KEYS and not _NAME.fullmatch(value):
             raise _refuse(
                 path,
                 f"its {MODEL} has the {key} {value[:80]!r}, not a name (torch "
                 f"writes names into Python code that it runs)",
             )
+    return expressions
 
 
 def check_archive(data: bytes, path: str) -> None:
     """Refuse (ValueError, one line naming ``path`` and the member) a torch.export archive whose
     loading could run code from it, or whose layout is not torch 2.14.1's (module docstring)."""
+    sizes = _check_members(data, path)
     try:
         reader = PT2ArchiveReader(io.BytesIO(data))
+        names = reader.get_file_names()
     except (RuntimeError, AssertionError, UnicodeDecodeError) as error:
         raise _refuse(
-            path, f"torch cannot open it as one ({' '.join(str(error).split())})"
+            path, f"torch cannot open it as one ({' '.join(str(error).split())[:200]})"
         ) from None
-    names = reader.get_file_names()
+    if sorted(names) != sorted(sizes):
+        raise _refuse(path, "torch's zip reader and Python's see other members in it")
     if len({name.lower() for name in names}) != len(names):
         raise _refuse(path, "two of its members have the same name but for case")
     missing = [name for name in REQUIRED if name not in names]
     if missing:
         raise _refuse(path, f"it has no {missing[0]}")
-    version = reader.read_string("archive_version")
-    if version != ARCHIVE_VERSION:
+    version = reader.read_bytes("archive_version")
+    if version != ARCHIVE_VERSION.encode():
         raise _refuse(
             path,
-            f"its archive version is {version[:20]!r}, and lambda_det knows the "
+            f"its archive version is {_shown(version)}, and lambda_det knows the "
             f"layout of version {ARCHIVE_VERSION!r} (torch 2.14.1)",
         )
-    payloads = _payloads(reader, path)
+    payloads = _payloads(reader, path, sizes)
     known = set(REQUIRED) | set(OPTIONAL) | set(payloads)
     unknown = [name for name in names if name not in known and not name.startswith("extra/")]
     if unknown:
@@ -328,11 +604,29 @@ def check_archive(data: bytes, path: str) -> None:
                 f"containers, which loading would unpickle by running code; "
                 f"refusing to load it ({EXPORT_AGAIN})"
             )
-    try:
-        program = json.loads(reader.read_string(MODEL))
-    except ValueError:
-        raise _refuse(path, f"its {MODEL} is not JSON") from None
-    _check_program(program, path)
+    for name in names:
+        if name.startswith("extra/"):
+            try:
+                reader.read_bytes(name).decode("utf-8")
+            except UnicodeDecodeError:
+                raise _refuse(path, f"its member {name} is not utf-8 text") from None
+    program = _read_json(reader.read_bytes(MODEL), path, MODEL)
+    _evaluate_expressions(_check_program(program, path), path)
+
+
+# What torch raises for an archive it cannot load (a program that does not deserialize, a
+# weight whose strides leave its storage): the file, not the caller, is wrong.
+LOAD_ERRORS = (
+    RuntimeError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    AssertionError,
+    ArithmeticError,
+    RecursionError,
+)
 
 
 def load_program(path: str) -> Tuple[torch.export.ExportedProgram, Dict[str, str]]:
@@ -341,5 +635,15 @@ def load_program(path: str) -> Tuple[torch.export.ExportedProgram, Dict[str, str
     with open(path, "rb") as f:
         data = f.read()
     check_archive(data, path)
-    contents = load_pt2(io.BytesIO(data))
-    return contents.exported_programs["model"], contents.extra_files
+    try:
+        contents = load_pt2(io.BytesIO(data))
+        program = contents.exported_programs["model"]
+    except LOAD_ERRORS as error:
+        raise _refuse(
+            path, f"torch cannot load it ({type(error).__name__}: {_first_line(error)})"
+        ) from None
+    return program, contents.extra_files
+
+
+def _first_line(error: Exception) -> str:
+    return " ".join(str(error).split())[:200]

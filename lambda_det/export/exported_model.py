@@ -3,16 +3,17 @@
 import json
 import os
 import warnings
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Optional
 
 import numpy as np
 import torch
 from detectron2.modeling.postprocessing import detector_postprocess
 from detectron2.structures import Boxes, Instances
 
-from lambda_det.export._archive import load_program, zip_kind
+from lambda_det.export._archive import EXPORT_AGAIN, LOAD_ERRORS, load_program, zip_kind
 from lambda_det.export.files import FILE_SUFFIXES, METADATA_NAME, PathLike, metadata_path
 from lambda_det.utils.errors import MissingFileError, UserError
+from lambda_det.utils.text import read_text
 
 _ONNX_TYPES = {"tensor(uint8)": torch.uint8, "tensor(float)": torch.float32}
 
@@ -41,47 +42,78 @@ class ExportedModel:
         if not os.path.isfile(path):
             raise MissingFileError(f"exported model {path!r} does not exist")
         if path.endswith(FILE_SUFFIXES["onnx"]):
-            try:
-                import onnxruntime
-            except ImportError as error:
-                raise ImportError(
-                    f"running {path!r} needs onnxruntime (pip install onnxruntime)"
-                ) from error
-            self._session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-            (model_input,) = self._session.get_inputs()
-            self._input_name = model_input.name
-            self.input_shape = tuple(
-                size if isinstance(size, int) else None for size in model_input.shape
-            )  # "height", "width": any
-            self.input_dtype = _ONNX_TYPES.get(model_input.type)
-            self.output_names = tuple(output.name for output in self._session.get_outputs())
-            self._module = None
-            self.min_size = None
+            self._load_onnx(path)
         elif zip_kind(path) == "torch_export":
             program, extra_files = load_program(path)
             self._read_metadata(path, extra_files.get(METADATA_NAME, ""), "a torch.export")
-            self._module = program.module()
+            try:
+                self._module = program.module()
+            except LOAD_ERRORS as error:
+                raise UserError(
+                    f"{path!r}: torch cannot make its program a module "
+                    f"({type(error).__name__}: {' '.join(str(error).split())[:200]}); "
+                    f"{EXPORT_AGAIN}"
+                ) from None
         else:
             extra_files = {METADATA_NAME: ""}
             with warnings.catch_warnings():
                 warnings.filterwarnings(
                     "ignore", message=r".*torch\.jit\.load.* is deprecated", category=FutureWarning
                 )
-                self._module = torch.jit.load(path, _extra_files=extra_files)
+                try:
+                    self._module = torch.jit.load(path, _extra_files=extra_files)
+                except (RuntimeError, ValueError) as error:  # what torch's reader refuses
+                    raise UserError(
+                        f"{path!r} cannot be loaded as TorchScript "
+                        f"({' '.join(str(error).split())[:200]}): pass the .ts file "
+                        f"tools/export_model.py wrote"
+                    ) from None
             self._read_metadata(path, extra_files[METADATA_NAME], "a TorchScript")
         self.path = path
-        sidecar = metadata_path(path)
-        self.metadata = json.loads(sidecar.read_text()) if sidecar.is_file() else None
+        self.metadata = _sidecar_metadata(path)
         self.classes = self.metadata.get("classes") if self.metadata else None
+
+    def _load_onnx(self, path: str) -> None:
+        try:
+            import onnxruntime
+        except ImportError as error:
+            raise ImportError(
+                f"running {path!r} needs onnxruntime (pip install onnxruntime)"
+            ) from error
+        try:
+            self._session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+        except _onnxruntime_errors() as error:
+            raise UserError(
+                f"{path!r} is not an ONNX model onnxruntime can load "
+                f"({' '.join(str(error).split())[:200]}): pass the .onnx file "
+                f"tools/export_model.py wrote"
+            ) from None
+        inputs = self._session.get_inputs()
+        if len(inputs) != 1:
+            raise UserError(
+                f"{path!r} is not an ONNX model lambda_det.export wrote: it takes "
+                f"{len(inputs)} inputs, not one image"
+            )
+        (model_input,) = inputs
+        self._input_name = model_input.name
+        self.input_shape = tuple(
+            size if isinstance(size, int) else None for size in model_input.shape
+        )  # "height", "width": any
+        self.input_dtype = _ONNX_TYPES.get(model_input.type)
+        self.output_names = tuple(output.name for output in self._session.get_outputs())
+        self._module = None
+        self.min_size = None
 
     def _read_metadata(self, path: str, text: str, kind: str) -> None:
         """The input and outputs, from the metadata stored in the file itself."""
-        if not text:
+        metadata = _stored_metadata(text)
+        if metadata is None:
+            problem = "is not JSON of its input and outputs" if text else "is missing"
             raise UserError(
-                f"{path!r} is not {kind} file written by lambda_det.export (it has "
-                f"no {METADATA_NAME})"
+                f"{path!r} is not {kind} file written by lambda_det.export (its "
+                f"{METADATA_NAME} {problem}); export the model again with "
+                f"tools/export_model.py"
             )
-        metadata = json.loads(text)
         self.input_shape = tuple(metadata["input_shape"])
         self.input_dtype = getattr(torch, metadata["input_dtype"])
         self.output_names = tuple(metadata["output_names"])
@@ -113,6 +145,63 @@ class ExportedModel:
             feed = {self._input_name: np.ascontiguousarray(image.cpu().numpy())}
             outputs = [torch.from_numpy(value) for value in self._session.run(None, feed)]
         return dict(zip(self.output_names, outputs))
+
+
+def _size(value) -> bool:
+    return type(value) is int and value > 0
+
+
+def _stored_metadata(text: str) -> Optional[dict]:
+    """What lambda_det.export stores in a TorchScript or torch.export file (input shape and
+    dtype, output names, smallest size), or None where ``text`` is not that."""
+    try:
+        metadata = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(metadata, dict):
+        return None
+    shape, dtype, names = (
+        metadata.get(key) for key in ("input_shape", "input_dtype", "output_names")
+    )
+    smallest = metadata.get("min_size")
+    valid = (
+        isinstance(shape, list)
+        and len(shape) == 3
+        and all(size is None or _size(size) for size in shape)
+        and isinstance(dtype, str)
+        and isinstance(getattr(torch, dtype, None), torch.dtype)
+        and isinstance(names, list)
+        and all(isinstance(name, str) for name in names)
+        and (smallest is None or isinstance(smallest, list) and len(smallest) == 2)
+        and all(map(_size, smallest or []))
+    )
+    return metadata if valid else None
+
+
+def _sidecar_metadata(path: str) -> Optional[dict]:
+    """The contents of ``path``'s :func:`metadata_path` (None where it is missing): a JSON
+    object, or one line naming the file."""
+    sidecar = metadata_path(path)
+    if not sidecar.is_file():
+        return None
+    fix = "export the model again with tools/export_model.py, or remove it"
+    text = read_text(sidecar, fix)
+    try:
+        metadata = json.loads(text)
+    except (ValueError, RecursionError):
+        metadata = None
+    if not isinstance(metadata, dict):
+        raise UserError(f"{str(sidecar)!r}, the metadata of {path!r}, is not a JSON object: {fix}")
+    return metadata
+
+
+def _onnxruntime_errors() -> tuple:
+    """onnxruntime's errors for a file it cannot load (its own classes, not Python's)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "InvalidProtobuf", "InvalidGraph", "NoModel", "NoSuchFile")
+    names += ("NotImplemented", "RuntimeException", "EngineError", "ModelLoaded", "EPFail")
+    return tuple(getattr(state, name) for name in names if hasattr(state, name))
 
 
 def outputs_to_instances(outputs: Mapping[str, torch.Tensor], height: int, width: int) -> Instances:

@@ -11,17 +11,32 @@ runs it (the marker file appears).
 import contextlib
 import io
 import json
+import logging
+import math
+import multiprocessing
+import os
 import pickle
+import stat
 import struct
+import time
+import warnings
 import zipfile
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from conftest import Payload
 from detectron2.structures import Boxes, Instances
 
-from lambda_det.export import ExportedModel, eager_outputs, export_model
+from lambda_det.export import (
+    METADATA_NAME,
+    ExportedModel,
+    _archive,
+    eager_outputs,
+    export_model,
+    metadata_path,
+)
 from lambda_det.export._archive import _check_expression
 
 # The first raw bytes of one weight each: pickle protocols 1-5 (PROTO n, then BININT1 1),
@@ -281,7 +296,7 @@ LAYOUTS = {
     ),
     "config not JSON": (
         {"data/weights/model_weights_config.json": b"\x80\x02"},
-        "model_weights_config.json is not a payload config",
+        "its data/weights/model_weights_config.json is not JSON",
     ),
 }
 
@@ -346,6 +361,12 @@ BAD_GUARDS = [
     "math.floor(L['image'].size()[1]).__class__",
     "[c for c in ()]",
     "lambda: 1",
+    "L['image'].size()[1] ** 2 > 0",
+    "math.factorial(5) > 0",
+    "math.gcd(4, 6) > 0",
+    "L['image'].size()[1] < 1e400",
+    "L['image'].size()[1] < 99999999999999999999",
+    "torch.sym_sum([1]) > 0",
 ]
 BAD_EXPRESSIONS = [
     "__import__('os')",
@@ -358,6 +379,15 @@ BAD_EXPRESSIONS = [
     "Float('1e5; x')",
     "Function('f')(Integer(1))",
     "1 + 1",
+    "factorial(Integer(5))",
+    "Pow(Integer(2), Integer(3))",
+    "PowByNatural(Integer(2), Integer(3))",
+    "Float('1e400', precision=53)",
+    "Float('1.5', precision=100000)",
+    "Float('" + "1" * 40 + "', precision=53)",
+    "Integer(99999999999999999999)",
+    "Max(Integer(1), Integer(2), Integer(3))",
+    "Symbol('s0', positive=1)",
 ]
 
 
@@ -370,3 +400,479 @@ def test_expression_grammar(guard, tmp_path):
     for text in bad + [42, ["1"]]:
         with pytest.raises(ValueError, match="is not an expression of sizes"):
             _check_expression(text, guard, "model.pt2")
+
+
+# ---- archives that torch reads past their bounds: members, versions, JSON, sizes ----
+
+
+def torch_export_load(path: Path):
+    """The negative control: torch.export.load without the checks; the program, or what it
+    raised (a library error, as a traceback)."""
+    try:
+        return torch.export.load(str(path))
+    except Exception as error:
+        return error
+
+
+def raised(result, kind) -> bool:
+    """``result`` is an exception of ``kind``, or one raised while handling one."""
+    while isinstance(result, BaseException):
+        if isinstance(result, kind):
+            return True
+        result = result.__cause__ or result.__context__
+    return False
+
+
+def copy_entries(source: Path, target: Path, entries=(), replaced=()) -> Path:
+    """A copy of the archive ``source`` with its entries as they are, but those named in
+    ``replaced``, and ``entries`` ((name or ZipInfo, bytes)) added."""
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(target, "w") as copy:
+        for info in archive.infolist():
+            if info.filename.split("/", 1)[1] not in replaced:
+                copy.writestr(info, archive.read(info))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # zipfile: "Duplicate name"
+            for entry, data in entries:
+                copy.writestr(entry, data)
+    return target
+
+
+def symbolic_link(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.external_attr = (stat.S_IFLNK | 0o777) << 16
+    return info
+
+
+def compressed(name: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def without_utf8_flag(path: Path, name: str) -> Path:
+    """``path`` with the utf-8 flag of member ``name`` cleared in its central directory:
+    Python's zip reader then decodes the name as cp437, torch's as utf-8."""
+    data = bytearray(path.read_bytes())
+    position = data.rindex(name.encode()) - 46  # the central directory's entry: 46 bytes, name
+    assert data[position : position + 4] == b"PK\x01\x02"
+    flags = struct.unpack_from("<H", data, position + 8)[0]
+    struct.pack_into("<H", data, position + 8, flags & ~0x800)
+    path.write_bytes(bytes(data))
+    return path
+
+
+EXTRA = "extra/lambda_det_export.json"
+MEMBERS = {
+    "a ../ member": (
+        [("archive/extra/../../evil.txt", b"x")],
+        (),
+        "its member 'archive/extra/../../evil.txt' is not a relative path under the archive's",
+        "loads",
+    ),
+    "an absolute member": (
+        [("/archive/extra/evil.txt", b"x")],
+        (),
+        "its member '/archive/extra/evil.txt' is an absolute path",
+        "raises",
+    ),
+    "two top-level folders": (
+        [("other/extra/evil.txt", b"x")],
+        (),
+        r"its members are under 2 top-level folders \(archive, other\), not one",
+        "raises",
+    ),
+    "a symbolic link": (
+        [(symbolic_link(f"archive/{EXTRA}"), b"/etc/passwd")],
+        (EXTRA,),
+        f"its member 'archive/{EXTRA}' is a symbolic link",
+        "loads",
+    ),
+    "a folder entry": ([("archive/extra/", b"")], (), "is a folder, not a file", "loads"),
+    "a compressed member": (
+        [(compressed("archive/extra/notes.txt"), b"0" * 10**7)],
+        (),
+        r"its member 'archive/extra/notes.txt' is compressed \(torch stores every member",
+        "loads",
+    ),
+    "a member twice": (
+        [(f"archive/{EXTRA}", b"{}")],
+        (),
+        f"its member 'archive/{EXTRA}' is there twice",
+        "loads",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", MEMBERS)
+def test_members_torch_would_take_or_trip_over_are_refused(case, exported, tmp_path):
+    entries, replaced, message, unguarded = MEMBERS[case]
+    crafted = copy_entries(exported, tmp_path / "model.pt2", entries, replaced)
+    with pytest.raises(ValueError, match=message) as error:
+        ExportedModel(crafted)
+    assert "\n" not in str(error.value) and str(crafted) in str(error.value)
+    result = torch_export_load(crafted)  # the control
+    if unguarded == "raises":
+        assert isinstance(result, RuntimeError), result  # torch's traceback
+    else:
+        assert isinstance(result, torch.export.ExportedProgram), result
+    if case == "a compressed member":  # torch inflates it: 10 MB from a file of 60 kB
+        assert crafted.stat().st_size < 10**5
+
+
+@pytest.mark.slow
+def test_members_the_zip_readers_name_differently_are_refused(exported, tmp_path):
+    name = "archive/extra/\u00e9.txt"
+    crafted = without_utf8_flag(
+        copy_entries(exported, tmp_path / "model.pt2", [(name, b"x")]), name
+    )
+    with pytest.raises(ValueError, match="torch's zip reader and Python's see other members"):
+        ExportedModel(crafted)
+    with zipfile.ZipFile(crafted) as archive:  # the control: Python sees another name
+        assert name not in archive.namelist()
+    assert isinstance(torch_export_load(crafted), torch.export.ExportedProgram)
+
+
+def deeply_nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def nested_spec(exported: Path) -> bytes:
+    """models/model.json with its in_spec (a pytree spec: JSON in a string) nested 100,000 deep."""
+    program = json.loads(read_members(exported)["models/model.json"])
+    signature = program["graph_module"]["module_call_graph"][0]["signature"]
+    signature["in_spec"] = deeply_nested(100_000).decode()
+    return json.dumps(program).encode()
+
+
+FORMATS = {
+    "junk version": (
+        lambda exported: {"archive_version": b"\xff\xfe0"},
+        r"its archive version is b'\\xff\\xfe0', and lambda_det knows the layout of version '0'",
+        UnicodeDecodeError,
+    ),
+    "broken program JSON": (
+        lambda exported: {"models/model.json": b'{"graph_module": '},
+        r"its models/model.json is not JSON \(Expecting value",
+        ValueError,
+    ),
+    "program JSON nested 100,000 deep": (
+        lambda exported: {"models/model.json": deeply_nested(100_000)},
+        "its models/model.json is nested deeper than 64 levels",
+        RecursionError,
+    ),
+    "program JSON nested 100 deep": (
+        lambda exported: {"models/model.json": deeply_nested(100)},  # json.loads reads it
+        "its models/model.json is nested deeper than 64 levels",
+        Exception,
+    ),
+    "config JSON nested 100,000 deep": (
+        lambda exported: {"data/weights/model_weights_config.json": deeply_nested(100_000)},
+        "its data/weights/model_weights_config.json is nested deeper than 64 levels",
+        RecursionError,
+    ),
+    "pytree spec nested 100,000 deep": (
+        lambda exported: {"models/model.json": nested_spec(exported)},
+        "its models/model.json's in_spec is nested deeper than 64 levels",
+        RecursionError,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FORMATS)
+def test_versions_and_json_torch_cannot_read_are_one_line(case, exported, tmp_path, caplog):
+    changes, message, control = FORMATS[case]
+    crafted = rewrite(exported, tmp_path / "model.pt2", changes(exported))
+    with pytest.raises(ValueError, match=message) as error:
+        ExportedModel(crafted)
+    assert "\n" not in str(error.value) and str(crafted) in str(error.value)
+    # The control: a traceback (torch.export.load logs a RuntimeError's, RecursionError's
+    # included, and raises one of its own).
+    with caplog.at_level(logging.WARNING, logger="torch.export"):
+        result = torch_export_load(crafted)
+    logged = [record.exc_info[1] for record in caplog.records if record.exc_info]
+    assert any(raised(error, control) for error in [result, *logged]), (result, logged)
+
+
+@pytest.mark.slow
+def test_a_raw_weight_larger_than_its_member_is_refused(exported, tmp_path):
+    """torch makes the weight of an empty member with torch.zeros(sizes): here 4 MB from 0
+    bytes (the sizes of a 40 GB one cost as little)."""
+    config_name = "data/weights/model_weights_config.json"
+    config = json.loads(read_members(exported)[config_name])
+    name, entry = next(iter(config["config"].items()))
+    entry["tensor_meta"]["sizes"] = [{"as_int": 1000}, {"as_int": 1000}]
+    entry["tensor_meta"]["strides"] = [{"as_int": 1000}, {"as_int": 1}]
+    member = f"data/weights/{entry['path_name']}"
+    crafted = rewrite(
+        exported, tmp_path / "model.pt2", {config_name: json.dumps(config).encode(), member: b""}
+    )
+    with pytest.raises(
+        ValueError,
+        match=f"gives {member} a tensor of .* sizes, more elements than the member's 0 bytes hold",
+    ):
+        ExportedModel(crafted)
+    program = torch_export_load(crafted)  # the control
+    assert program.state_dict[name].nbytes == 4 * 10**6
+
+
+# ---- expressions that take torch hours (or fail in it): refused by their form and bounds ----
+
+
+def hangs(function, seconds: float = 2.0) -> bool:
+    """The negative control of a hang: ``function()`` in a forked child process (pure Python
+    work: sympy, integers) is still running after ``seconds``, then killed."""
+    child = multiprocessing.get_context("fork").Process(target=function, daemon=True)
+    child.start()
+    child.join(seconds)
+    running = child.is_alive()
+    child.kill()
+    child.join()
+    return running
+
+
+def run_guard(text: str) -> None:
+    """A guard as ExportedProgram.module() runs it on an 8 x 8 image."""
+    eval(text, {"L": {"image": torch.zeros(3, 8, 8)}, "math": math, "torch": torch})
+
+
+SYMBOL = "Symbol('s62', positive=True, integer=True)"
+
+
+def size_sum(k: int) -> str:
+    """A sum of two of 8 sizes with coefficients of both signs: what sympy cannot order."""
+    first, second = (
+        f"Symbol('s{(k + shift) % 8}', positive=True, integer=True)" for shift in (0, 3)
+    )
+    return f"Add(Mul(Integer({k + 1}), {first}), Mul(Integer({-k - 2}), {second}), Integer({k}))"
+
+
+def clamps(count: int, start: int = 0) -> str:
+    """Max(Max(...Max(a, b)..., y), z): ``count`` clamps of sums sympy must compare."""
+    text = size_sum(start)
+    for k in range(start + 1, start + count + 1):
+        text = f"Max({text}, {size_sum(k)})"
+    return text
+
+
+CLAMPS = clamps(40)
+BOMBS = {
+    # sympify (torch's eval of an expr_str) computes each of these for minutes or more.
+    "factorial": ("expr_str", "factorial(Integer(10000000))", "hangs"),
+    "a huge Pow": ("expr_str", "Pow(Integer(10), Integer(100000000))", "hangs"),
+    "a float of huge precision": ("expr_str", "Float('1.5', precision=100000000)", "hangs"),
+    "40 nested clamps": ("expr_str", CLAMPS, "hangs"),
+    "a huge float": ("expr_str", "Float('1e100000000', precision=53)", "raises"),
+    # The guards run on every call of the program.
+    "a factorial guard": ("guards_code", "math.factorial(10000000) > 0", "hangs"),
+    "a power guard": ("guards_code", "L['image'].size()[1] ** 300000000 > 0", "hangs"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", BOMBS)
+def test_expressions_that_would_keep_torch_busy_are_refused_at_once(case, exported, tmp_path):
+    where, payload, unguarded = BOMBS[case]
+    program = json.loads(read_members(exported)["models/model.json"])
+    changes = {}
+    if where == "guards_code":
+        program["guards_code"] = [payload]
+        changes["data/sample_inputs/model.pt"] = sample_inputs()  # so that the guards run
+    else:
+        text = json.dumps(program)
+        assert SYMBOL in text
+        program = json.loads(text.replace(json.dumps(SYMBOL), json.dumps(payload), 1))
+    changes["models/model.json"] = json.dumps(program).encode()
+    crafted = rewrite(exported, tmp_path / "model.pt2", changes)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=f"its {where}( entry)? .* (bounds|clamps)") as error:
+        ExportedModel(crafted)
+    assert time.monotonic() - start < 1
+    assert "\n" not in str(error.value) and str(crafted) in str(error.value)
+    if unguarded == "hangs":  # the control, in a child killed after 2 s
+        work = run_guard if where == "guards_code" else sympy.sympify
+        assert hangs(lambda: work(payload))
+    else:
+        assert isinstance(torch_export_load(crafted), RuntimeError)
+    assert not hangs(lambda: sympy.sympify(SYMBOL))  # the control's own control
+
+
+def sample_inputs() -> bytes:
+    buffer = io.BytesIO()
+    torch.save(((torch.zeros(3, 8, 8, dtype=torch.uint8),), {}), buffer)
+    return buffer.getvalue()
+
+
+BOUNDS = {
+    "characters": (
+        "Add(" + ", ".join(["Integer(1)"] * 800) + ")",
+        "is 9,603 characters long, more than 8,000",
+    ),
+    "depth": ("Mul(Integer(2), " * 70 + SYMBOL + ")" * 70, "is nested deeper than 64 levels"),
+    "clamps": (clamps(9), r"has more than 8 clamps \(Max, Min\)"),
+    "a clamp of three": (
+        "Max(Integer(1), Integer(2), Integer(3))",
+        "is not an expression of sizes within lambda_det's bounds",
+    ),
+    "a parser overflow": ("-" * 5000 + "Integer(1)", "is not an expression of sizes"),
+}
+
+
+@pytest.mark.parametrize("case", BOUNDS)
+def test_expression_bounds(case):
+    text, message = BOUNDS[case]
+    with pytest.raises(ValueError, match=f"its expr_str .*{message}") as error:
+        _check_expression(text, False, "model.pt2")
+    assert "\n" not in str(error.value)
+
+
+def test_the_size_expressions_evaluate_within_a_time_budget(monkeypatch):
+    """Each expression within the bounds is evaluated once; in all they may take
+    EVALUATION_SECONDS (here 0.05 s: clamps of sums that sympy must compare take longer)."""
+    texts = [clamps(8, start) for start in (100, 200, 300)]  # sympy has cached none of them
+    trees = {text: _check_expression(text, False, "model.pt2") for text in texts}
+    monkeypatch.setattr(_archive, "EVALUATION_SECONDS", 0.05)
+    start = time.monotonic()
+    with pytest.raises(
+        ValueError, match=r"evaluating its 3 size expressions takes more than 0.05 s \(1 done\)"
+    ):
+        _archive._evaluate_expressions(trees, "model.pt2")
+    assert time.monotonic() - start > 0.05  # the control: one of them took longer
+
+
+def test_an_expression_that_cannot_be_evaluated_is_one_line():
+    text = f"FloorDiv({SYMBOL}, Integer(0))"
+    tree = _check_expression(text, False, "model.pt2")
+    with pytest.raises(ValueError, match=r"cannot be evaluated \(ZeroDivisionError\)"):
+        _archive._evaluate_expressions({text: tree}, "model.pt2")
+    with pytest.raises(ZeroDivisionError):  # the control: what torch's sympify raises
+        sympy.sympify(text, locals={"FloorDiv": _archive._SYMPY_VALUES["FloorDiv"]})
+
+
+# ---- TorchScript and ONNX files that torch or onnxruntime cannot load ----
+
+
+class SystemCall:
+    """Unpickling this runs a shell command (os.system, pickled as posix.system)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def torchscript(path: Path, metadata: str = "{}", constants=None) -> Path:
+    """A traced TorchScript file with ``metadata`` as lambda_det's extra file; ``constants``:
+    what its constants.pkl is replaced with."""
+    module = torch.jit.trace(torch.nn.Linear(2, 2), torch.zeros(1, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.save is deprecated
+        torch.jit.save(module, str(path), _extra_files={METADATA_NAME: metadata})
+    if constants is not None:
+        with zipfile.ZipFile(path) as archive:
+            members = {name: archive.read(name) for name in archive.namelist()}
+        with zipfile.ZipFile(path, "w") as archive:
+            for name, data in members.items():
+                archive.writestr(name, constants if name.endswith("/constants.pkl") else data)
+    return path
+
+
+def onnx_model(path: Path, keep: float = 1.0) -> Path:
+    """An ONNX file of one Identity node, cut to ``keep`` of its bytes."""
+    from onnx import TensorProto, helper
+
+    image = helper.make_tensor_value_info("image", TensorProto.UINT8, [3, None, None])
+    output = helper.make_tensor_value_info("output", TensorProto.UINT8, [3, None, None])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["image"], ["output"])], "g", [image], [output]
+    )
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def random_bytes(path: Path) -> Path:
+    generator = torch.Generator().manual_seed(0)
+    path.write_bytes(torch.randint(0, 256, (2000,), dtype=torch.uint8, generator=generator).numpy())
+    return path
+
+
+GOOD_METADATA = json.dumps(
+    {"input_shape": [3, None, None], "input_dtype": "uint8", "output_names": ["output"]}
+)
+FILES = {
+    "random bytes named .onnx": (
+        lambda folder, marker: random_bytes(folder / "model.onnx"),
+        "is not an ONNX model onnxruntime can load",
+    ),
+    "a truncated .onnx": (
+        lambda folder, marker: onnx_model(folder / "model.onnx", keep=0.6),
+        "is not an ONNX model onnxruntime can load",
+    ),
+    "TorchScript constants naming posix.system": (
+        lambda folder, marker: torchscript(
+            folder / "model.ts", GOOD_METADATA, pickle.dumps(SystemCall(marker), protocol=2)
+        ),
+        r"cannot be loaded as TorchScript \(Unknown type name 'posix.system'",
+    ),
+    "TorchScript metadata that is not JSON": (
+        lambda folder, marker: torchscript(folder / "model.ts", '{"input_shape": '),
+        f"is not a TorchScript file written by lambda_det.export \\(its {METADATA_NAME} is not "
+        "JSON of its input and outputs\\)",
+    ),
+    "TorchScript metadata of other values": (
+        lambda folder, marker: torchscript(
+            folder / "model.ts", json.dumps({**json.loads(GOOD_METADATA), "input_dtype": "load"})
+        ),
+        f"its {METADATA_NAME} is not JSON of its input and outputs",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FILES)
+def test_exported_files_torch_or_onnxruntime_cannot_load_are_one_line(case, tmp_path):
+    write, message = FILES[case]
+    marker = tmp_path / "code_ran"
+    path = write(tmp_path, marker)
+    with pytest.raises(ValueError, match=message) as error:
+        ExportedModel(path)
+    assert "\n" not in str(error.value) and str(path) in str(error.value)
+    assert not marker.exists()
+    # The control: the library's own error, a traceback.
+    if path.suffix == ".onnx":
+        import onnxruntime
+
+        with pytest.raises(Exception) as unguarded:
+            onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        assert not isinstance(unguarded.value, ValueError)
+    elif "posix" in case:
+        with pytest.raises(RuntimeError):
+            torch.jit.load(str(path))
+    else:  # the metadata's plain reading: an error, or a function taken for a dtype
+        extra_files = {METADATA_NAME: ""}
+        torch.jit.load(str(path), _extra_files=extra_files)
+        if "other values" in case:
+            dtype = json.loads(extra_files[METADATA_NAME])["input_dtype"]
+            assert callable(getattr(torch, dtype)) and not isinstance(
+                getattr(torch, dtype), torch.dtype
+            )
+        else:
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(extra_files[METADATA_NAME])
+
+
+def test_exported_files_that_load_and_a_sidecar_that_is_not_json(tmp_path):
+    """A TorchScript file with lambda_det's metadata and an ONNX file load; a metadata file
+    beside one that is not a JSON object is one line naming it."""
+    script = ExportedModel(torchscript(tmp_path / "model.ts", GOOD_METADATA))
+    assert script.input_shape == (3, None, None) and script.output_names == ("output",)
+    onnx_file = onnx_model(tmp_path / "model.onnx")
+    image = torch.randint(0, 256, (3, 4, 5), dtype=torch.uint8)
+    assert torch.equal(ExportedModel(onnx_file)(image)["output"], image)
+    metadata_path(onnx_file).write_text("[1, 2")
+    with pytest.raises(
+        ValueError, match=r"model.onnx.json', the metadata of .*, is not a JSON object"
+    ):
+        ExportedModel(onnx_file)

@@ -116,6 +116,53 @@ def assert_tool_refuses(tool: str, argv, capsys, *fragments: str) -> None:
     assert_one_line_error(*exit_status(tool_module(tool).main, argv, capsys), *fragments)
 
 
+def object_array_bomb(path: Path) -> Path:
+    """The issue's 100-byte file: {"model": {"w": <a numpy object array of 10**9 elements>}}, as
+    numpy pickles an array (_reconstruct, then its state), with an empty list of elements."""
+    reconstruct = np.zeros(1).__reduce__()[0]
+
+    class Bomb:
+        def __reduce__(self):
+            return reconstruct, (np.ndarray, (0,), b"b"), (1, (10**9,), np.dtype(object), 0, [])
+
+    path.write_bytes(pickle.dumps({"model": {"w": Bomb()}}, protocol=4))
+    return path
+
+
+def renamed_checkpoint(path: Path) -> Path:
+    """A torch.save checkpoint named .safetensors."""
+    torch.save({"model": {"w": torch.zeros(2)}}, path)
+    return path
+
+
+OVERSIZED_WEIGHTS = {
+    "object array": (
+        object_array_bomb,
+        "weights.pkl",
+        "a numpy array of shape (1000000000,) holds Python objects (dtype object)",
+    ),
+    "not safetensors": (
+        renamed_checkpoint,
+        "weights.safetensors",
+        "is not a safetensors file (a .safetensors file begins with the length of its JSON",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", OVERSIZED_WEIGHTS)
+@pytest.mark.e2e
+def test_weights_that_claim_what_the_file_lacks_are_one_line(tmp_path, case, capsys):
+    """--eval-only, where the object array took the evaluation past 6 GiB (the control of each:
+    tests/checkpoint/test_checkpoint_files.py)."""
+    write, name, fragment = OVERSIZED_WEIGHTS[case]
+    path = write(tmp_path / name)
+    assert path.stat().st_size < 2000
+    argv = ["--config-file", CONFIG, "--eval-only", *TINY, "MODEL.WEIGHTS", path]
+    argv += ["OUTPUT_DIR", tmp_path / "eval"]
+    assert_tool_refuses("train_net", argv, capsys, str(path), fragment)
+    assert not (tmp_path / "eval").exists()
+
+
 @pytest.fixture(scope="module")
 def interrupted_run(tmp_path_factory) -> Path:
     """The folder of an interrupted run: a checkpoint, its pointer, logs and metrics (built once
