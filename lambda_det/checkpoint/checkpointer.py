@@ -483,7 +483,8 @@ def _read_safetensors(filename: str) -> Dict[str, torch.Tensor]:
         return load_file(filename, device="cpu")
     except _safetensors_errors() as error:  # a truncated or corrupt body
         raise CorruptCheckpointError(
-            f"checkpoint {filename} is a truncated or corrupt safetensors file ({error})"
+            f"checkpoint {filename} is truncated or corrupt and cannot be loaded "
+            f"({type(error).__name__}: {error})"
         ) from None
 
 
