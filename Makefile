@@ -49,7 +49,7 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 # are shared out: with --dist loadfile one worker would run a file of long end-to-end tests alone
 # at the end. tests/ mirrors the package's subpackages; markers slow and e2e (pytest.ini).
 test: $(INSTALLED)
-	$(PY) -m pytest tests -n 2
+	$(PY) -m pytest tests -n 2 --durations=15
 
 demo: $(INSTALLED)
 	$(PY) tools/demo.py $(if $(FORCE),--force,)

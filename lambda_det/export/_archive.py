@@ -260,7 +260,7 @@ _SYMBOL_NAME = re.compile(r"[a-z]+\d+")  # s0, u1: torch's names of symbolic siz
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMBER_TYPES = (int, float, bool)
 # What torch writes in expr_str for lambda_det's models (Symbol, Integer, Add, Mul, FloorDiv,
-# Max, Min, LessThan, GreaterThan), with the other comparisons, divisions and remainders of
+# IntTrueDiv, Max, Min, LessThan, GreaterThan), with the other comparisons, divisions and remainders of
 # sizes it writes so and the constants of sympy's srepr: each is as cheap as its arguments.
 # Powers, factorials and other functions are not written for sizes, and can take hours.
 _SYMPY_NAMES = {
@@ -275,6 +275,16 @@ _SYMPY_NAMES = {
     "CleanDiv",
     "Mod",
     "PythonMod",
+    # torch's own size functions: divisions (RetinaNet's anchors write IntTrueDiv), roundings
+    # and conversions, one argument or two each.
+    "IntTrueDiv",
+    "FloatTrueDiv",
+    "TruncToInt",
+    "FloorToInt",
+    "CeilToInt",
+    "RoundToInt",
+    "ToFloat",
+    "TruncToFloat",
     "Max",
     "Min",
     "Equality",
