@@ -259,9 +259,10 @@ def _payloads(reader: PT2ArchiveReader, path: str, sizes: Dict[str, int]) -> Dic
 _SYMBOL_NAME = re.compile(r"[a-z]+\d+")  # s0, u1: torch's names of symbolic sizes
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _NUMBER_TYPES = (int, float, bool)
-# What torch writes in expr_str for lambda_det's models (Symbol, Integer, Add, Mul, FloorDiv,
-# IntTrueDiv, Max, Min, LessThan, GreaterThan), with the other comparisons, divisions and remainders of
-# sizes it writes so and the constants of sympy's srepr: each is as cheap as its arguments.
+# What torch writes in expr_str for lambda_det's models (Symbol, Integer, Add, Mul,
+# FloorDiv, IntTrueDiv, Max, Min, LessThan, GreaterThan), with the other comparisons,
+# divisions and remainders of sizes it writes so and the constants of sympy's srepr: each is
+# as cheap as its arguments.
 # Powers, factorials and other functions are not written for sizes, and can take hours.
 _SYMPY_NAMES = {
     "Symbol",
