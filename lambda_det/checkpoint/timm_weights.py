@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional
 from detectron2.utils.file_io import PathManager
 from iopath.common.file_io import PathHandler
 
-from lambda_det.modeling.timm_backbone import TimmBackbone
+from lambda_det.modeling.timm_backbone import TimmBackbone, import_timm
 from lambda_det.utils.errors import MissingFileError, UserError
 
 __all__ = ["TIMM_PREFIX", "timm_hub_file", "timm_state_dict_to_model"]
@@ -42,9 +42,7 @@ def timm_hub_file(
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
     from timm.models import get_pretrained_cfg
 
-    from lambda_det.modeling.timm_backbone import _import_timm
-
-    timm = _import_timm()
+    timm = import_timm()
     pretrained_cfg = get_pretrained_cfg(name) if timm.is_model(name) else None
     repo = getattr(pretrained_cfg, "hf_hub_id", None)
     if not repo:

@@ -222,11 +222,12 @@ def build_lambda_resnet_backbone(cfg, input_shape: ShapeSpec) -> LambdaResNetBac
     return backbone
 
 
-def _fpn(cfg, bottom_up: LambdaResNetBackbone, top_block) -> FPN:
-    """detectron2's FPN over ``bottom_up`` with ``cfg.MODEL.FPN``'s settings."""
+def detectron2_fpn(cfg, bottom_up, top_block, in_features) -> FPN:
+    """detectron2's FPN over ``bottom_up`` (a LambdaResNet or a timm backbone) with
+    ``cfg.MODEL.FPN``'s settings, over ``in_features`` (checked by the caller)."""
     return FPN(
         bottom_up=bottom_up,
-        in_features=_fpn_in_features(cfg, bottom_up),
+        in_features=in_features,
         out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
         norm=cfg.MODEL.FPN.NORM,
         top_block=top_block,
@@ -237,12 +238,19 @@ def _fpn(cfg, bottom_up: LambdaResNetBackbone, top_block) -> FPN:
 @BACKBONE_REGISTRY.register()
 def build_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6 by max-pooling: the R-CNN family's backbone."""
-    return _fpn(cfg, lambda_resnet_from_config(cfg, input_shape), LastLevelMaxPool())
+    bottom_up = lambda_resnet_from_config(cfg, input_shape)
+    return detectron2_fpn(cfg, bottom_up, LastLevelMaxPool(), _fpn_in_features(cfg, bottom_up))
 
 
 @BACKBONE_REGISTRY.register()
 def build_retinanet_lambda_resnet_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """LambdaResNet + FPN with P6/P7 from res5: RetinaNet's backbone."""
     bottom_up = lambda_resnet_from_config(cfg, input_shape)
-    top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels, cfg.MODEL.FPN.OUT_CHANNELS)
-    return _fpn(cfg, bottom_up, top_block)
+    return detectron2_fpn(
+        cfg, bottom_up, retinanet_top_block(cfg, bottom_up), _fpn_in_features(cfg, bottom_up)
+    )
+
+
+def retinanet_top_block(cfg, bottom_up) -> LastLevelP6P7:
+    """RetinaNet's P6 and P7, from ``bottom_up``'s res5."""
+    return LastLevelP6P7(bottom_up.output_shape()["res5"].channels, cfg.MODEL.FPN.OUT_CHANNELS)

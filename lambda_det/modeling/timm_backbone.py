@@ -17,16 +17,16 @@ is the backbone's weights with a prefix: the checkpointer loads ``MODEL.WEIGHTS`
 Needs timm (``pip install timm``) when a timm backbone is built.
 """
 
-import logging
 import math
 from typing import Dict, List, Sequence
 
 import torch
 from detectron2.layers import ShapeSpec
 from detectron2.modeling import BACKBONE_REGISTRY, FPN, Backbone
-from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
+from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 from torch import nn
 
+from lambda_det.modeling.build import detectron2_fpn, retinanet_top_block
 from lambda_det.utils.errors import UserError
 
 __all__ = [
@@ -38,8 +38,6 @@ __all__ = [
     "timm_feature_names",
 ]
 
-logger = logging.getLogger(__name__)
-
 # MODEL.TIMM.NORM: what the model's BatchNorms become. "FrozenBN" (detectron2's choice for
 # fine-tuning ImageNet weights), "BN" (left as timm builds them), "SyncBN" (torch's
 # SyncBatchNorm), "naiveSyncBN" (what lambda_det makes of SyncBN on the CPU: plain BN in one
@@ -47,7 +45,7 @@ logger = logging.getLogger(__name__)
 TIMM_NORMS = ("FrozenBN", "BN", "SyncBN", "naiveSyncBN")
 
 
-def _import_timm():
+def import_timm():
     try:
         import timm
     except ImportError:
@@ -128,7 +126,7 @@ class TimmBackbone(Backbone):
         in_channels: int = 3,
     ):
         super().__init__()
-        timm = _import_timm()
+        timm = import_timm()
         if not timm.is_model(model_name):
             lambda_models = ", ".join(timm.list_models("*lambda*", pretrained=True))
             raise UserError(
@@ -226,7 +224,8 @@ def timm_backbone_from_config(cfg, input_shape: ShapeSpec) -> TimmBackbone:
     )
 
 
-def _fpn(cfg, bottom_up: TimmBackbone, top_block) -> FPN:
+def _fpn_in_features(cfg, bottom_up: TimmBackbone) -> list:
+    """MODEL.FPN.IN_FEATURES, checked against what the timm backbone outputs."""
     in_features = list(cfg.MODEL.FPN.IN_FEATURES)
     missing = [name for name in in_features if name not in bottom_up.output_shape()]
     if not in_features:
@@ -239,14 +238,7 @@ def _fpn(cfg, bottom_up: TimmBackbone, top_block) -> FPN:
             f"MODEL.FPN.IN_FEATURES {in_features} needs {missing}, which "
             f"MODEL.TIMM.OUT_FEATURES {list(cfg.MODEL.TIMM.OUT_FEATURES)} does not output"
         )
-    return FPN(
-        bottom_up=bottom_up,
-        in_features=in_features,
-        out_channels=cfg.MODEL.FPN.OUT_CHANNELS,
-        norm=cfg.MODEL.FPN.NORM,
-        top_block=top_block,
-        fuse_type=cfg.MODEL.FPN.FUSE_TYPE,
-    )
+    return in_features
 
 
 @BACKBONE_REGISTRY.register()
@@ -258,12 +250,14 @@ def build_timm_backbone(cfg, input_shape: ShapeSpec) -> TimmBackbone:
 @BACKBONE_REGISTRY.register()
 def build_timm_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """The timm model + FPN with P6 by max-pooling: the R-CNN family's backbone."""
-    return _fpn(cfg, timm_backbone_from_config(cfg, input_shape), LastLevelMaxPool())
+    bottom_up = timm_backbone_from_config(cfg, input_shape)
+    return detectron2_fpn(cfg, bottom_up, LastLevelMaxPool(), _fpn_in_features(cfg, bottom_up))
 
 
 @BACKBONE_REGISTRY.register()
 def build_retinanet_timm_fpn_backbone(cfg, input_shape: ShapeSpec) -> FPN:
     """The timm model + FPN with P6/P7 from res5: RetinaNet's backbone."""
     bottom_up = timm_backbone_from_config(cfg, input_shape)
-    top_block = LastLevelP6P7(bottom_up.output_shape()["res5"].channels, cfg.MODEL.FPN.OUT_CHANNELS)
-    return _fpn(cfg, bottom_up, top_block)
+    return detectron2_fpn(
+        cfg, bottom_up, retinanet_top_block(cfg, bottom_up), _fpn_in_features(cfg, bottom_up)
+    )

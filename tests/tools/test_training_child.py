@@ -98,16 +98,12 @@ def test_the_demo_of_an_installed_package_trains_outside_any_checkout(
     )
     assert imported.stdout.strip() == str(site / "lambda_det/__init__.py"), imported.stderr
     output = elsewhere / "demo"
-    result = run_python(
-        "-m",
-        "lambda_det.cli.demo",
-        *TINY_EVALUATED_RUN,
-        "OUTPUT_DIR",
-        output,
-        env=env,
-        cwd=elsewhere,
-        timeout=800,
-    )
+
+    def demo_run(timeout: int):
+        argv = ["-m", "lambda_det.cli.demo", *TINY_EVALUATED_RUN, "OUTPUT_DIR", output]
+        return run_python(*argv, env=env, cwd=elsewhere, timeout=timeout)
+
+    result = demo_run(800)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"+ {' '.join(MODULE_COMMAND)} --config-file {site}" in result.stdout
     assert "COCO AP by object size" in result.stdout
@@ -116,16 +112,7 @@ def test_the_demo_of_an_installed_package_trains_outside_any_checkout(
     # again (make demo), the demo reuses the run and replaces its own pictures.
     record = json.loads((output / RECORD_FILE).read_text())
     assert record["run"] == {"not the run's": []} and set(record["files"]) == set(demo.DEMO_FILES)
-    again = run_python(
-        "-m",
-        "lambda_det.cli.demo",
-        *TINY_EVALUATED_RUN,
-        "OUTPUT_DIR",
-        output,
-        env=env,
-        cwd=elsewhere,
-        timeout=300,
-    )
+    again = demo_run(300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"reusing the finished run in {output}" in again.stdout
     assert not list(output.glob("previous_*"))
