@@ -24,6 +24,7 @@ from detectron2.utils.events import EventStorage, JSONWriter
 from detectron2.utils.registry import Registry
 from fvcore.common.checkpoint import Checkpointer
 from fvcore.nn import FlopCountAnalysis
+from iopath.common.file_io import PathManager
 
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.engine import Trainer
@@ -320,6 +321,8 @@ def test_the_files_detectron2s_scripts_read_and_write_themselves_go_through_lamb
     [
         (Checkpointer.load, ["_load_file", "_load_model"], "AtomicCheckpointer overrides them"),
         (EvalHook.after_train, ["_do_eval", "_func"], "FinalEvalHook.after_train calls it"),
+        (PathManager.get_local_path, ["_get_local_path"], "TimmHubHandler overrides it"),
+        (PathManager.register_handler, ["_get_supported_prefixes"], "TimmHubHandler's"),
     ],
 )
 def test_protected_members_lambda_dets_subclasses_rely_on_0_6_and_main(method, members, use):
@@ -328,7 +331,9 @@ def test_protected_members_lambda_dets_subclasses_rely_on_0_6_and_main(method, m
     file with ``_load_file`` (fvcore's docstring: "Can be overwritten by subclasses to support
     different formats") and loads the weights with ``_load_model`` (which detectron2's
     ``DetectionCheckpointer`` overrides too); ``EvalHook.after_train`` evaluates with
-    ``_do_eval`` and drops ``_func``. Found in the method's own code, so a rename shows here."""
+    ``_do_eval`` and drops ``_func``; iopath's ``PathManager`` resolves a prefix with its handler's
+    ``_get_supported_prefixes`` and ``_get_local_path`` (timm://). Found in the method's own code,
+    so a rename shows here."""
     for member in members:
         assert uses(method, member), f"{method.__qualname__}: {member} ({use}) {CHECKED}"
     assert {"_load_file", "_load_model"} <= set(vars(DetectionCheckpointer)), CHECKED
