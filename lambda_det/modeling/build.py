@@ -29,7 +29,8 @@ from detectron2.modeling.backbone.fpn import LastLevelMaxPool, LastLevelP6P7
 from detectron2.modeling.roi_heads import Res5ROIHeads
 
 from lambda_det.modeling.backbone import LambdaResNetBackbone
-from lambda_det.modeling.mixers import MIXERS, mixer_options_from_config
+from lambda_det.modeling.config import mixer_options_from_node
+from lambda_det.modeling.mixers import MIXERS
 from lambda_det.utils.errors import UserError, UserKeyError
 
 __all__ = [
@@ -190,8 +191,9 @@ def lambda_resnet_from_config(cfg, input_shape: ShapeSpec) -> LambdaResNetBackbo
         width_multiplier=node.WIDTH_MULTIPLIER,
         in_channels=input_shape.channels,
         drop_path_rate=node.DROP_PATH_RATE,
+        grad_checkpointing=node.GRAD_CHECKPOINTING,
         mixer=node.MIXER,
-        **mixer_options_from_config(node.MIXER, node),
+        **mixer_options_from_node(node),
     )
 
 

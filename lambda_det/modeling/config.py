@@ -5,9 +5,11 @@ own (PointRend's ``add_pointrend_config``)::
     lambda_det.config.add_lambda_det_config(cfg)   # lambda_det's run keys
     add_lambda_resnet_config(cfg)                   # + MODEL.LAMBDA_RESNET
 
-(``lambda_det.run_config.get_cfg()`` does both). The keys of every registered mixer's options
-come from its builder (:mod:`lambda_det.modeling.mixers`); in a LazyConfig recipe,
-:func:`use_mixer` swaps a mixer's arguments.
+(``lambda_det.run_config.get_cfg()`` does both). Every key is written out in
+``_lambda_resnet_node`` with its default and meaning, the built-in mixers' options included; a
+mixer registered with ``register_mixer`` gets its keys from its builder
+(:mod:`lambda_det.modeling.mixers`). In a LazyConfig recipe, :func:`use_mixer` swaps a mixer's
+arguments.
 """
 
 import inspect
@@ -22,6 +24,7 @@ from lambda_det.modeling.mixers import (
     mixer_config_defaults,
     mixer_config_node,
     mixer_option_defaults,
+    mixer_options_from_config,
 )
 from lambda_det.utils.errors import UserError
 
@@ -103,20 +106,74 @@ def _lambda_resnet_node() -> CN:
     node.MIXER = "lambda"
     # Compile the backbone with torch.compile for training (LSJ crops give one input size).
     node.COMPILE = False
-    _add_mixer_options(node)
+    # Activation checkpointing: each block's activations are recomputed in backward instead of
+    # kept (less memory, about one more forward of compute; BatchNorm statistics update twice).
+    node.GRAD_CHECKPOINTING = False
+    # The lambda mixer's options (lambda_det.layers.LambdaLayer's defaults; a test keeps them
+    # equal): heads |h|, query/key depth |k|, intra-depth |u|.
+    node.HEADS = 4
+    node.DIM_K = 16
+    node.DIM_U = 1
+    # Local context |m| = SCOPE x SCOPE (a lambda convolution); 0: global context (scope=None).
+    node.SCOPE = 23
+    # With SCOPE 0: the largest feature-map side the global position embeddings cover.
+    node.MAX_SIZE = 64
+    # "einsum" (the paper's form), "conv", "tiled" or "auto": the same outputs and weights.
+    node.IMPL = "auto"
+    # One relative position embedding for every lambda layer (paper Table 4).
+    node.SHARE_POSITION_EMBEDDINGS = False
+    # The AFT-conv mixer's options (lambda_det.layers.AFTConv's defaults), with MIXER "aft_conv".
+    node.AFT_CONV = CN()
+    node.AFT_CONV.HEADS = 8
+    node.AFT_CONV.WINDOW_SIZE = 7
+    _add_registered_mixer_options(node)
     return node
 
 
-def _add_mixer_options(node: CN) -> None:
-    """The config keys of every registered mixer's options, with their defaults, as its builder
-    declares them (lambda_det.modeling.mixers): the lambda mixer's in the backbone's node
-    (HEADS, DIM_K, DIM_U, SCOPE, MAX_SIZE, IMPL, SHARE_POSITION_EMBEDDINGS), another's in a node
-    of its name (AFT_CONV.HEADS, AFT_CONV.WINDOW_SIZE).
+# The built-in mixers, whose keys _lambda_resnet_node writes out (build.py reads them).
+BUILT_IN_MIXERS = ("conv", "lambda", "aft_conv")
+
+
+def lambda_mixer_options(node: CN) -> dict:
+    """The lambda mixer's options from ``MODEL.LAMBDA_RESNET``."""
+    return dict(
+        heads=node.HEADS,
+        dim_k=node.DIM_K,
+        dim_u=node.DIM_U,
+        scope=node.SCOPE or None,  # 0: global context
+        max_size=node.MAX_SIZE,
+        impl=node.IMPL,
+        share_position_embeddings=node.SHARE_POSITION_EMBEDDINGS,
+    )
+
+
+def aft_conv_mixer_options(node: CN) -> dict:
+    """The AFT-conv mixer's options from ``MODEL.LAMBDA_RESNET.AFT_CONV``."""
+    return dict(heads=node.AFT_CONV.HEADS, window_size=node.AFT_CONV.WINDOW_SIZE)
+
+
+def mixer_options_from_node(node: CN) -> dict:
+    """The options of the mixer ``MODEL.LAMBDA_RESNET.MIXER`` names, from ``node``: the built-in
+    mixers' from their keys above, a registered one's from the node its builder declares."""
+    if node.MIXER == "lambda":
+        return lambda_mixer_options(node)
+    if node.MIXER == "aft_conv":
+        return aft_conv_mixer_options(node)
+    if node.MIXER == "conv":
+        return {}
+    return mixer_options_from_config(node.MIXER, node)
+
+
+def _add_registered_mixer_options(node: CN) -> None:
+    """The config keys of every mixer registered with ``register_mixer`` (not the built-in
+    ones), with their defaults, in a node its builder declares (lambda_det.modeling.mixers).
 
     Raises:
         ValueError: a mixer's keys would take a key the node has.
     """
     for name in MIXERS:
+        if name in BUILT_IN_MIXERS:
+            continue
         defaults = mixer_config_defaults(name)
         if not defaults:
             continue

@@ -9,6 +9,7 @@ from typing import Callable, Dict, FrozenSet, List, Mapping, Optional, Sequence,
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from lambda_det.modeling.blocks import (
     DEFAULT_NORM,
@@ -176,6 +177,9 @@ class LambdaResNet(nn.Module):
         stem: builds the stem from (in_channels, out_channels, norm factory): a module that
             takes the image and returns out_channels at stride 4. Default: ResNet-RS's
             (:class:`~lambda_det.modeling.blocks.ResNetRSStem`), the paper's.
+        grad_checkpointing: activation checkpointing in training: each block's activations
+            are recomputed in backward instead of kept (torch.utils.checkpoint); the same
+            outputs and gradients, BatchNorm statistics updated on the recomputation too.
         **options: the mixer's options, defaults its layer's (see its builder in
             :mod:`lambda_det.modeling.mixers`). "lambda": heads, dim_k, dim_u, scope (None for
             global context), impl, max_size (global context only), share_position_embeddings
@@ -203,6 +207,7 @@ class LambdaResNet(nn.Module):
         drop_path_rate: float = 0.0,
         mixer: str = "lambda",
         stem: Callable[[int, int, Norm], nn.Module] = ResNetRSStem,
+        grad_checkpointing: bool = False,
         **options,
     ):
         super().__init__()
@@ -214,6 +219,7 @@ class LambdaResNet(nn.Module):
         mixer_blocks = resolve_placement(depth, placement)
         self.depth = depth
         self.num_classes = num_classes
+        self.grad_checkpointing = grad_checkpointing
         norm = self.norm_factory(norm)
         if "norm" in mixer_options(mixer):
             options = {**options, "norm": norm}  # the mixer's norms are the backbone's
@@ -343,24 +349,35 @@ class LambdaResNet(nn.Module):
         # iterate a plain list of modules, and a ModuleList would rename the parameters. A
         # stage that is not built is skipped (hasattr is decided when TorchScript compiles).
         if hasattr(self, "res2"):
-            x = self.res2(x)
+            x = self._checkpointed("res2", x) if self._checkpointing() else self.res2(x)
             if "res2" in self._out_features:
                 outputs["res2"] = x
         if hasattr(self, "res3"):
-            x = self.res3(x)
+            x = self._checkpointed("res3", x) if self._checkpointing() else self.res3(x)
             if "res3" in self._out_features:
                 outputs["res3"] = x
         if hasattr(self, "res4"):
-            x = self.res4(x)
+            x = self._checkpointed("res4", x) if self._checkpointing() else self.res4(x)
             if "res4" in self._out_features:
                 outputs["res4"] = x
         if hasattr(self, "res5"):
-            x = self.res5(x)
+            x = self._checkpointed("res5", x) if self._checkpointing() else self.res5(x)
             if "res5" in self._out_features:
                 outputs["res5"] = x
         if self.num_classes is not None and "linear" in self._out_features:
             outputs["linear"] = self.linear(torch.flatten(self.avgpool(x), 1))
         return outputs
+
+    def _checkpointing(self) -> bool:
+        return self.grad_checkpointing and not torch.jit.is_scripting() and torch.is_grad_enabled()
+
+    @torch.jit.unused
+    def _checkpointed(self, stage: str, x: torch.Tensor) -> torch.Tensor:
+        """The stage's blocks under activation checkpointing, one block at a time (the RNG
+        state is replayed, so stochastic depth drops the same blocks)."""
+        for block in getattr(self, stage):
+            x = checkpoint(block, x, use_reentrant=False)
+        return x
 
 
 def checked_images(x: torch.Tensor) -> torch.Tensor:

@@ -20,14 +20,10 @@ then ``lambda_resnet(50, mixer="my_mixer", kernel_size=3)``, or in a yaml config
 (``KERNEL_SIZE: 5``; :func:`lambda_det.modeling.add_lambda_resnet_config` adds the node of every
 registered mixer with options), or in a LazyConfig recipe
 ``use_mixer(model.backbone.bottom_up, "my_mixer")``. Every option has a default that a config can
-hold (a number, a string, a bool, a list, None). A builder may declare, as class attributes and
-field metadata:
-
-* ``CONFIG_NODE``: where its config keys live, a node under ``MODEL.LAMBDA_RESNET`` (default: the
-  mixer's name in capitals); ``""`` puts them in ``MODEL.LAMBDA_RESNET`` itself (the lambda
-  mixer's: HEADS, DIM_K, ...);
-* ``metadata={NONE_IN_CONFIG: value}`` on a field whose option may be None: the config value that
-  stands for None (a config key keeps one type: ``SCOPE 0`` is ``scope=None``).
+hold (a number, a string, a bool, a list, None). A builder may declare, as a class attribute,
+``CONFIG_NODE``, where its config keys live: a node under ``MODEL.LAMBDA_RESNET`` (default:
+the mixer's name in capitals). The built-in mixers' keys are written out in
+:mod:`lambda_det.modeling.config` instead.
 
 A builder with a ``norm`` option gets the backbone's norm, a factory (channels -> module or None;
 see ``blocks.norm_factory``); it has no config key.
@@ -39,7 +35,7 @@ import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from torch import nn
 
@@ -60,7 +56,6 @@ __all__ = [
     "mixer_config_defaults",
     "mixer_options_from_config",
     "BACKBONE_OPTIONS",
-    "NONE_IN_CONFIG",
     "ConvMixer",
     "LambdaMixer",
     "AFTConvMixer",
@@ -73,8 +68,6 @@ MixerBuilder = Callable[..., MixerFactory]  # (**options) -> factory
 MIXERS: Dict[str, MixerBuilder] = {}
 # Options the backbone sets itself: no config key, no LazyConfig argument.
 BACKBONE_OPTIONS = ("norm",)
-# Field metadata key: the config value that stands for an option's None.
-NONE_IN_CONFIG = "none_in_config"
 # What a config key can hold (yacs' value types).
 _CONFIG_VALUE_TYPES = (bool, int, float, str, list, tuple, type(None))
 
@@ -104,7 +97,7 @@ def _check_option_defaults(name: str, builder: MixerBuilder) -> None:
                 f"option {option!r} of mixer {name!r} has no default: give it one "
                 f"(it is the default of its config key)"
             )
-        if not isinstance(_to_config(builder, option, default), _CONFIG_VALUE_TYPES):
+        if not isinstance(default, _CONFIG_VALUE_TYPES):
             raise ValueError(
                 f"option {option!r} of mixer {name!r} defaults to {default!r}, "
                 f"which a config cannot hold: use a number, string, bool, list or "
@@ -167,29 +160,10 @@ def mixer_config_node(name: str) -> str:
     return getattr(_builder(name), "CONFIG_NODE", name.upper())
 
 
-def _none_in_config(builder: MixerBuilder, option: str) -> Any:
-    """The config value that stands for the option's None; ``inspect.Parameter.empty``: none."""
-    fields = dataclasses.fields(builder) if dataclasses.is_dataclass(builder) else ()
-    metadata = {field.name: field.metadata for field in fields}.get(option, {})
-    return metadata.get(NONE_IN_CONFIG, inspect.Parameter.empty)
-
-
-def _to_config(builder: MixerBuilder, option: str, value: Any) -> Any:
-    return _none_in_config(builder, option) if value is None else value
-
-
-def _from_config(builder: MixerBuilder, option: str, value: Any) -> Any:
-    return None if value == _none_in_config(builder, option) else value
-
-
 def mixer_config_defaults(name: str) -> Dict[str, Any]:
-    """The mixer's config keys (its options in capitals) with their defaults, as a config holds
-    them (``NONE_IN_CONFIG`` for None); {} for a mixer without options."""
-    builder = _builder(name)
-    return {
-        option.upper(): _to_config(builder, option, default)
-        for option, default in _option_defaults(builder).items()
-    }
+    """The config keys of a mixer registered with ``register_mixer`` (its options in capitals)
+    with their defaults; {} for a mixer without options."""
+    return {option.upper(): default for option, default in mixer_option_defaults(name).items()}
 
 
 def mixer_options_from_config(name: str, node: Mapping[str, Any]) -> Dict[str, Any]:
@@ -211,7 +185,7 @@ def mixer_options_from_config(name: str, node: Mapping[str, Any]) -> Dict[str, A
                 f"the config has no {full_key} for mixer {name!r}: register the "
                 f"mixer before making the config (lambda_det.run_config.get_cfg)"
             )
-        options[option] = _from_config(builder, option, section[key])
+        options[option] = section[key]
     return options
 
 
@@ -239,16 +213,13 @@ class LambdaMixer:
     this factory makes (paper Table 4), created with the factory.
 
     Config keys: ``MODEL.LAMBDA_RESNET.HEADS``, ``DIM_K``, ... (the backbone's paper
-    hyper-parameters); ``SCOPE 0`` is global context.
+    hyper-parameters, :mod:`lambda_det.modeling.config`); ``SCOPE 0`` is global context.
     """
 
-    CONFIG_NODE: ClassVar[str] = ""
     heads: int = _LAMBDA_DEFAULTS["heads"]
     dim_k: int = _LAMBDA_DEFAULTS["dim_k"]
     dim_u: int = _LAMBDA_DEFAULTS["dim_u"]
-    scope: Optional[int] = dataclasses.field(
-        default=_LAMBDA_DEFAULTS["scope"], metadata={NONE_IN_CONFIG: 0}
-    )
+    scope: Optional[int] = _LAMBDA_DEFAULTS["scope"]
     impl: str = _LAMBDA_DEFAULTS["impl"]
     max_size: int = _LAMBDA_DEFAULTS["max_size"]
     norm: Norm = DEFAULT_NORM

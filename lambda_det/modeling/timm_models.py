@@ -150,7 +150,6 @@ class TimmLambdaResNet(LambdaResNet):
             )
             for name in ("stem",) + STAGES
         ]
-        self.grad_checkpointing = False
         self.global_pool = global_pool
         self.avgpool = _pool(global_pool)
         if not num_classes:

@@ -2,14 +2,18 @@
 the mixers' rows follow their declarations, and the docs list the depths a LambdaResNet has."""
 
 import ast
+import inspect
 import re
 
 import pytest
 from conftest import REPO_ROOT
 from detectron2.config import get_cfg as get_detectron2_cfg
 
+from lambda_det.config import config as run_keys
+from lambda_det.modeling import config as modeling_config
+from lambda_det.modeling.config import BUILT_IN_MIXERS
 from lambda_det.modeling.lambda_resnet import DEPTHS
-from lambda_det.modeling.mixers import MIXERS, mixer_config_defaults, mixer_config_node
+from lambda_det.modeling.mixers import MIXERS
 from lambda_det.run_config import get_cfg
 
 
@@ -41,13 +45,24 @@ def documented_defaults() -> dict:
     return {key: ast.literal_eval(default) for key, default in rows}
 
 
-def test_every_mixer_option_has_a_row_with_its_declared_default():
-    documented = documented_defaults()
-    assert set(MIXERS) == {"conv", "lambda", "aft_conv"}  # the built-in ones, documented
-    for name in MIXERS:
-        node = ".".join(filter(None, ("MODEL.LAMBDA_RESNET", mixer_config_node(name))))
-        for key, default in mixer_config_defaults(name).items():
-            assert documented[f"{node}.{key}"] == default, (name, key)
+# Where each node's keys are set: the function, and the name its node has there.
+KEY_HOMES = {
+    "MODEL.LAMBDA_RESNET.": (modeling_config._lambda_resnet_node, "node."),
+    "MODEL.TIMM.": (modeling_config.add_timm_backbone_config, "node."),
+    "INPUT.LSJ.": (run_keys._lsj_node, "lsj."),
+    "": (run_keys.add_lambda_det_config, "cfg."),
+}
+
+
+def test_every_added_key_is_written_out_once_where_its_default_is_set():
+    """A grep for a key lands on its one definition (``node.KEY = default``) and its readers."""
+    ours, theirs = flatten(get_cfg()), flatten(get_detectron2_cfg())
+    for key in (key for key in ours if key not in theirs):
+        prefix = next(prefix for prefix in KEY_HOMES if key.startswith(prefix))
+        function, name = KEY_HOMES[prefix]
+        written = rf"^\s+{re.escape(name + key[len(prefix) :])} = "
+        assert len(re.findall(written, inspect.getsource(function), flags=re.M)) == 1, key
+    assert set(MIXERS) == set(BUILT_IN_MIXERS)  # no registered mixer adds keys here
 
 
 # Where the docs list the depths, and how to find each list.

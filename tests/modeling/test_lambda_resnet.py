@@ -422,3 +422,54 @@ def test_detectron2_pipelines_train_and_infer_with_a_lambda_resnet(architecture)
     assert len(outputs) == 2
     key = "panoptic_seg" if architecture == "panoptic_fpn" else "instances"
     assert key in outputs[0]
+
+
+def saved_tensor_bytes(model, x) -> int:
+    """Bytes of the tensors autograd keeps for backward outside checkpointed regions."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor.numel() * tensor.element_size())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(x)["res5"].sum().backward()
+    return sum(saved)
+
+
+@pytest.mark.parametrize("drop_path_rate", [0.0, 0.5])
+def test_grad_checkpointing_gives_the_same_outputs_and_gradients_with_less_kept(drop_path_rate):
+    torch.manual_seed(0)
+    model = lambda_resnet(26, placement="c4", drop_path_rate=drop_path_rate).double().train()
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+
+    def outputs_and_gradients(checkpointing):
+        model.grad_checkpointing = checkpointing
+        model.zero_grad()
+        torch.manual_seed(1)  # stochastic depth draws the same blocks
+        outputs = model(x)
+        sum(output.square().sum() for output in outputs.values()).backward()
+        return outputs, {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    plain, plain_grads = outputs_and_gradients(False)
+    kept, kept_grads = outputs_and_gradients(True)
+    for name in plain:
+        torch.testing.assert_close(kept[name], plain[name], rtol=1e-12, atol=0, msg=name)
+    for name in plain_grads:
+        torch.testing.assert_close(kept_grads[name], plain_grads[name], rtol=1e-10, atol=1e-12)
+    model.grad_checkpointing = False
+    without = saved_tensor_bytes(model, x)
+    model.grad_checkpointing = True
+    assert saved_tensor_bytes(model, x) < without / 5
+
+
+def test_grad_checkpointing_from_the_config_and_not_in_eval_or_torchscript():
+    cfg = lambda_det.get_cfg()
+    cfg.merge_from_file(str(CONFIGS / "Demo/lambda_r26_shapes.yaml"))
+    cfg.MODEL.LAMBDA_RESNET.GRAD_CHECKPOINTING = True
+    backbone = BACKBONE_REGISTRY.get("build_lambda_resnet_backbone")(cfg, ShapeSpec(channels=3))
+    assert backbone.grad_checkpointing
+    with torch.no_grad():
+        assert not backbone._checkpointing()
+    scripted = torch.jit.script(lambda_resnet(26, placement="c4", grad_checkpointing=True).eval())
+    assert set(scripted(torch.randn(1, 3, 64, 64))) == {"res2", "res3", "res4", "res5"}

@@ -1,6 +1,5 @@
 """The mixer registry: built-in mixers, a mixer added by registration, their config keys."""
 
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -24,8 +23,8 @@ from lambda_det.modeling import (
     use_mixer,
 )
 from lambda_det.modeling.blocks import Bottleneck
+from lambda_det.modeling.config import BUILT_IN_MIXERS, mixer_options_from_node
 from lambda_det.modeling.mixers import (
-    NONE_IN_CONFIG,
     mixer_config_defaults,
     mixer_option_defaults,
     mixer_options_from_config,
@@ -133,7 +132,7 @@ class DilatedMixer:
     """A toy mixer whose keys live in a node of another name, with an option that may be None."""
 
     CONFIG_NODE: ClassVar[str] = "DILATED_CONV"
-    dilation: Optional[int] = dataclasses.field(default=None, metadata={NONE_IN_CONFIG: 0})
+    dilation: Optional[int] = None
 
     def __call__(self, in_channels: int, out_channels: int, stride: int) -> nn.Module:
         return nn.Conv2d(
@@ -147,12 +146,12 @@ class DilatedMixer:
         )
 
 
-def test_a_mixer_declares_where_its_keys_live_and_what_stands_for_none():
+def test_a_mixer_declares_where_its_keys_live_and_a_key_may_hold_none():
     register_mixer("dilated")(DilatedMixer)
     try:
-        assert mixer_config_defaults("dilated") == {"DILATION": 0}
+        assert mixer_config_defaults("dilated") == {"DILATION": None}
         node = get_cfg().MODEL.LAMBDA_RESNET
-        assert "DILATED" not in node and node.DILATED_CONV == {"DILATION": 0}
+        assert "DILATED" not in node and node.DILATED_CONV == {"DILATION": None}
         assert mixer_options_from_config("dilated", node) == {"dilation": None}
         node.DILATED_CONV.DILATION = 2
         assert mixer_options_from_config("dilated", node) == {"dilation": 2}
@@ -283,9 +282,16 @@ def test_mixer_config_and_lazy_defaults_are_the_layers_defaults():
 
 def test_scope_0_in_a_config_is_global_context():
     node = get_cfg().MODEL.LAMBDA_RESNET
-    assert mixer_options_from_config("lambda", node)["scope"] == 23
+    assert mixer_options_from_node(node)["scope"] == 23
     node.SCOPE = 0
-    assert mixer_options_from_config("lambda", node)["scope"] is None
+    assert mixer_options_from_node(node)["scope"] is None
+
+
+@pytest.mark.parametrize("mixer", BUILT_IN_MIXERS)
+def test_the_config_reads_every_option_of_a_built_in_mixer(mixer):
+    node = get_cfg().MODEL.LAMBDA_RESNET
+    node.MIXER = mixer
+    assert set(mixer_options_from_node(node)) == set(mixer_option_defaults(mixer))
 
 
 @pytest.mark.parametrize(
