@@ -110,6 +110,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--image", type=int, default=1024)
     parser.add_argument("--impl", default="auto", help="lambda layer impl in backbone mode")
     parser.add_argument(
+        "--grad-checkpointing",
+        action="store_true",
+        help="backbone mode: also the LambdaResNet with activation checkpointing",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         help="output folder (default: a new "
@@ -139,6 +144,7 @@ def run(args: argparse.Namespace):
             args.impl,
             repetitions=5 if args.repetitions is None else args.repetitions,
             warmup=1 if args.warmup is None else args.warmup,
+            grad_checkpointing=args.grad_checkpointing,
         )
         if args.backbone:
             results = benchmark_backbone(settings)

@@ -51,6 +51,7 @@ class BackboneSettings:
     impl: str = "auto"  # the lambda layers' impl
     repetitions: int = 5
     warmup: int = 1
+    grad_checkpointing: bool = False  # backbone mode: one more LambdaResNet, checkpointed
 
 
 def _autocast(dtype: str) -> Optional[torch.dtype]:
@@ -205,8 +206,12 @@ def benchmark_backbone(settings: BackboneSettings) -> Dict[str, object]:
         f"LambdaResNet-{depth} (paper placement, impl={settings.impl})": lambda_resnet(
             depth, placement="paper", impl=settings.impl
         ),
-        f"ResNet-RS-{depth} (placement=none)": lambda_resnet(depth, placement="none"),
     }
+    if settings.grad_checkpointing:
+        models[f"LambdaResNet-{depth} (paper placement, grad checkpointing)"] = lambda_resnet(
+            depth, placement="paper", impl=settings.impl, grad_checkpointing=True
+        )
+    models[f"ResNet-RS-{depth} (placement=none)"] = lambda_resnet(depth, placement="none")
     candidates, steps = [], {}
     for name, model in models.items():
         candidate = Candidate(name, lambda: None, module=model.to(device).train())
