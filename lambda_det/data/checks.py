@@ -203,19 +203,8 @@ def load_dataset(name: str) -> List[dict]:
         )
         raise MissingFileError(f"{where}: {error}; {hint}") from None
     except KeyError as error:
-        message = str(error.args[0]) if error.args else ""
-        if message.startswith("Encountered category_id="):  # detectron2's load_coco_json
-            unknown = (
-                error.__cause__.args[0]
-                if isinstance(error.__cause__, KeyError)
-                else (message.split("=", 1)[1].split()[0])
-            )
-            known = sorted(MetadataCatalog.get(name).get("thing_dataset_id_to_contiguous_id", {}))
-            raise UserError(
-                f"{where}: an annotation has category_id={unknown}, which is not "
-                f"among the ids of the file's categories {known}: fix the "
-                f"annotation or add the category"
-            ) from None
+        # The file's data says what detectron2's loader met (e.g. an unknown category_id).
+        check_annotation_file(name)
         raise UserError(
             f"{where}: an image or annotation lacks the field {error}; COCO images "
             f"need id, file_name, height, width and annotations image_id, bbox, "
@@ -229,8 +218,7 @@ def load_dataset(name: str) -> List[dict]:
             raise UserError(
                 f'{where} has no categories: list them under "categories" (id and name each)'
             ) from None
-        if json_file and "are not unique" in str(error):  # load_coco_json's annotation ids
-            check_annotation_file(name)  # names the id
+        check_annotation_file(name)  # names the id, when the file's data shows what it is
         raise UserError(f"{where}: {' '.join(str(error).split())}") from None
     if not len(dicts):
         raise UserError(f'{where} has no images: check that the file lists them under "images"')
@@ -328,6 +316,11 @@ def check_annotation_file(name: str) -> Optional[bool]:
                     f"{first.get(label)!r} and {entry.get(label)!r}: give each {kind} its "
                     f"own id (pycocotools keeps only one of them)"
                 )
+    categories = sorted(
+        entry["id"]
+        for entry in data.get("categories") or ()
+        if isinstance(entry, dict) and is_integer(entry.get("id"))
+    )
     images = {}
     for image in data.get("images") or ():
         if isinstance(image, dict) and "id" in image:
@@ -348,6 +341,12 @@ def check_annotation_file(name: str) -> Optional[bool]:
                 f"{annotation.get('image_id')!r}, which no image of the file has "
                 f"(detectron2 drops such annotations): set it to the id of its "
                 f"image, or remove the annotation"
+            )
+        if categories and annotation.get("category_id") not in categories:
+            raise UserError(
+                f"{where}: an annotation has category_id={annotation.get('category_id')}, "
+                f"which is not among the ids of the file's categories {categories}: fix the "
+                f"annotation or add the category"
             )
         segmentation = annotation.get("segmentation")
         problem = (

@@ -164,6 +164,21 @@ def test_unknown_category_id_names_file_and_id(tmp_path, register):
         check_run_datasets(yaml_data_settings(cfg))
 
 
+@pytest.mark.parametrize("raised", [KeyError("a new wording"), AssertionError("new"), ValueError()])
+def test_a_loader_error_is_explained_by_the_data_not_its_wording(
+    tmp_path, register, monkeypatch, raised
+):
+    write_dataset(tmp_path, annotate=lambda annotation: annotation.update(category_id=7))
+    name = one_dataset(register, tmp_path).DATASETS.TRAIN[0]
+
+    def load(_name):
+        raise raised
+
+    monkeypatch.setattr(DatasetCatalog, "get", load)  # detectron2 worded its error otherwise
+    with pytest.raises(ValueError, match=r"an annotation has category_id=7, which is not among"):
+        load_dataset(name)
+
+
 def test_annotation_file_without_categories_or_images_says_so(tmp_path, register):
     path = write_dataset(tmp_path)
     data = json.loads(path.read_text())
