@@ -17,7 +17,7 @@ import difflib
 import logging
 import os
 import re
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -471,23 +471,19 @@ def did_you_mean(key: str, keys: Sequence[str]) -> str:
     return f"did you mean {close[0]}? " if close else ""
 
 
-# yacs' messages of an unknown key: in a file (merge_from_file), in overrides (merge_from_list).
-_UNKNOWN_KEY_PREFIXES = ("Non-existent config key: ", "Non-existent key: ")
-
-
-def _config_error(error: Exception, where: str, cfg: CN) -> ValueError:
+def _config_error(error: Exception, where: str, cfg: CN, keys: Iterable[str]) -> ValueError:
     """yacs' and detectron2's config errors (KeyError, AssertionError, ...) as one-line
-    ValueErrors that say where the bad key came from, and for an unknown key the closest of
-    ``cfg``'s."""
-    message = str(error.args[0]) if error.args else str(error)
-    for prefix in _UNKNOWN_KEY_PREFIXES:
-        if message.startswith(prefix):
-            key = message[len(prefix) :]
+    ValueErrors that say where the bad key came from; when one of ``keys`` (those the file or
+    the overrides set) is not ``cfg``'s, that key and the closest of ``cfg``'s."""
+    known = set(config_keys(cfg))
+    for key in keys:
+        if key not in known and not cfg.key_is_renamed(key) and not cfg.key_is_deprecated(key):
             return UserError(
                 f"config key {key} ({where}) does not exist: "
-                f"{did_you_mean(key, list(config_keys(cfg)))}check its spelling "
+                f"{did_you_mean(key, list(known))}check its spelling "
                 f"(lambda_det's own keys are listed in docs/config.md)"
             )
+    message = str(error.args[0]) if error.args else str(error)
     return UserError(f"{where}: {' '.join(message.split())}")
 
 
@@ -530,14 +526,15 @@ def merge_config(cfg: CN, config_file: Optional[str] = None, opts: Sequence[str]
         except (ConfigFileError, MissingFileError):
             raise  # names the file already
         except (KeyError, ValueError, AssertionError, yaml.YAMLError) as error:
-            raise _config_error(error, f"in config file {path}", cfg) from None
+            keys = config_keys(load_yaml_with_base(path))
+            raise _config_error(error, f"in config file {path}", cfg, keys) from None
     opts = list(opts)
     if len(opts) % 2:
         raise UserError(f"config overrides must be KEY VALUE pairs, got an odd number: {opts}")
     try:
         cfg.merge_from_list(opts)
     except (KeyError, ValueError, AssertionError) as error:
-        raise _config_error(error, "in the command-line overrides", cfg) from None
+        raise _config_error(error, "in the command-line overrides", cfg, opts[0::2]) from None
     prepare_merged_config(cfg)
     return cfg
 
