@@ -243,8 +243,9 @@ def test_a_fine_tuning_config_trains_evaluates_and_predicts_at_demo_size(
     tmp_path, small_shapes, small_datasets_root, capsys
 ):
     """The shipped timm_lambda_resnet26t_mask_rcnn_1x on the bundled shapes data at 128 px (from
-    random weights: no hub here), then --eval-only and predict of its run, as for a LambdaResNet."""
-    from lambda_det.cli import predict, train_net
+    random weights: no hub here), then --eval-only, predict and the export of its run, as for a
+    LambdaResNet."""
+    from lambda_det.cli import export_model, predict, train_net
 
     run = tmp_path / "run"
     small = overrides(
@@ -282,3 +283,7 @@ def test_a_fine_tuning_config_trains_evaluates_and_predicts_at_demo_size(
     argv = ["--config", saved, "--input", str(images), "--output", str(predicted)]
     assert predict.main([*argv, "MODEL.WEIGHTS", str(run / "model_final.pth")]) == 0
     assert (predicted / "predictions.json").is_file()
+    exported = tmp_path / "model.ts"
+    argv = ["--config", saved, "--format", "torchscript", "--output", str(exported)]
+    assert export_model.main([*argv, "MODEL.WEIGHTS", str(run / "model_final.pth")]) == 0
+    assert exported.is_file()
