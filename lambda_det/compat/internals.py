@@ -36,12 +36,11 @@ __all__ = [
     "periodic_writer_writers",
     "registered_hooks",
     "inner_trainer",
+    "set_inner_trainer",
     "next_training_batch",
     "write_step_metrics",
     "reopened_json_writer",
     "replace_registered",
-    "DEFAULT_TRAINER_PARTS",
-    "default_trainer_parts",
     "set_local_process_group",
     "add_default_flop_handles",
     "detectron2_tool_patches",
@@ -92,6 +91,13 @@ def inner_trainer(trainer):
     return trainer._trainer
 
 
+def set_inner_trainer(trainer, step_trainer) -> None:
+    """Make ``step_trainer`` the one a ``DefaultTrainer`` subclass runs each step with, for a
+    subclass that builds its parts itself (``DefaultTrainer.__init__`` sets ``_trainer`` with
+    detectron2's own parts and has no parameter for others)."""
+    trainer._trainer = step_trainer
+
+
 def next_training_batch(trainer) -> Any:
     """The next batch of a detectron2 ``SimpleTrainer``'s data loader, from the iterator that
     its ``run_step`` reads (``_data_loader_iter``: an attribute in 0.6, a property that makes the
@@ -122,38 +128,6 @@ def replace_registered(registry, name: str, obj: Any) -> None:
     under it: ``register`` refuses a name twice, and the registry has no public way to replace
     one (its ``_obj_map``)."""
     registry._obj_map[name] = obj
-
-
-# The globals of detectron2.engine.defaults that DefaultTrainer.__init__ builds its parts with.
-DEFAULT_TRAINER_PARTS = ("create_ddp_model", "AMPTrainer", "SimpleTrainer", "DetectionCheckpointer")
-
-
-@contextlib.contextmanager
-def default_trainer_parts(ddp: Callable, step_trainer: Callable, checkpointer: Callable):
-    """Within: ``DefaultTrainer.__init__`` builds its parts with lambda_det's, in its own order
-    (model, optimizer, data loader, DDP, step trainer, scheduler, checkpointer, hooks).
-
-    It looks them up as module globals of ``detectron2.engine.defaults``
-    (:data:`DEFAULT_TRAINER_PARTS`), and has no parameter for them; these stand in, called as
-    detectron2 calls them: ``ddp(model, **detectron2_options)`` for ``create_ddp_model``,
-    ``step_trainer(model, data_loader, optimizer)`` for ``AMPTrainer`` and ``SimpleTrainer``
-    both, ``checkpointer(model, save_dir, trainer=...)`` for ``DetectionCheckpointer``.
-
-    Raises:
-        RuntimeError: the installed detectron2's constructor uses other names.
-    """
-    from detectron2.engine import DefaultTrainer, defaults
-
-    used = DefaultTrainer.__init__.__code__.co_names
-    missing = [name for name in DEFAULT_TRAINER_PARTS if name not in used]
-    if missing:
-        raise RuntimeError(
-            f"this detectron2's DefaultTrainer.__init__ does not build its parts with "
-            f"{', '.join(missing)}: lambda_det.compat.internals needs updating for it"
-        )
-    parts = dict(zip(DEFAULT_TRAINER_PARTS, (ddp, step_trainer, step_trainer, checkpointer)))
-    with mock.patch.multiple(defaults, **parts):
-        yield
 
 
 def set_local_process_group(num_processes: int) -> None:

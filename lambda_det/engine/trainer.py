@@ -3,10 +3,10 @@ configs), and what the LazyConfig training loop (:mod:`.lazy_training`) shares w
 step trainer (DDP, mixed precision) and the record of evaluation results."""
 
 import argparse
-import functools
 import json
 import logging
 import os
+import weakref
 from collections import OrderedDict
 from typing import Optional, Tuple
 
@@ -29,12 +29,12 @@ from detectron2.utils.logger import setup_logger
 from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync, without_cuda_home_warning
 from lambda_det.compat.internals import (
-    default_trainer_parts,
     eval_hook_arguments,
     inner_trainer,
     periodic_writer_writers,
     plain_config_printouts,
     release_eval_function,
+    set_inner_trainer,
 )
 from lambda_det.data import build_mapper, register_datasets
 from lambda_det.data.checks import load_training_dicts, yaml_data_settings
@@ -228,20 +228,23 @@ class Trainer(DefaultTrainer):
             seed_all_rng(cfg.SEED)  # the same initial weights on every rank and every run
         device = cfg.MODEL.DEVICE
         amp_dtype = cfg.SOLVER.AMP.DTYPE if cfg.SOLVER.AMP.ENABLED else None
-        with default_trainer_parts(
-            # detectron2 asks for broadcast_buffers=False: in the keyword of this torch
-            ddp=lambda model, **_: build_ddp_model(model, device, **ddp_without_buffer_sync()),
-            step_trainer=lambda model, data_loader, optimizer: build_single_step_trainer(
-                model, data_loader, optimizer, device, amp_dtype
-            ),
-            checkpointer=AtomicCheckpointer,
-        ):
-            if prebuilt is not None:  # DefaultTrainer.__init__ builds with self.build_model(cfg)
-                self.build_model = functools.partial(self.build_model, prebuilt=prebuilt)
-            try:
-                super().__init__(cfg)
-            finally:
-                self.__dict__.pop("build_model", None)
+        # DefaultTrainer.__init__'s construction, in its order (model, optimizer, data loader,
+        # DDP, step trainer, scheduler, checkpointer, hooks: the same random draws), with
+        # lambda_det's parts; DefaultTrainer's methods (train, run_step, state_dict) do the rest.
+        TrainerBase.__init__(self)
+        model = self.build_model(cfg, prebuilt=prebuilt)
+        optimizer = self.build_optimizer(cfg, model)
+        data_loader = self.build_train_loader(cfg)
+        # detectron2 asks for broadcast_buffers=False: in the keyword of this torch
+        model = build_ddp_model(model, device, **ddp_without_buffer_sync())
+        step_trainer = build_single_step_trainer(model, data_loader, optimizer, device, amp_dtype)
+        set_inner_trainer(self, step_trainer)
+        self.scheduler = self.build_lr_scheduler(cfg, optimizer)
+        self.checkpointer = AtomicCheckpointer(model, cfg.OUTPUT_DIR, trainer=weakref.proxy(self))
+        self.start_iter = 0
+        self.max_iter = cfg.SOLVER.MAX_ITER
+        self.cfg = cfg
+        self.register_hooks(self.build_hooks())
 
     def build_hooks(self):
         hooks = super().build_hooks()

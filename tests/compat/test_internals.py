@@ -84,34 +84,20 @@ def test_trainer_base_lists_its_registered_hooks_0_6_and_main():
     assert hook.trainer == weakref.proxy(trainer)
 
 
-def test_default_trainer_builds_its_parts_with_the_swapped_globals_0_6_and_main():
-    """DefaultTrainer.__init__ (the same in 0.6 and main) names each part as a global of
-    detectron2.engine.defaults; within the context they are lambda_det's, then detectron2's."""
-    for name in internals.DEFAULT_TRAINER_PARTS:
-        assert uses(DefaultTrainer.__init__, name), f"{name} {CHECKED}"
-    originals = {name: getattr(defaults, name) for name in internals.DEFAULT_TRAINER_PARTS}
-    assert originals["DetectionCheckpointer"] is DetectionCheckpointer
-    assert originals["SimpleTrainer"] is SimpleTrainer
-    with internals.default_trainer_parts(ddp=len, step_trainer=min, checkpointer=max):
-        assert [getattr(defaults, name) for name in internals.DEFAULT_TRAINER_PARTS] == [
-            len,
-            min,
-            min,
-            max,
-        ]
-    assert {name: getattr(defaults, name) for name in originals} == originals
-
-
-def test_a_default_trainer_with_other_part_names_is_refused(monkeypatch):
-    monkeypatch.setattr(internals, "DEFAULT_TRAINER_PARTS", ("create_ddp_model", "build_ddp"))
-    with pytest.raises(RuntimeError, match="build_ddp: lambda_det.compat.internals"):
-        with internals.default_trainer_parts(ddp=len, step_trainer=min, checkpointer=max):
-            pass
+def test_default_trainer_runs_its_steps_with_the_inner_trainer_set_0_6_and_main():
+    """DefaultTrainer's run_step (the same in 0.6 and main) uses the step trainer that
+    set_inner_trainer sets, as DefaultTrainer.__init__ sets it."""
+    for method in (DefaultTrainer.__init__, DefaultTrainer.run_step):
+        assert uses(method, "_trainer"), f"{method.__qualname__} {CHECKED}"
+    trainer = DefaultTrainer.__new__(DefaultTrainer)
+    step_trainer = SimpleTrainer.__new__(SimpleTrainer)
+    internals.set_inner_trainer(trainer, step_trainer)
+    assert internals.inner_trainer(trainer) is step_trainer
 
 
 def test_the_trainer_gets_lambda_dets_step_trainer_and_checkpointer(tmp_path, shapes):
-    """Built through DefaultTrainer.__init__: detectron2 would make an AMPTrainer and a
-    DetectionCheckpointer here (neither is lambda_det's)."""
+    """detectron2's DefaultTrainer.__init__ would make an AMPTrainer and a DetectionCheckpointer
+    here (neither is lambda_det's); detectron2's module is left as it is."""
     cfg = tiny_cfg(tmp_path, **{"SOLVER.AMP.ENABLED": True, "SOLVER.AMP.DTYPE": "bfloat16"})
     trainer = Trainer(cfg)
     step_trainer = internals.inner_trainer(trainer)
