@@ -31,6 +31,15 @@ after lambda_det has become part of detectron2:
   reads (its input, a file its command line names, an image it read), an existing file is
   replaced only with ``--overwrite`` before SCRIPT, and each is written whole or not at all
   (:class:`ScriptFiles`);
+* detectron2's training scripts (train_net.py, plain_train_net.py, lazyconfig_train_net.py)
+  follow the one output rule of lambda_det's own (:func:`training_output_dir`): their output
+  folder (OUTPUT_DIR, or a LazyConfig's ``train.output_dir``, with the command line's overrides)
+  is locked for the run and prepared by :func:`lambda_det.cli.output_dir.prepare_output_dir`
+  before the script starts: a user's log.txt, metrics.json, model_final.pth, ... there is
+  never written over (only with ``--overwrite``), a folder that holds a run is trained on only
+  with the script's ``--resume`` or d2tool's ``--restart`` (which first moves the run's own
+  files to ``previous_<date-time>/``), and ``--eval-only`` writes into a run's own folder as
+  detectron2 does;
 * a LazyConfig yaml given where a script reads a yacs config (benchmark.py, train_net.py,
   ``--config-file x.yaml``) is one line saying so.
 
@@ -44,6 +53,7 @@ processes without these registrations, so leave ``--num-gpus`` at 1.
 import contextlib
 import dataclasses
 import importlib.metadata
+import io
 import json
 import os
 import runpy
@@ -66,6 +76,12 @@ from detectron2.data import DatasetMapper as Detectron2DatasetMapper
 from detectron2.utils.file_io import PathManager
 
 from lambda_det.checkpoint import load_checkpoint_file
+from lambda_det.cli.output_dir import (
+    OutputDirLock,
+    check_run_writes,
+    prepare_output_dir,
+    record_run,
+)
 from lambda_det.compat.internals import detectron2_script_file_patches, detectron2_tool_patches
 from lambda_det.config import CfgNode as SafeCfgNode
 from lambda_det.config import ConfigFileError
@@ -81,16 +97,26 @@ from lambda_det.utils.atomic import (
 )
 from lambda_det.utils.errors import ExistingFileError, MissingFileError, UserError
 
-__all__ = ["main", "detectron2_tool_path", "lambda_det_in_detectron2", "ScriptFiles"]
+__all__ = [
+    "main",
+    "detectron2_tool_path",
+    "lambda_det_in_detectron2",
+    "ScriptFiles",
+    "script_output_dir",
+    "training_output_dir",
+    "TRAINING_SCRIPTS",
+]
 
 USAGE = (
-    "usage: python -m lambda_det.d2tool [--debug] [--overwrite] [--trust-config FILE ...] "
-    "SCRIPT [SCRIPT'S ARGUMENTS ...]"
+    "usage: python -m lambda_det.d2tool [--debug] [--overwrite] [--restart] "
+    "[--trust-config FILE ...] SCRIPT [SCRIPT'S ARGUMENTS ...]"
 )
 OPTIONS = """d2tool's options (before SCRIPT; the script's own go after it):
   --debug              an error of a file is its traceback, not one line
   --overwrite          the script may replace an existing file it writes (never one the
                        command reads)
+  --restart            a training script starts over in an output folder that holds a run:
+                       the run's own files are first moved to previous_<date-time>/
   --trust-config FILE  load the LazyConfig yaml FILE as detectron2 does: its _target_s and
                        python tags run, whatever they name (repeat for more files)"""
 # Distributions whose files may include detectron2's tools/ (pb1-detectron2 installs them).
@@ -414,6 +440,7 @@ class Options:
 
     debug: bool = False
     overwrite: bool = False
+    restart: bool = False
     trusted_configs: List[str] = dataclasses.field(default_factory=list)
 
 
@@ -431,6 +458,8 @@ def parse_options(argv: Sequence[str]) -> Tuple[Options, List[str]]:
             options.debug = True
         elif option == "--overwrite":
             options.overwrite = True
+        elif option == "--restart":
+            options.restart = True
         elif name == "--trust-config":
             value = value if has_value else (rest.pop(0) if rest else "")
             if not os.path.isfile(value):
@@ -441,7 +470,8 @@ def parse_options(argv: Sequence[str]) -> Tuple[Options, List[str]]:
             options.trusted_configs.append(value)
         else:
             raise UserError(
-                f"{option} is no option of d2tool (--debug, --overwrite, --trust-config FILE, "
+                f"{option} is no option of d2tool (--debug, --overwrite, --restart, "
+                f"--trust-config FILE, "
                 f"before SCRIPT): a script's own options go after SCRIPT"
             )
     return options, rest
@@ -453,10 +483,12 @@ def run_script(
     debug: bool = False,
     overwrite: bool = False,
     trusted_configs: Sequence[str] = (),
+    restart: bool = False,
 ) -> None:
     """Run the script at ``path`` as ``__main__`` with command line ``args``; an error of its
     input (a :class:`lambda_det.utils.errors.UserError` of lambda_det's loaders) is one line (with
-    ``debug``, its traceback). ``overwrite`` and ``trusted_configs``: d2tool's options."""
+    ``debug``, its traceback). ``overwrite``, ``trusted_configs`` and ``restart``: d2tool's
+    options."""
     from lambda_det.cli.arguments import reporting_user_errors
 
     argv = sys.argv
@@ -468,11 +500,97 @@ def run_script(
             files.output_argument(list(args)) as script_args,
         ):
             sys.argv = [path, *script_args]
-            finished = _run_to_the_end(path)
+            with training_output_dir(path, script_args, overwrite, restart):
+                finished = _run_to_the_end(path)
     finally:
         sys.argv = argv
     if finished is not None:
         raise finished
+
+
+# detectron2's scripts that train (or evaluate) into an output folder, and how each reads it.
+TRAINING_SCRIPTS = {
+    "train_net.py": "OUTPUT_DIR",
+    "plain_train_net.py": "OUTPUT_DIR",
+    "lazyconfig_train_net.py": "train.output_dir",
+}
+
+
+def script_output_dir(path: str, args: Sequence[str]) -> Optional[Tuple[str, str, Any]]:
+    """The output folder of a training script of detectron2 (:data:`TRAINING_SCRIPTS`) with
+    command line ``args``, resolved as the script resolves it (within
+    :func:`lambda_det_in_detectron2`): (the folder, its key, the parsed command line); None for
+    another script, a command line the script itself refuses, or no folder.
+
+    Raises:
+        UserError: the config cannot be read (the error the script would give).
+    """
+    from detectron2.config import LazyConfig
+    from detectron2.engine import default_argument_parser
+    from omegaconf import OmegaConf
+
+    key = TRAINING_SCRIPTS.get(os.path.basename(path))
+    if key is None:
+        return None
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # the script says it in its own words
+            parsed = default_argument_parser().parse_args(list(args))
+    except SystemExit:
+        return None
+    if key == "OUTPUT_DIR":
+        cfg = _get_cfg()
+        cfg.merge_from_file(parsed.config_file)
+        cfg.merge_from_list(parsed.opts)
+        folder = cfg.OUTPUT_DIR
+    else:
+        cfg = LazyConfig.apply_overrides(LazyConfig.load(parsed.config_file), parsed.opts)
+        folder = OmegaConf.select(cfg, "train.output_dir")
+    if not isinstance(folder, str) or not folder:
+        return None
+    return folder, key, parsed
+
+
+@contextlib.contextmanager
+def training_output_dir(
+    path: str, args: Sequence[str], overwrite: bool = False, restart: bool = False
+) -> Iterator[None]:
+    """Within: the output folder of a training script (:func:`script_output_dir`) is locked
+    (:class:`~lambda_det.cli.output_dir.OutputDirLock`) and prepared as lambda_det's own
+    training prepares it (:func:`~lambda_det.cli.output_dir.prepare_output_dir`, the script's
+    ``--resume``, d2tool's ``--overwrite`` and ``--restart``; for ``--eval-only``, only a user's
+    file in the way is refused: the evaluation writes into a run's own folder, as detectron2's),
+    and the run's files there are recorded (:func:`~lambda_det.cli.output_dir.record_run`).
+    Another script runs as it is.
+
+    Raises:
+        ExistingFileError: a user's file in the way, or a run the script would train over.
+    """
+    resolved = script_output_dir(path, args)
+    if resolved is None:
+        yield
+        return
+    folder, key, parsed = resolved
+    script = os.path.basename(path)
+    with OutputDirLock(folder, key=key):
+        if not overwrite:
+            with _hinting(f"or python -m lambda_det.d2tool --overwrite {script} ... to replace it"):
+                check_run_writes(folder, key)
+        if not parsed.eval_only:
+            with _hinting(f"--restart: python -m lambda_det.d2tool --restart {script} ..."):
+                prepare_output_dir(folder, parsed.resume, restart, parsed.machine_rank, key, True)
+        if parsed.machine_rank == 0:
+            record_run(folder, key)
+        yield
+
+
+@contextlib.contextmanager
+def _hinting(hint: str) -> Iterator[None]:
+    """An :class:`ExistingFileError` within, with ``hint`` on how d2tool takes the fix (its
+    options go before SCRIPT)."""
+    try:
+        yield
+    except ExistingFileError as error:
+        raise ExistingFileError(f"{error} ({hint}: d2tool's options go before SCRIPT)") from None
 
 
 def _run_to_the_end(path: str) -> Optional[SystemExit]:
@@ -498,7 +616,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0 if argv else 2
     with reporting_user_errors(options.debug):
         path = detectron2_tool_path(argv[0])
-    run_script(path, argv[1:], options.debug, options.overwrite, options.trusted_configs)
+    run_script(
+        path,
+        argv[1:],
+        options.debug,
+        options.overwrite,
+        options.trusted_configs,
+        options.restart,
+    )
     return 0
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "OutputDirLock",
     "OutputDirBusyError",
     "prepare_output_dir",
+    "check_run_writes",
     "holds_run_files",
     "run_files_in",
     "evaluation_output_dir",
@@ -209,6 +210,7 @@ def prepare_output_dir(
     restart: bool,
     machine_rank: int = 0,
     key: str = "OUTPUT_DIR",
+    overwrite: bool = False,
 ) -> Optional[str]:
     """Refuse to train over the run that ``output_dir`` holds, unless told how, and over a
     user's file at a name the run writes.
@@ -221,7 +223,8 @@ def prepare_output_dir(
     tools wrote, :func:`written_files`) into ``output_dir/previous_<date-time>/``: nothing is
     deleted, nothing mixes, and a file the run did not write stays where it is
     (:func:`not_the_runs`). Only machine 0 moves files (detectron2 writes them from the main
-    process only). ``key`` names the folder in errors as the config does.
+    process only). ``key`` names the folder in errors as the config does. ``overwrite``: a
+    user's file at a name the run writes is no error (the run replaces it, or appends to it).
 
     Returns:
         the folder the previous run's files were moved to, or None.
@@ -234,14 +237,9 @@ def prepare_output_dir(
         OutputWriteError: ``resume``, and a file the run writes in place
             (:data:`WRITTEN_IN_PLACE`) is a symbolic link.
     """
+    if not overwrite:
+        check_run_writes(output_dir, key)
     files = run_files(output_dir, key)
-    in_the_way = [name for name in files.foreign if _matches(name, RUN_WRITES)]
-    if in_the_way:
-        raise ExistingFileError(
-            f"{key} {output_dir!r} holds {_some(in_the_way)}, which no run wrote there "
-            f"({RECORD_FILE} does not record it as a run's) and a run writes: move "
-            f"{'it' if len(in_the_way) == 1 else 'them'} away, or pass another {key}"
-        )
     names = [name for name in files.own if name != RECORD_FILE]  # a record alone: no run yet
     if not names:
         return None
@@ -275,6 +273,22 @@ def prepare_output_dir(
     for name in [*files.own, *written]:
         os.replace(os.path.join(output_dir, name), os.path.join(previous, name))
     return previous
+
+
+def check_run_writes(output_dir: str, key: str = "OUTPUT_DIR") -> None:
+    """Refuse a run (training or evaluation) in ``output_dir`` when a file that no run wrote is
+    at a name a run writes (:data:`RUN_WRITES`).
+
+    Raises:
+        ExistingFileError: naming the files and the fix.
+    """
+    in_the_way = [name for name in run_files(output_dir, key).foreign if _matches(name, RUN_WRITES)]
+    if in_the_way:
+        raise ExistingFileError(
+            f"{key} {output_dir!r} holds {_some(in_the_way)}, which no run wrote there "
+            f"({RECORD_FILE} does not record it as a run's) and a run writes: move "
+            f"{'it' if len(in_the_way) == 1 else 'them'} away, or pass another {key}"
+        )
 
 
 def holds_run_files(output_dir: str) -> bool:

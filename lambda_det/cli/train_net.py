@@ -31,6 +31,7 @@ from lambda_det.checkpoint import (
     checkpoint_to_resume,
     evaluation_weights,
     last_checkpoint,
+    load_checkpoint_file,
     load_weights,
 )
 from lambda_det.cli.arguments import (
@@ -93,6 +94,8 @@ __all__ = [
     "plan_evaluation",
     "Evaluation",
     "prepare_training_output_dir",
+    "check_run_not_finished",
+    "RunFinishedError",
     "interrupted_line",
 ]
 
@@ -314,6 +317,36 @@ def check_config_before_launch(
     return model, prebuilt
 
 
+def check_run_not_finished(args: argparse.Namespace, system: ConfigSystem, cfg, run) -> None:
+    """``--resume`` of a run whose last checkpoint is of its last iteration has nothing to
+    train: one line saying so and how to evaluate it or train longer, before the output folder
+    is locked or written (detectron2 would evaluate again and append to the run's log)."""
+    if not args.resume or args.eval_only:
+        return
+    folder = run.output_dir.value
+    latest = checkpoint_to_resume(folder)
+    if latest is None:
+        return
+    iteration = load_checkpoint_file(latest).get("iteration")
+    world_size = args.num_gpus * args.num_machines
+    max_iter = system.settings(system.scale(cfg, world_size)).training.max_iter
+    if type(iteration) is not int or iteration + 1 < max_iter.value:
+        return
+    weights = run.training.weights.key
+    weights = f"{weights} {latest}" if weights == "MODEL.WEIGHTS" else f"{weights}={latest}"
+    raise RunFinishedError(
+        f"{run.output_dir.key} {folder!r} holds a finished run: its last checkpoint "
+        f"{os.path.basename(latest)} is of iteration {iteration + 1}, {max_iter.key} "
+        f"{max_iter.value}, so --resume has nothing to train (no file was touched): evaluate "
+        f"it with --eval-only {weights}, or train longer with a larger {max_iter.key} and "
+        f"--resume"
+    )
+
+
+class RunFinishedError(UserError):
+    """``--resume`` of a run that trained all its iterations."""
+
+
 def runs_in_this_process(args: argparse.Namespace) -> bool:
     """Whether the run is the launching process's own (one process in all, as launch decides)."""
     return args.num_gpus * args.num_machines == 1
@@ -482,6 +515,7 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
             cfg = system.load(args)
             run = system.settings(cfg)
             model, prebuilt = check_config_before_launch(args, system, cfg, run)
+            check_run_not_finished(args, system, cfg, run)
             if prebuilt is not None and prebuilt.seed != run.training.seed.value:
                 cfg = system.with_seed(cfg, prebuilt.seed)  # drawn: the run seeds with it
         cpu = torch.device(run.device.value).type == "cpu"

@@ -147,7 +147,7 @@ def train(cfg: DictConfig, resume: bool, prebuilt: Optional[PrebuiltModel] = Non
     checkpointer.require = "all" if resuming else "backbone"
     checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=resume)
     start = trainer.iter + 1 if resuming else 0
-    if resuming and main:
+    if resuming and main and start < cfg.train.max_iter:  # only iterations trained again
         resume_metrics(trainer, start - 1)
     if seed is not None:
         train_loader.start_iteration = start

@@ -280,7 +280,8 @@ class Trainer(DefaultTrainer):
         resuming = resume and self.checkpointer.has_checkpoint()
         self.checkpointer.require = "all" if resuming else "backbone"
         super().resume_or_load(resume=resume)
-        if resuming and comm.is_main_process():
+        # metrics.json loses only the records of iterations this run trains again.
+        if resuming and comm.is_main_process() and self.start_iter < self.max_iter:
             resume_metrics(self, self.start_iter - 1)
         if isinstance(self.data_loader, DeterministicTrainLoader):
             self.data_loader.start_iteration = self.start_iter

@@ -20,8 +20,10 @@ refuses an archive whose loading could run code from it. It follows the layout t
   expression must be of the kind torch writes for lambda_det's models
   (:func:`_check_expression`: the sympy constructors of numbers, size symbols, sums, products,
   divisions, clamps and comparisons; in guards, arithmetic and comparisons of the input's sizes),
-  within bounds of length, depth, number size and clamps (:data:`EXPRESSION_LIMITS`), and the
-  archive's distinct expressions must evaluate within :data:`EVALUATION_SECONDS` in all
+  within bounds of length, depth, number size and clamps (:data:`EXPRESSION_LIMITS`); the
+  archive's distinct expressions in all, within bounds of their syntax-tree nodes and of their
+  clamps of two sizes (:data:`ARCHIVE_LIMITS`, checked before any is evaluated), and they
+  must evaluate within :data:`EVALUATION_SECONDS` in all
   (:func:`_evaluate_expressions` builds them from the checked syntax, without ``eval``; sympy
   caches what torch then evaluates again). Every other string must be a dotted name, but for
   the free text torch only keeps (:data:`TEXT_KEYS`).
@@ -321,8 +323,16 @@ EXPRESSION_LIMITS = {
     "float precision": 64,  # bits
     "clamps": 8,  # Max and Min, of two arguments each
 }
-# Evaluating the distinct expressions of lambda_det's Mask R-CNN (199) takes 0.8 s; clamps of
-# sizes that sympy must compare can take seconds each.
+# Bounds of the archive's distinct expressions in all, checked before any is evaluated (what
+# torch writes for lambda_det's Mask R-CNN: 199 expressions of 10,468 syntax-tree nodes, 158
+# clamps, none of two sizes; they evaluate in 0.4 to 0.8 s). A clamp of two arguments that both
+# hold a size (Max(a*s0 - b*s1, c*s2 - d*s3)) is what sympy must compare symbolically: a nest of
+# 8 takes 0.6 s, each one more about twice as long.
+ARCHIVE_LIMITS = {
+    "nodes": 40_000,
+    "clamps of two sizes": 4,
+}
+# A last bound on the evaluation itself, should the bounds above let slow work through.
 EVALUATION_SECONDS = 10.0
 
 
@@ -511,9 +521,52 @@ def _sympy_namespace() -> dict:
 _SYMPY_VALUES = _sympy_namespace()
 
 
+def _holds_a_size(node: ast.AST) -> bool:
+    return any(
+        isinstance(child, ast.Call)
+        and isinstance(child.func, ast.Name)
+        and child.func.id == "Symbol"
+        for child in ast.walk(node)
+    )
+
+
+def _clamps_of_sizes(tree: ast.AST) -> int:
+    """The clamps (Max, Min) in ``tree`` whose two arguments both hold a size."""
+    return sum(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("Max", "Min")
+        and all(map(_holds_a_size, node.args))
+        for node in ast.walk(tree)
+    )
+
+
+def _check_work(trees: Dict[str, ast.Expression], path: str) -> None:
+    """Refuse, before evaluating any, expressions whose evaluation would take long in all
+    (:data:`ARCHIVE_LIMITS`: their syntax-tree nodes, their clamps of two sizes)."""
+    limits = ARCHIVE_LIMITS
+    nodes = sum(sum(1 for _ in ast.walk(tree)) for tree in trees.values())
+    if nodes > limits["nodes"]:
+        raise _refuse(
+            path,
+            f"its {len(trees):,} size expressions have {nodes:,} syntax-tree nodes in all, "
+            f"more than lambda_det's bounds allow ({limits['nodes']:,})",
+        )
+    compared = sum(map(_clamps_of_sizes, trees.values()))
+    if compared > limits["clamps of two sizes"]:
+        raise _refuse(
+            path,
+            f"its expr_str values hold {compared:,} clamps (Max, Min) of two sizes in all, "
+            f"more than lambda_det's bounds allow ({limits['clamps of two sizes']}): sympy "
+            f"compares each symbolically, in time that doubles with each nested one",
+        )
+
+
 def _evaluate_expressions(trees: Dict[str, ast.Expression], path: str) -> None:
-    """Evaluate each distinct expr_str once, within :data:`EVALUATION_SECONDS` in all, or
-    refuse: what torch evaluates while loading, then from sympy's cache."""
+    """Evaluate each distinct expr_str once, after :func:`_check_work` and within
+    :data:`EVALUATION_SECONDS` in all, or refuse: what torch evaluates while loading, then
+    from sympy's cache."""
+    _check_work(trees, path)
     deadline = time.monotonic() + EVALUATION_SECONDS
     for count, (text, tree) in enumerate(trees.items()):
         if time.monotonic() > deadline:

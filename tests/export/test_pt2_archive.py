@@ -732,6 +732,7 @@ def test_the_size_expressions_evaluate_within_a_time_budget(monkeypatch):
     EVALUATION_SECONDS (here 0.05 s: clamps of sums that sympy must compare take longer)."""
     texts = [clamps(8, start) for start in (100, 200, 300)]  # sympy has cached none of them
     trees = {text: _check_expression(text, False, "model.pt2") for text in texts}
+    monkeypatch.setitem(_archive.ARCHIVE_LIMITS, "clamps of two sizes", 24)  # the last bound
     monkeypatch.setattr(_archive, "EVALUATION_SECONDS", 0.05)
     start = time.monotonic()
     with pytest.raises(
@@ -739,6 +740,34 @@ def test_the_size_expressions_evaluate_within_a_time_budget(monkeypatch):
     ):
         _archive._evaluate_expressions(trees, "model.pt2")
     assert time.monotonic() - start > 0.05  # the control: one of them took longer
+
+
+def evaluate_all(trees: dict) -> None:
+    for tree in trees.values():
+        _archive._sympy_value(tree.body)
+
+
+def test_expressions_that_would_take_seconds_in_all_are_refused_before_evaluating():
+    """20 expressions, each within its own bounds (8 clamps of sums sympy must compare): sympy
+    takes seconds for them in all; the archive's bounds refuse them at once."""
+    texts = [clamps(8, start) for start in range(1000, 3000, 100)]
+    trees = {text: _check_expression(text, False, "model.pt2") for text in texts}
+    start = time.monotonic()
+    with pytest.raises(
+        ValueError, match=r"its expr_str values hold 160 clamps \(Max, Min\) of two sizes in all"
+    ) as error:
+        _archive._evaluate_expressions(trees, "model.pt2")
+    assert time.monotonic() - start < 1
+    assert "\n" not in str(error.value) and "model.pt2" in str(error.value)
+    assert hangs(lambda: evaluate_all(trees))  # the control: evaluated, they take > 2 s
+
+
+def test_expressions_of_too_many_nodes_in_all_are_refused_before_evaluating():
+    sums = [f"Add({SYMBOL}, Integer({k}))" for k in range(10_000)]  # 16 nodes each
+    trees = {text: _check_expression(text, False, "model.pt2") for text in sums}
+    with pytest.raises(ValueError, match="have 160,000 syntax-tree nodes in all, more than"):
+        _archive._evaluate_expressions(trees, "model.pt2")
+    _archive._evaluate_expressions(dict(list(trees.items())[:100]), "model.pt2")  # fewer: load
 
 
 def test_an_expression_that_cannot_be_evaluated_is_one_line():

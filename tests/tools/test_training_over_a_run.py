@@ -215,3 +215,33 @@ def test_train_net_into_a_users_log_is_one_line(flags, tmp_path, launches, capsy
     after = hashes(tmp_path)
     after.pop("run.lock")  # the lock is taken before the folder is read
     assert after == before
+
+
+@pytest.mark.parametrize("iteration", [1, 0])
+def test_resume_of_a_finished_run_says_so_and_touches_no_file(
+    iteration, tmp_path, launches, capsys, monkeypatch
+):
+    """SOLVER.MAX_ITER 2 (TINY_OVERRIDES): a checkpoint of iteration 1 (the second) is the
+    run's last; one of iteration 0 leaves one to train (the control: the run launches)."""
+    import torch
+
+    monkeypatch.setattr(cli, "check_weights_fit", lambda *args, **kwargs: None)  # no weights
+    record_run(tmp_path)
+    write(tmp_path, {**RUN, "last_checkpoint": "model_final.pth"})
+    torch.save({"model": {}, "iteration": iteration}, tmp_path / "model_final.pth")
+    before = hashes(tmp_path)
+    status, stderr = exit_status(cli.main, training(tmp_path, "--resume"), capsys)
+    if iteration == 0:
+        assert status == 0 and len(launches) == 1, stderr[-2000:]
+        return
+    final = tmp_path / "model_final.pth"
+    assert_one_line_error(
+        status,
+        stderr,
+        f"OUTPUT_DIR '{tmp_path}' holds a finished run: its last checkpoint model_final.pth is "
+        f"of iteration 2, SOLVER.MAX_ITER 2, so --resume has nothing to train (no file was "
+        f"touched): evaluate it with --eval-only MODEL.WEIGHTS {final}, or train longer with a "
+        f"larger SOLVER.MAX_ITER and --resume",
+    )
+    assert not launches
+    assert hashes(tmp_path) == before
