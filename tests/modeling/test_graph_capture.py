@@ -266,7 +266,9 @@ def test_shortcut_pool_under_export_is_eagers_pool_bit_for_bit(size, monkeypatch
     pool = ShortcutPool()
     x = torch.randn(2, 3, *size, requires_grad=True)
     eager = pool(x)
-    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    from lambda_det.compat import torch_features
+
+    monkeypatch.setattr(torch_features, "is_exporting", lambda: True)
     exported = pool(x)
     assert exported.shape == eager.shape and torch.equal(exported, eager)
     gradient = torch.randn_like(eager)
