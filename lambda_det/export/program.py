@@ -6,6 +6,7 @@ import torch.fx.experimental._config
 from detectron2.export import TracingAdapter
 from torch import nn
 
+from lambda_det.compat import torch_features
 from lambda_det.compat.torch_export import export_friendly_detectron2
 from lambda_det.export.files import SIZE_NAMES
 from lambda_det.export.tracing import (
@@ -53,6 +54,11 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
             sample is smaller than :func:`torch_export_min_size`, or a layer holds for some sizes
             only (torch.export's constraint violations: e.g. AFT-conv mixers).
     """
+    if not torch_features.HAS_IS_EXPORTING:  # the layers could not tell an export from eager
+        raise UserError(
+            f"torch.export of a lambda_det model needs torch.compiler.is_exporting (torch>=2.6); "
+            f"this torch ({torch.__version__}) has none: pip install 'torch>=2.6'"
+        )
     _check_sample(model, image, "export")
     reason = fixed_size_reason(model)
     if reason is not None:

@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 import torch._dynamo
-from conftest import TINY_BN_MODEL, overrides
+from conftest import NEEDS_IS_EXPORTING, TINY_BN_MODEL, overrides
 
 import lambda_det.data
 from lambda_det.engine import Trainer
@@ -171,6 +171,7 @@ def test_torchscript_takes_no_context_mask():
 
 
 @pytest.mark.parametrize("stride", [1, 2])
+@NEEDS_IS_EXPORTING
 def test_torch_export_takes_the_conv_form_at_any_size(stride, monkeypatch):
     """Under torch.export, impl "auto" is the "conv" form with full-radius windows: one program
     for every height and width (from 3: a pooled size of 1 specialises), equal to eager (which
