@@ -53,5 +53,7 @@ def __getattr__(name: str):
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(importlib.import_module("lambda_det.run_config"), name)
+        value = getattr(importlib.import_module("lambda_det.run_config"), name)
+        globals()[name] = value  # warned once: `from ... import` looks the name up twice
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
