@@ -2,7 +2,8 @@
 
 Each entry gets its own virtualenv (``make venv VENV=<dir>/<entry> PYTHON=... TORCH_PACKAGES=...``)
 and runs ``pytest tests -m "not slow" -n 2`` there; one Markdown table row per entry (entry,
-passed / failed / skipped, date, host, commit, command) is printed and appended to ``--table``.
+passed / failed / skipped, date, host, commit, command) is printed and appended to ``--table``;
+the suite's output is kept in ``<venv>/matrix-pytest.log``.
 The entries are setup.py's floors (torch 2.5, Python 3.9), releases between them, and the newest
 (torch 2.14.1, Python 3.13). CI runs the default entry (``make test``) only.
 
@@ -68,7 +69,10 @@ def run_entry(name: str, venvs: Path) -> str:
         summary = "venv failed: " + (built.stdout + built.stderr).strip().splitlines()[-1]
     else:
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        tested = subprocess.run(test, cwd=CHECKOUT, capture_output=True, text=True, env=env)
+        tested = subprocess.run(
+            test + ["-rfE"], cwd=CHECKOUT, capture_output=True, text=True, env=env
+        )
+        (venv / "matrix-pytest.log").write_text(tested.stdout + tested.stderr)  # what failed
         result = counts(tested.stdout.strip().splitlines()[-1] if tested.stdout.strip() else "")
         summary = f"{result['passed']} / {result['failed']} / {result['skipped']}"
     commit = subprocess.run(
