@@ -484,3 +484,8 @@ NEEDS_IS_EXPORTING = pytest.mark.skipif(
     not torch_features.HAS_IS_EXPORTING,
     reason="needs torch.compiler.is_exporting (torch>=2.6)",
 )
+# A test of the whole-detector export's fake torchvision::nms needs fake kernels that stack.
+NEEDS_FAKE_KERNELS_STACK = pytest.mark.skipif(
+    not torch_features.fake_kernels_stack(),
+    reason="needs torch.library.register_fake to replace a fake kernel (torchvision::nms's)",
+)

@@ -8,6 +8,7 @@ This module imports torch alone (no detectron2, nothing else of lambda_det), so 
 checks and the tests that need it skip on, naming the feature.
 """
 
+import functools
 import importlib.util
 from typing import Any, Optional
 
@@ -20,6 +21,7 @@ __all__ = [
     "has_free_unbacked_symbols",
     "pt2_package",
     "check_torch_floor",
+    "fake_kernels_stack",
 ]
 
 # torch.compiler.is_exporting (torch >= 2.6): True while torch.export traces. The layers ask it
@@ -58,6 +60,31 @@ try:
 except ImportError:  # pragma: no cover - depends on the torch release
     pt2_package = None
 HAS_PT2_ARCHIVE = pt2_package is not None
+
+
+@functools.lru_cache(maxsize=None)
+def fake_kernels_stack() -> bool:
+    """Whether a second fake kernel of an operator takes over from the first (torch's newer
+    releases) rather than being refused (torch 2.5-2.8 raise RuntimeError). The whole-detector
+    export registers its fake ``torchvision::nms`` over torchvision's own, so it needs this.
+    Probed once on a scratch operator; Library._destroy (private) unregisters the probe, as
+    torch's own tests do, since a Library has no public way to be removed."""
+    first = torch.library.Library("lambda_det_probe", "FRAGMENT")
+    second = None
+    try:
+        first.define("probe(Tensor x) -> Tensor")
+        torch.library.register_fake("lambda_det_probe::probe", torch.empty_like, lib=first)
+        second = torch.library.Library("lambda_det_probe", "FRAGMENT")
+        try:
+            torch.library.register_fake("lambda_det_probe::probe", torch.empty_like, lib=second)
+        except RuntimeError:
+            return False
+        return True
+    finally:
+        if second is not None:
+            second._destroy()
+        first._destroy()
+
 
 # torch.nn.attention.flex_attention is new in torch 2.5, setup.py's floor: a torch without it is
 # older than any lambda_det is tested on.

@@ -424,8 +424,13 @@ def test_a_torch_file_whose_tensor_claims_more_than_it_holds_is_one_line(
     path = tmp_path / "model.pth"
     path.write_bytes(claiming(numel, zip_format))
     refused_at_once(path, CorruptCheckpointError, "is truncated or corrupt and cannot be loaded")
-    with pytest.raises((RuntimeError, TypeError, ValueError)):  # the control: torch's own
-        torch.load(str(path), weights_only=True)
+    # The control: torch refuses it itself, or (torch 2.5-2.8, zip) returns a storage that claims
+    # more than the file holds, which lambda_det's size check refuses.
+    try:
+        loaded = torch.load(str(path), weights_only=True)
+    except (RuntimeError, TypeError, ValueError):
+        return
+    assert loaded["w"].untyped_storage().nbytes() > path.stat().st_size
 
 
 def test_a_loaded_storage_larger_than_the_file_is_refused(tmp_path, monkeypatch):

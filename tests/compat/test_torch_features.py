@@ -53,3 +53,9 @@ def test_a_torch_below_the_floor_stops_in_one_line(monkeypatch):
     message = str(raised.value)
     assert "\n" not in message
     assert "lambda_det needs torch>=2.5" in message and "pip install 'torch>=2.5'" in message
+
+
+def test_the_fake_kernel_probe_answers_alike_and_leaves_nothing_behind():
+    # A probe operator left registered would make the next probe's define raise.
+    assert torch_features.fake_kernels_stack.__wrapped__() is torch_features.fake_kernels_stack()
+    assert torch_features.fake_kernels_stack.__wrapped__() is torch_features.fake_kernels_stack()
