@@ -14,7 +14,7 @@ INSTALL_LOG := $(VENV)/install.log
 EDITABLE_INSTALL := '.[detectron2,dev,bench]'
 logged = $(1) >> $(INSTALL_LOG) 2>&1 || { tail -n 40 $(INSTALL_LOG); echo "failed: $(1) (log: $(INSTALL_LOG))"; exit 1; }
 
-.PHONY: help venv test demo clean-venv always
+.PHONY: help venv test matrix demo clean-venv always
 
 help:
 	@echo "make venv        set up $(VENV)/ (torch, detectron2, lambda_det); then run the tools"
@@ -22,6 +22,7 @@ help:
 	@echo "make test        run the test suite (sets up $(VENV)/ on first use)"
 	@echo "make demo        train, evaluate and draw the bundled demo (sets up $(VENV)/ on first use;"
 	@echo "                 make demo FORCE=1 trains again)"
+	@echo "make matrix      the quick suite in one virtualenv per torch / Python entry"
 	@echo "make clean-venv  remove $(VENV)/"
 	@echo "make help        this list"
 
@@ -50,6 +51,12 @@ $(INSTALLED): $(TORCH_CHOICE) setup.py tools/build_detectron2.py \
 # at the end. tests/ mirrors the package's subpackages; markers slow and e2e (pytest.ini).
 test: $(INSTALLED)
 	$(PY) -m pytest tests -n 2 --durations=15
+
+# One virtualenv per torch / Python entry under MATRIX_VENVS, the quick suite in each
+# (tools/test_matrix.py; docs/ecosystem.md has the table). ENTRIES="torch-2.5 py3.9" runs some.
+MATRIX_VENVS ?= .matrix
+matrix:
+	$(PYTHON) tools/test_matrix.py --venvs $(MATRIX_VENVS) $(ENTRIES)
 
 demo: $(INSTALLED)
 	$(PY) tools/demo.py $(if $(FORCE),--force,)

@@ -20,6 +20,9 @@ Typical use::
 import importlib
 
 from lambda_det.compat import detectron2_installed
+from lambda_det.compat.torch_features import check_torch_floor
+
+check_torch_floor()  # an older torch than setup.py's floor stops here, in one line
 
 __version__ = "0.1.0"
 

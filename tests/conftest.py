@@ -18,6 +18,8 @@ from typing import Callable
 
 import pytest
 
+from lambda_det.compat import torch_features
+
 # Under pytest-xdist (`make test` runs `-n 2`) every worker, and every tool it starts in a
 # subprocess, uses one torch thread: a thread per core in each worker oversubscribes the cores.
 # Set before torch is imported, which reads it once.
@@ -475,3 +477,15 @@ def readme_commands():
 
 
 COMMANDS = readme_commands()
+
+
+# A test that needs torch.export of lambda layers skips, naming the feature, on a torch without it.
+NEEDS_IS_EXPORTING = pytest.mark.skipif(
+    not torch_features.HAS_IS_EXPORTING,
+    reason="needs torch.compiler.is_exporting (torch>=2.6)",
+)
+# A test of the whole-detector export's fake torchvision::nms needs fake kernels that stack.
+NEEDS_FAKE_KERNELS_STACK = pytest.mark.skipif(
+    not torch_features.fake_kernels_stack(),
+    reason="needs torch.library.register_fake to replace a fake kernel (torchvision::nms's)",
+)

@@ -341,6 +341,27 @@ _CODE_MODULES = {
 }
 
 
+def _check_storages_fit(data, filename: str) -> None:
+    """Refuse a tensor whose storage claims more bytes than the file holds: torch.save stores
+    storages uncompressed, and some torch releases (2.5) take a zip member's claimed size without
+    checking it against the member, leaving a storage that reaches past its data."""
+    size = os.path.getsize(filename)
+    pending, seen = [data], 0
+    while pending and seen < 1_000_000:  # bounded: a checkpoint's containers, not a graph
+        value = pending.pop()
+        seen += 1
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+        elif isinstance(value, torch.Tensor) and value.untyped_storage().nbytes() > size:
+            raise CorruptCheckpointError(
+                f"checkpoint {filename} is truncated or corrupt and cannot be loaded (a tensor's "
+                f"storage claims {value.untyped_storage().nbytes():,} bytes, more than the "
+                f"file's {size:,})"
+            )
+
+
 def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError:
     refused = re.search(r"GLOBAL ([\w.]+)", str(error))
     if refused is None:
@@ -351,6 +372,8 @@ def _unsafe_torch_file(filename: str, error: Exception) -> UnsafeCheckpointError
         )
     name = refused[1]
     module = name.split(".")[0] if "." in name else "builtins"
+    if module in ("builtins", "__builtin__"):  # some torch releases name builtins.exec, some exec
+        name = name.rpartition(".")[2]
     if module in _CODE_MODULES:
         return UnsafeCheckpointError(
             f"checkpoint {filename} refers to {name}, which runs code and has no place in a "
@@ -552,6 +575,7 @@ def load_checkpoint_file(path: str) -> Dict[str, Any]:
         raise CorruptCheckpointError(
             f"checkpoint {filename} holds a {type(data).__name__}, not a dict of weights"
         )
+    _check_storages_fit(data, filename)
     if filename.endswith(".pyth"):  # pycls, as detectron2 reads it
         if "model_state" not in data:
             raise CorruptCheckpointError(f"pycls checkpoint {filename} has no 'model_state'")

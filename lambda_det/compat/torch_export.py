@@ -66,8 +66,9 @@ import torch.nn.functional as F
 import torchvision  # noqa: F401  (registers torch.ops.torchvision.nms)
 from detectron2.layers import cat
 from detectron2.structures import Boxes, ImageList, Instances
-from torch.fx.experimental.symbolic_shapes import has_free_unbacked_symbols
 from torchvision.ops import clip_boxes_to_image
+
+from lambda_det.compat.torch_features import has_free_unbacked_symbols
 
 __all__ = ["export_friendly_detectron2"]
 

@@ -34,3 +34,26 @@ __all__ = [
     "flatten_config",
     "read_config_dump",
 ]
+
+# Names that moved to lambda_det.run_config (which joins the config and the model's keys), kept
+# here for one release with a DeprecationWarning. Imported by name on first access: this package
+# must not import the model (import contract config-below-the-model), and a string import
+# registers nothing until a caller asks for one of these names.
+_MOVED_TO_RUN_CONFIG = ("get_cfg", "load_config")
+
+
+def __getattr__(name: str):
+    if name in _MOVED_TO_RUN_CONFIG:
+        import importlib
+        import warnings
+
+        warnings.warn(
+            f"lambda_det.config.{name} moved to lambda_det.run_config.{name}; "
+            f"import it from there (this alias goes in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        value = getattr(importlib.import_module("lambda_det.run_config"), name)
+        globals()[name] = value  # warned once: `from ... import` looks the name up twice
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,6 +11,8 @@ import sys
 from typing import Callable, NamedTuple, Optional
 
 from detectron2.data import transforms as T
+from detectron2.modeling import Backbone
+from detectron2.utils.registry import locate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lambda_det.data.checks import DataSettings, yaml_data_settings
@@ -19,6 +21,7 @@ from lambda_det.engine.preflight import BackboneSettings, TrainingSettings
 from lambda_det.modeling import LambdaResNetBackbone
 from lambda_det.modeling.build import LAMBDA_DET_BACKBONES, backbone_setting
 from lambda_det.solver import warmup_multistep
+from lambda_det.utils.errors import UserError
 from lambda_det.utils.run_defaults import AMP_DTYPE, CHECK_IMAGES, LOG_PERIOD
 from lambda_det.utils.setting import Setting, is_integer
 
@@ -273,7 +276,31 @@ def _lazy_test_size(cfg: DictConfig) -> Optional[Setting]:
     return None
 
 
+def _target_class(node) -> Optional[type]:
+    """The class a LazyConfig node calls (its ``_target_`` as the class, or the dotted name of one
+    of lambda_det's: nothing else is imported here), None for anything else."""
+    target = node.get("_target_") if isinstance(node, DictConfig) else None
+    if isinstance(target, str):
+        target = locate(target) if target.startswith("lambda_det.") else None
+    return target if isinstance(target, type) else None
+
+
+def check_lazy_bottom_up(cfg: DictConfig) -> None:
+    """Refuse (one line) an FPN ``bottom_up`` that is not a detectron2 ``Backbone`` (detectron2's
+    FPN asserts it with an empty message), naming the backbone to use for a LambdaResNet."""
+    bottom_up = OmegaConf.select(cfg, "model.backbone.bottom_up", default=None)
+    target = _target_class(bottom_up)
+    if target is None or issubclass(target, Backbone):
+        return
+    raise UserError(
+        f"model.backbone.bottom_up calls {target.__module__}.{target.__qualname__}, which is "
+        f"not a detectron2 Backbone, as FPN's bottom_up must be; use "
+        f"L(lambda_det.LambdaResNetBackbone)(...) (same arguments) for a LambdaResNet"
+    )
+
+
 def _lazy_backbone(cfg: DictConfig) -> Optional[BackboneSettings]:
+    check_lazy_bottom_up(cfg)
     bottom_up = OmegaConf.select(cfg, "model.backbone.bottom_up", default=None)
     if not _calls(bottom_up, LambdaResNetBackbone):
         return None

@@ -59,8 +59,8 @@ from typing import Dict, Tuple
 import sympy
 import torch
 import torch.utils._sympy.functions as torch_sympy
-from torch.export.pt2_archive._package import PT2ArchiveReader, load_pt2
 
+from lambda_det.compat.torch_features import HAS_PT2_ARCHIVE, pt2_package
 from lambda_det.utils.errors import UserError
 
 __all__ = ["ARCHIVE_VERSION", "zip_kind", "check_archive", "load_program"]
@@ -217,7 +217,7 @@ def _numel(sizes) -> int:
     return math.prod(dims)
 
 
-def _payloads(reader: PT2ArchiveReader, path: str, sizes: Dict[str, int]) -> Dict[str, bool]:
+def _payloads(reader, path: str, sizes: Dict[str, int]) -> Dict[str, bool]:
     """Every member the weight and constant configs name -> whether torch unpickles it. A raw
     member (torch reads its bytes as a tensor) must hold a byte for each element its tensor
     claims, an empty one none: torch makes the tensor of an empty member with torch.zeros."""
@@ -631,9 +631,14 @@ def _check_program(program, path: str) -> Dict[str, ast.Expression]:
 def check_archive(data: bytes, path: str) -> None:
     """Refuse (ValueError, one line naming ``path`` and the member) a torch.export archive whose
     loading could run code from it, or whose layout is not torch 2.14.1's (module docstring)."""
+    if not HAS_PT2_ARCHIVE:
+        raise UserError(
+            f"{path!r}: this torch ({torch.__version__}) has no torch.export.pt2_archive, the "
+            "reader lambda_det checks a .pt2 with; use torch>=2.8 to read it"
+        )
     sizes = _check_members(data, path)
     try:
-        reader = PT2ArchiveReader(io.BytesIO(data))
+        reader = pt2_package.PT2ArchiveReader(io.BytesIO(data))
         names = reader.get_file_names()
     except (RuntimeError, AssertionError, UnicodeDecodeError) as error:
         raise _refuse(
@@ -700,7 +705,7 @@ def load_program(path: str) -> Tuple[torch.export.ExportedProgram, Dict[str, str
         data = f.read()
     check_archive(data, path)
     try:
-        contents = load_pt2(io.BytesIO(data))
+        contents = pt2_package.load_pt2(io.BytesIO(data))
         program = contents.exported_programs["model"]
     except LOAD_ERRORS as error:
         raise _refuse(

@@ -6,6 +6,7 @@ import torch.fx.experimental._config
 from detectron2.export import TracingAdapter
 from torch import nn
 
+from lambda_det.compat import torch_features
 from lambda_det.compat.torch_export import export_friendly_detectron2
 from lambda_det.export.files import SIZE_NAMES
 from lambda_det.export.tracing import (
@@ -63,6 +64,17 @@ def export_program(model: nn.Module, image: torch.Tensor) -> TracedModel:
             f"the torch.export sample must be at least {min_size} x {min_size} pixels (every "
             f"feature map at least 2 x 2; the export then takes any size from there), got "
             f"{tuple(image.shape[1:])}: pass a larger --sample-image or --sample-size"
+        )
+    if not torch_features.HAS_IS_EXPORTING:  # the layers could not tell an export from eager
+        raise UserError(
+            f"torch.export of a lambda_det model needs torch.compiler.is_exporting (torch>=2.6); "
+            f"this torch ({torch.__version__}) has none: pip install 'torch>=2.6'"
+        )
+    if not torch_features.fake_kernels_stack():  # export_friendly_detectron2's fake nms
+        raise UserError(
+            f"torch.export of a detector needs a torch whose torch.library.register_fake "
+            f"replaces an operator's fake kernel (torchvision::nms's); this torch "
+            f"({torch.__version__}) refuses a second one: use a newer torch (2.14.1 is tested)"
         )
     adapter = TracingAdapter(model, [{"image": image}], _inference)
     height = torch.export.Dim(SIZE_NAMES[0], min=min_size)

@@ -73,6 +73,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lambda_det.compat import torch_features
 from lambda_det.layers._checks import (
     check_choice,
     check_int,
@@ -254,7 +255,7 @@ class LambdaLayer(nn.Module):
         """
         if self.impl != "auto":
             return self.impl
-        if torch.jit.is_tracing() or torch.compiler.is_exporting():
+        if torch.jit.is_tracing() or torch_features.is_exporting():
             # Shape-generic (see forward): a trace, or a torch.export with symbolic sizes, runs
             # at any input size.
             return "conv"
@@ -321,7 +322,7 @@ class LambdaLayer(nn.Module):
                     position_output(queries, values, spatial), queries, keys, values
                 )
         output = output.reshape(batch, self.out_channels, *spatial).to(x.dtype)  # b (h v) ...
-        if torch.compiler.is_exporting():
+        if torch_features.is_exporting():
             # The einsums leave a layout that depends on the sizes (channels last at batch 1);
             # the next ops' layout checks on it are guards that named Dim ranges reject.
             output = output.clone(memory_format=torch.contiguous_format)
@@ -403,7 +404,7 @@ class LambdaLayer(nn.Module):
         """Per axis, the largest offset that has an embedding and can occur in this input."""
         limit = self.position_embedding.radius if self.scope is None else self.scope // 2
         if not torch.jit.is_scripting():  # TorchScript compiles none of this block
-            if torch.compiler.is_exporting() or any(
+            if torch_features.is_exporting() or any(
                 isinstance(size, torch.Tensor) for size in spatial
             ):
                 # Sizes traced as graph values (forward, under torch.jit.trace) or symbolic

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d, StochasticDepth
 
+from lambda_det.compat import torch_features
 from lambda_det.utils.errors import UserError
 
 __all__ = [
@@ -157,7 +158,7 @@ class ShortcutPool(nn.AvgPool2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.jit.is_scripting():
-            if torch.compiler.is_exporting():
+            if torch_features.is_exporting():
                 pad = [0, 1, 0, 1]
                 inside = F.avg_pool2d(F.pad(torch.ones_like(x[:1, :1]), pad), 2)  # count / 4
                 return F.avg_pool2d(F.pad(x, pad), 2) / inside

@@ -6,6 +6,7 @@ import inspect
 
 import pytest
 import torch
+from conftest import NEEDS_FAKE_KERNELS_STACK
 
 from lambda_det.compat import import_detectron2
 
@@ -45,6 +46,7 @@ def test_detectron2_asks_what_export_cannot_answer_0_6_and_main(function, questi
     assert question in inspect.getsource(function), f"{function.__qualname__} {CHECKED}"
 
 
+@NEEDS_FAKE_KERNELS_STACK
 def test_boxes_and_instances_are_detectron2s_for_sizes_export_knows_0_6_and_main():
     """Eagerly (every size a Python int), Boxes and Instances.set are detectron2's own: an
     empty input becomes (0, 4), a field of another length is refused."""
@@ -58,6 +60,7 @@ def test_boxes_and_instances_are_detectron2s_for_sizes_export_knows_0_6_and_main
             instances.set("labels", torch.zeros(3))
 
 
+@NEEDS_FAKE_KERNELS_STACK
 def test_clip_clamps_as_detectron2s_0_6_and_main():
     boxes = _boxes(50)
     expected = Boxes(boxes.clone())

@@ -94,3 +94,25 @@ def test_one_check_names_each_systems_key_and_fix(reader, loader, key, fix):
         rf"{fix}$",
     ):
         check_training_settings(reader(cfg).training)
+
+
+@pytest.mark.parametrize("as_name", [False, True])
+def test_a_bottom_up_that_is_no_backbone_names_lambda_resnet_backbone(as_name):
+    from detectron2.config import instantiate
+
+    from lambda_det.modeling import LambdaResNet
+
+    cfg = load_lazy_config("lambda_r26_shapes")
+    lazy_run_settings(cfg)  # negative control: the shipped recipe's LambdaResNetBackbone passes
+    cfg.model.backbone.bottom_up._target_ = (
+        "lambda_det.modeling.LambdaResNet" if as_name else LambdaResNet
+    )
+    cfg.model.backbone.bottom_up.norm = "FrozenBN"  # a norm that LambdaResNet takes too
+    with pytest.raises(AssertionError):  # what detectron2's FPN says of it: nothing
+        instantiate(cfg.model.backbone)
+    with pytest.raises(ValueError) as raised:
+        lazy_run_settings(cfg)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("model.backbone.bottom_up calls lambda_det.modeling.")
+    assert "L(lambda_det.LambdaResNetBackbone)(...)" in message

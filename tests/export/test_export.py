@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import built_once
+from conftest import NEEDS_FAKE_KERNELS_STACK, built_once
 from detectron2.data import Metadata
 from detectron2.modeling import build_model
 
@@ -414,6 +414,7 @@ def test_export_friendly_detectron2_computes_the_same_numbers(model, images, oth
     ) == originals
 
 
+@NEEDS_FAKE_KERNELS_STACK
 def test_export_friendly_detectron2_takes_the_parameters_of_the_originals():
     """Each replacement accepts every parameter of the installed detectron2's function (by name
     too), and ImageList.from_tensors's padding_constraints of detectron2's main branch. Checked

@@ -6,7 +6,7 @@ import io
 import pytest
 import torch
 import torch._dynamo
-from conftest import TINY_BN_MODEL, overrides
+from conftest import NEEDS_IS_EXPORTING, TINY_BN_MODEL, overrides
 
 import lambda_det.data
 from lambda_det.engine import Trainer
@@ -171,6 +171,7 @@ def test_torchscript_takes_no_context_mask():
 
 
 @pytest.mark.parametrize("stride", [1, 2])
+@NEEDS_IS_EXPORTING
 def test_torch_export_takes_the_conv_form_at_any_size(stride, monkeypatch):
     """Under torch.export, impl "auto" is the "conv" form with full-radius windows: one program
     for every height and width (from 3: a pooled size of 1 specialises), equal to eager (which
@@ -266,7 +267,9 @@ def test_shortcut_pool_under_export_is_eagers_pool_bit_for_bit(size, monkeypatch
     pool = ShortcutPool()
     x = torch.randn(2, 3, *size, requires_grad=True)
     eager = pool(x)
-    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    from lambda_det.compat import torch_features
+
+    monkeypatch.setattr(torch_features, "is_exporting", lambda: True)
     exported = pool(x)
     assert exported.shape == eager.shape and torch.equal(exported, eager)
     gradient = torch.randn_like(eager)

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import BENCHMARK_COMMANDS, REPO_ROOT, tool_module
 
-NOT_COMMANDS = {"build_detectron2", "detectron2_C_stub", "detectron2_tests_conftest"}
+# Scripts that run with any Python, before (or without) lambda_det is installed: the standard
+# library only (test_matrix makes the virtualenvs lambda_det is then installed in).
+NOT_COMMANDS = {"build_detectron2", "detectron2_C_stub", "detectron2_tests_conftest", "test_matrix"}
 SCRIPTS = sorted(
     path.stem for path in (REPO_ROOT / "tools").glob("*.py") if path.stem not in NOT_COMMANDS
 )
