@@ -21,7 +21,7 @@ help:
 	@echo "                 as $(PY) tools/... or after: source $(VENV)/bin/activate"
 	@echo "make test        run the test suite (sets up $(VENV)/ on first use)"
 	@echo "make demo        train, evaluate and draw the bundled demo (sets up $(VENV)/ on first use;"
-	@echo "                 make demo FORCE=1 trains again)"
+	@echo "                 make demo FORCE=1 trains again, make demo QUICK=1 a short run)"
 	@echo "make clean-venv  remove $(VENV)/"
 	@echo "make help        this list"
 
@@ -52,7 +52,7 @@ test: $(INSTALLED)
 	$(PY) -m pytest tests -n 2 --durations=15
 
 demo: $(INSTALLED)
-	$(PY) tools/demo.py $(if $(FORCE),--force,)
+	$(PY) tools/demo.py $(if $(FORCE),--force,) $(if $(QUICK),--quick,)
 
 clean-venv:
 	rm -rf $(VENV)
