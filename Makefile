@@ -21,7 +21,7 @@ help:
 	@echo "                 as $(PY) tools/... or after: source $(VENV)/bin/activate"
 	@echo "make test        run the test suite (sets up $(VENV)/ on first use)"
 	@echo "make demo        train, evaluate and draw the bundled demo (sets up $(VENV)/ on first use;"
-	@echo "                 make demo FORCE=1 trains again)"
+	@echo "                 make demo FORCE=1 trains again, make demo QUICK=1 a short run)"
 	@echo "make matrix      the quick suite in one virtualenv per torch / Python entry"
 	@echo "make clean-venv  remove $(VENV)/"
 	@echo "make help        this list"
@@ -59,7 +59,7 @@ matrix:
 	$(PYTHON) tools/test_matrix.py --venvs $(MATRIX_VENVS) $(ENTRIES)
 
 demo: $(INSTALLED)
-	$(PY) tools/demo.py $(if $(FORCE),--force,)
+	$(PY) tools/demo.py $(if $(FORCE),--force,) $(if $(QUICK),--quick,)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -37,6 +37,7 @@ from lambda_det.utils.errors import ExistingFileError, MissingFileError, NotAFol
 __all__ = [
     "IMAGE_SUFFIXES",
     "VIDEO_SUFFIXES",
+    "unreadable_inputs",
     "Frame",
     "collect_inputs",
     "drawing_names",
@@ -234,6 +235,21 @@ def read_frames(path: str, image_format: str) -> Iterator[Frame]:
         raise UserError(f"input {path!r} is not a readable video (no frame decoded)")
 
 
+def unreadable_inputs(files: Sequence[str], image_format: str) -> Dict[str, str]:
+    """The inputs of ``files`` that :func:`read_frames` would refuse, each with why: every image
+    read and checked in full, every video opened and its first frame decoded. Done before the
+    model is loaded, so that a bad file is named before any work, not after."""
+    problems = {}
+    for path in files:
+        try:
+            frames = read_frames(path, image_format)
+            next(frames, None)  # an image's only frame, or a video's first
+            frames.close()
+        except UserError as error:
+            problems[path] = str(error)
+    return problems
+
+
 def build_trained_model(cfg: CfgNode, weights: Optional[str] = None) -> nn.Module:
     """The model of ``cfg`` in eval mode with every weight loaded from ``weights`` (default
     ``cfg.MODEL.WEIGHTS``) by :func:`lambda_det.checkpoint.load_weights`: safely, whatever the
@@ -369,6 +385,7 @@ def predict_files(
     known_ids: Dict[str, int],
     batch_size: int = 1,
     overwrite: bool = False,
+    results: Optional[List[Dict]] = None,
 ) -> Tuple[List[Dict], List[Path]]:
     """Predict on every image and video frame of ``files`` in batches; draw each image and
     each video (as mp4) into ``output`` under its name from :func:`drawing_names`.
@@ -378,6 +395,8 @@ def predict_files(
             every video frame are numbered after the largest of them.
         overwrite: write over earlier drawings in ``output`` (:func:`check_output_folder`;
             never over an input).
+        results: the list the COCO results go into as each batch is done (a new one by
+            default): the caller keeps those of the inputs done before an error.
 
     Returns:
         the COCO results of every frame (with ``file_name``, the input's path, and ``frame`` for
@@ -390,7 +409,8 @@ def predict_files(
     output.mkdir(parents=True, exist_ok=True)
     drawing = {path: output / name for path, name in zip(files, drawing_names(files))}
     next_id = max(known_ids.values(), default=0) + 1
-    results, drawn, videos = [], [], {}
+    results = [] if results is None else results
+    drawn, videos = [], {}
     # Each video goes to a temporary file, renamed into place once all its frames are in.
     temporaries = contextlib.ExitStack()
 

@@ -24,7 +24,10 @@ datasets. Trailing ``KEY VALUE`` pairs override it; MODEL.WEIGHTS must fit the m
 model's classes DATASETS.TEST[0]'s categories (the names drawn), or it stops with one ``error:``
 line. Images are read as the dataset checks accept them (a 16-bit, 32-bit or float grayscale
 image is refused with the fix, as in a dataset) and resized as the config's evaluation resizes
-them; ``--batch-size`` images run together. ``--confidence-threshold`` is a score in [0, 1].
+them; ``--batch-size`` images run together. Every input is read and checked before the model
+loads: unreadable ones stop it in one line that names them all, or are skipped (and listed)
+with ``--skip-unreadable``. ``predictions.json`` is written even when a later input fails (or
+Ctrl-C stops it), with the detections of the inputs done. ``--confidence-threshold`` is a score in [0, 1].
 """
 
 import argparse
@@ -54,6 +57,7 @@ from lambda_det.inference import (
     drawing_names,
     metadata_of,
     predict_files,
+    unreadable_inputs,
 )
 from lambda_det.run_config import load_config
 from lambda_det.utils.atomic import atomic_write, check_writable_folder
@@ -79,6 +83,11 @@ def argument_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch-size", type=int, default=1, help="images per forward pass")
     parser.add_argument(
+        "--skip-unreadable",
+        action="store_true",
+        help="predict on the readable inputs, listing the others (default: stop, naming them)",
+    )
+    parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace drawings and predictions.json in --output (never an input)",
@@ -102,13 +111,34 @@ def config_overrides(args) -> list:
     return overrides
 
 
+def readable_inputs(files: list, image_format: str, skip: bool) -> list:
+    """``files`` without the unreadable ones (:func:`unreadable_inputs`), which stop the command
+    in one line naming them unless ``skip`` (--skip-unreadable) is given."""
+    problems = unreadable_inputs(files, image_format)
+    if not problems:
+        return files
+    listed = "; ".join(problems.values())
+    readable = [path for path in files if path not in problems]
+    if not skip or not readable:
+        fix = (
+            f"convert or remove them, or pass --skip-unreadable to predict on the other "
+            f"{len(readable)}"
+            if readable
+            else "pass readable images or videos"
+        )
+        raise UserError(f"{len(problems)} of {len(files)} inputs cannot be read: {listed}: {fix}")
+    print(f"--skip-unreadable: skipping {len(problems)} of {len(files)} inputs: {listed}")
+    return readable
+
+
 def main(argv=None) -> int:
     args = parse_command_line(argument_parser(), argv)
     output = Path(args.output)
     with reporting_interrupts(
         lambda interrupt: (
-            f"interrupted by {interrupt.name}: {output} holds the drawings finished so far, "
-            f"without {RESULTS_FILE}; run the command again with --overwrite to redo them"
+            f"interrupted by {interrupt.name}: {output} holds the drawings finished so far "
+            f"and their detections in {RESULTS_FILE}; run the command again with "
+            f"--overwrite to redo them"
         )
     ):
         return predict(args, output)
@@ -126,6 +156,7 @@ def predict(args, output: Path) -> int:
             )
         files = collect_inputs(args.input)
         cfg = load_config(args.config_file, config_overrides(args))
+        files = readable_inputs(files, cfg.INPUT.FORMAT, args.skip_unreadable)
         check_output_folder(
             files,
             output,
@@ -147,18 +178,23 @@ def predict(args, output: Path) -> int:
     for path, name in zip(files, drawing_names(files)):
         if Path(name).stem != Path(path).stem:
             print(f"{path} is drawn as {output / name} (an earlier input has its name)")
+    results = []  # filled batch by batch: what was predicted is written even after an error
     with reporting_user_errors(args.debug):
-        results, drawn = predict_files(
-            predictor,
-            files,
-            output,
-            metadata,
-            cfg.INPUT.FORMAT,
-            known_ids,
-            args.batch_size,
-            overwrite=args.overwrite,
-        )
-        atomic_write(output / RESULTS_FILE, json.dumps(results), "--output")
+        try:
+            _, drawn = predict_files(
+                predictor,
+                files,
+                output,
+                metadata,
+                cfg.INPUT.FORMAT,
+                known_ids,
+                args.batch_size,
+                overwrite=args.overwrite,
+                results=results,
+            )
+        finally:  # checked by check_output_folder above: a file this command may write
+            output.mkdir(parents=True, exist_ok=True)
+            atomic_write(output / RESULTS_FILE, json.dumps(results), "--output")
     print(
         f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
         f"and {len(drawn)} drawn files to {output}"

@@ -7,13 +7,16 @@ config file, the full config, the model) appears there as its first line and the
 log.txt, which holds it in full.
 """
 
+import datetime
 import json
 import logging
 import os
 import sys
-from typing import List, Optional
+import time
+from typing import Callable, List, Optional
 
 from detectron2.config import CfgNode
+from detectron2.engine import HookBase
 from detectron2.engine import defaults as engine_defaults
 from detectron2.engine.hooks import PeriodicWriter
 from detectron2.utils import comm
@@ -33,6 +36,7 @@ __all__ = [
     "PRINTOUTS",
     "MetricsWriter",
     "ProgressPrinter",
+    "ExpectedTime",
     "run_writers",
     "resume_metrics",
 ]
@@ -160,6 +164,39 @@ class ProgressPrinter(CommonMetricPrinter):
         if iteration != self._printed:
             self._printed = iteration
             super().write()
+
+
+class ExpectedTime(HookBase):
+    """One console line with the run's expected training time, from its own speed: the time of
+    ``measured`` iterations after the first ``skipped`` of this process (which build caches and
+    start the data loader workers), times the iterations left. Reads the clock only."""
+
+    def __init__(
+        self, skipped: int = 10, measured: int = 20, clock: Callable[[], float] = time.perf_counter
+    ):
+        self.skipped, self.measured, self.clock = skipped, measured, clock
+        self._start = None
+
+    def after_step(self):
+        done = self.trainer.iter + 1 - self.trainer.start_iter  # iterations of this process
+        if done == self.skipped:
+            self._start = self.clock()
+        elif done == self.skipped + self.measured and self._start is not None:
+            logger.info(self.line(self.clock() - self._start))
+
+    def line(self, seconds: float) -> str:
+        per_iteration = seconds / self.measured
+        left = self.trainer.max_iter - self.trainer.iter - 1
+        first = self.trainer.start_iter + self.skipped  # as detectron2's "iter:" counts
+        return (
+            f"expected training time: {_clock(per_iteration * left)} more for the {left} "
+            f"iterations left ({per_iteration:.2f} s each over iterations {first}-"
+            f"{first + self.measured - 1}), then the evaluation"
+        )
+
+
+def _clock(seconds: float) -> str:
+    return str(datetime.timedelta(seconds=round(seconds)))
 
 
 def run_writers(output_dir: str, max_iter: int) -> List[EventWriter]:

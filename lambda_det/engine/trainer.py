@@ -47,7 +47,12 @@ from lambda_det.engine.preflight import (
     check_compiled_batch,
     check_training_settings,
 )
-from lambda_det.engine.run_logging import resume_metrics, run_writers, setup_run_logging
+from lambda_det.engine.run_logging import (
+    ExpectedTime,
+    resume_metrics,
+    run_writers,
+    setup_run_logging,
+)
 from lambda_det.engine.run_settings import yaml_training_settings
 from lambda_det.utils.atomic import OutputWriteError, atomic_path
 
@@ -259,6 +264,8 @@ class Trainer(DefaultTrainer):
             FinalEvalHook(*eval_hook_arguments(hook)) if type(hook) is EvalHook else hook
             for hook in hooks
         ]
+        if comm.is_main_process():
+            hooks.append(ExpectedTime())
         return hooks + [InterruptCheckpoint()]  # last: after the step's checkpoint and writes
 
     def build_writers(self):

@@ -7,6 +7,7 @@ import collections
 import json
 import logging
 import re
+import types
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import lambda_det.data
 from lambda_det.cli import train_net
 from lambda_det.config.lazy import load_lazy_config
 from lambda_det.engine import amp
+from lambda_det.engine.run_logging import ExpectedTime
 from lambda_det.engine.trainer import plain_default_setup
 from lambda_det.run_config import load_config
 
@@ -202,3 +204,21 @@ def test_a_resumed_run_drops_the_records_after_its_checkpoint(tmp_path, caplog):
     writer.drop_after(2)
     writer.close()
     assert metrics.stat().st_ino == before
+
+
+def test_the_expected_time_is_one_line_from_the_measured_iterations(caplog):
+    """ExpectedTime logs once, after its skipped and measured iterations: the measured time per
+    iteration times the iterations left (a clock that advances 2 s per iteration)."""
+    now = [0.0]
+    hook = ExpectedTime(skipped=2, measured=4, clock=lambda: now[0])
+    hook.trainer = types.SimpleNamespace(start_iter=100, max_iter=200, iter=0)
+    with caplog.at_level(logging.INFO, logger="lambda_det"):
+        for iteration in range(100, 120):
+            hook.trainer.iter = iteration
+            now[0] += 2.0
+            hook.after_step()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("expected")]
+    assert lines == [
+        "expected training time: 0:03:08 more for the 94 iterations left (2.00 s each over "
+        "iterations 102-105), then the evaluation"
+    ]

@@ -22,6 +22,7 @@ from lambda_det.cli import compare_backbones, comparison, demo
 from lambda_det.cli import train_net as cli
 from lambda_det.cli.output_dir import RECORD_FILE
 from lambda_det.engine.interrupt import Interrupted
+from lambda_det.run_config import load_config
 
 MODULE_COMMAND = [sys.executable, "-m", "lambda_det.cli.train_net"]
 
@@ -44,6 +45,37 @@ def test_the_demo_trains_through_the_installed_module(tmp_path, monkeypatch, sha
     assert [command[:5] for command in commands] == [
         [*MODULE_COMMAND, "--config-file", DEMO_CONFIG]
     ]
+
+
+def test_the_quick_demo_is_the_demo_cut_short_in_a_folder_of_its_own(tmp_path, monkeypatch, shapes):
+    """--quick (make demo QUICK=1) trains the demo config with fewer iterations, into
+    output/demo_lambda_r26_shapes_quick; the full demo's command carries no override."""
+    monkeypatch.chdir(tmp_path)
+    commands = []
+    monkeypatch.setattr(demo, "run_child", recording(commands))
+    assert demo.main(["--quick"]) == 1 and demo.main([]) == 1
+    quick, full = commands
+    assert quick[-len(demo.QUICK_OVERRIDES) :] == list(demo.QUICK_OVERRIDES)
+    assert quick[-1] == "./output/demo_lambda_r26_shapes_quick"
+    assert full[-1] == "--restart"  # the shipped recipe, nothing added
+    assert quick[: -len(demo.QUICK_OVERRIDES)] == full
+
+
+def test_the_quick_demo_settings_leave_the_recipe_but_its_length(tmp_path):
+    full = load_config(demo.DEFAULT_CONFIG)
+    quick = load_config(demo.DEFAULT_CONFIG, list(demo.QUICK_OVERRIDES))
+    assert (full.SOLVER.MAX_ITER, quick.SOLVER.MAX_ITER) == (600, 150)
+    assert full.OUTPUT_DIR == "./output/demo_lambda_r26_shapes"
+    assert quick.OUTPUT_DIR == "./output/demo_lambda_r26_shapes_quick"
+    # the LR drops at the full recipe's fractions of the run (90, 95, 97.5%)
+    assert [step / 150 for step in quick.SOLVER.STEPS] == pytest.approx(
+        [step / 600 for step in full.SOLVER.STEPS], abs=0.005
+    )
+    changed = {"MAX_ITER", "STEPS", "CHECKPOINT_PERIOD"}
+    for key in changed:
+        quick.SOLVER.pop(key), full.SOLVER.pop(key)
+    quick.pop("OUTPUT_DIR"), full.pop("OUTPUT_DIR")
+    assert quick == full
 
 
 def test_the_comparison_trains_through_the_installed_module(tmp_path, monkeypatch):
