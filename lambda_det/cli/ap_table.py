@@ -72,7 +72,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="[NAME=]PATH")
     parser.add_argument("--baseline", help="row name to show differences against")
-    parser.add_argument("--paper", action="store_true", help="add the paper's Table 14 rows")
+    parser.add_argument(
+        "--paper",
+        action="store_true",
+        help="add the paper's Table 14 rows and, marked as reference rows, detectron2's "
+        "from-scratch LSJ Mask R-CNN baselines (R-50/R-101, 100/200/400 epochs)",
+    )
     parser.add_argument("--plot", metavar="PNG", help="also write a bar chart here")
     parser.add_argument("--output", metavar="MD", help="also write the table here")
     parser.add_argument(

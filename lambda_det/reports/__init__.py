@@ -2,6 +2,7 @@
 comparison over seeds (:mod:`.compare_report`). Nothing here trains or imports the trainer."""
 
 from lambda_det.reports.ap_table import (
+    DETECTRON2_LSJ_BASELINES,
     PAPER_TABLE_14,
     SIZE_METRICS,
     format_ap_table,
@@ -11,6 +12,7 @@ from lambda_det.reports.ap_table import (
 from lambda_det.reports.plots import plot_ap_bars
 
 __all__ = [
+    "DETECTRON2_LSJ_BASELINES",
     "PAPER_TABLE_14",
     "SIZE_METRICS",
     "format_ap_table",

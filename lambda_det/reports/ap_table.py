@@ -15,7 +15,14 @@ from lambda_det.reports.plots import plot_ap_bars
 from lambda_det.utils.errors import MissingFileError, UserError
 from lambda_det.utils.text import read_text
 
-__all__ = ["PAPER_TABLE_14", "SIZE_METRICS", "load_results", "format_ap_table", "plot_ap_by_size"]
+__all__ = [
+    "DETECTRON2_LSJ_BASELINES",
+    "PAPER_TABLE_14",
+    "SIZE_METRICS",
+    "load_results",
+    "format_ap_table",
+    "plot_ap_by_size",
+]
 
 Results = Dict[str, Dict[str, float]]  # task ("bbox" / "segm") -> metric -> value
 
@@ -34,6 +41,23 @@ PAPER_TABLE_14: Dict[str, Results] = {
         ("LambdaResNet-152", (50.0, 31.8, 53.4, 67.0), (43.9, 25.5, 47.3, 62.0)),
     ]
 }
+
+# Reference rows, not the paper's: detectron2's from-scratch Mask R-CNN baselines with large-scale
+# jitter (MODEL_ZOO.md, "New baselines using Large-Scale Jitter and Longer Training Schedule",
+# configs/new_baselines/mask_rcnn_R_*_FPN_*ep_LSJ.py; one epoch = 118000 images). It quotes box
+# and mask AP only, so their APs/m/l cells are empty.
+DETECTRON2_LSJ_BASELINES: Dict[str, Results] = {
+    f"R-{depth}-FPN LSJ {epochs} ep": {"bbox": {"AP": bbox}, "segm": {"AP": segm}}
+    for depth, epochs, bbox, segm in [
+        (50, 100, 44.6, 40.3),
+        (50, 200, 46.3, 41.7),
+        (50, 400, 47.4, 42.5),
+        (101, 100, 46.4, 41.6),
+        (101, 200, 48.0, 43.1),
+        (101, 400, 48.9, 43.7),
+    ]
+}
+REFERENCE_SUFFIX = "(detectron2 reference)"
 
 
 def load_results(path: str, dataset: Optional[str] = None) -> Results:
@@ -141,11 +165,18 @@ def format_ap_table(
     Args:
         runs: row name -> results.
         baseline: a row name; every other row then shows its differences to it in parentheses.
-        paper: append the paper's Table 14 rows.
+        paper: append the paper's Table 14 rows, then detectron2's LSJ baselines as reference
+            rows (what a modern from-scratch ResNet reaches).
     """
     rows = dict(runs)
     if paper:
         rows.update({f"{name} (paper)": results for name, results in PAPER_TABLE_14.items()})
+        rows.update(
+            {
+                f"{name} {REFERENCE_SUFFIX}": results
+                for name, results in DETECTRON2_LSJ_BASELINES.items()
+            }
+        )
     if baseline is not None and baseline not in rows:
         raise UserError(
             f"baseline {baseline!r} is not one of the rows {list(rows)}: pass one of them"

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from lambda_det.cli import ap_table
-from lambda_det.reports import PAPER_TABLE_14, format_ap_table, load_results, plot_ap_by_size
+from lambda_det.reports import (
+    DETECTRON2_LSJ_BASELINES,
+    PAPER_TABLE_14,
+    format_ap_table,
+    load_results,
+    plot_ap_by_size,
+)
 
 
 def test_ap_table_layout_and_deltas(tmp_path):
@@ -25,12 +31,34 @@ def test_ap_table_layout_and_deltas(tmp_path):
         "44.0 (–) | nan / 47.0 / 62.0 (– / – / –) |"
     )
     assert table[3].startswith("| base | 48.9 | 29.9 / 51.8 / 66.0 | – |")
-    assert "| LambdaResNet-152 (paper) | 50.0 (+1.1) |" in table[-1]
-    assert len(table) == 2 + 2 + len(PAPER_TABLE_14)
+    paper_end = 4 + len(PAPER_TABLE_14)
+    assert "| LambdaResNet-152 (paper) | 50.0 (+1.1) |" in table[paper_end - 1]
+    assert len(table) == paper_end + len(DETECTRON2_LSJ_BASELINES)
+    assert format_ap_table(runs).count("\n") == 3  # without --paper: neither kind of row
     with pytest.raises(ValueError, match="baseline 'nope' is not one of the rows"):
         format_ap_table(runs, baseline="nope")
     png = plot_ap_by_size(runs, str(tmp_path / "plot.png"))
     assert Path(png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_detectron2_lsj_baselines_are_reference_rows_after_the_papers():
+    """detectron2's MODEL_ZOO.md (new_baselines, LSJ, from scratch) quotes box and mask AP only."""
+    table = format_ap_table({}, baseline="R-101-FPN LSJ 400 ep (detectron2 reference)", paper=True)
+    lines = table.splitlines()[2:]
+    assert [line.split(" | ")[0] for line in lines[len(PAPER_TABLE_14) :]] == [
+        f"| R-{depth}-FPN LSJ {epochs} ep (detectron2 reference)"
+        for depth in (50, 101)
+        for epochs in (100, 200, 400)
+    ]
+    assert lines[-1] == (
+        "| R-101-FPN LSJ 400 ep (detectron2 reference) | 48.9 | – / – / – | 43.7 | – / – / – |"
+    )
+    assert lines[len(PAPER_TABLE_14)].startswith(
+        "| R-50-FPN LSJ 100 ep (detectron2 reference) | 44.6 (-4.3) | – / – / – (– / – / –) | "
+        "40.3 (-3.4) |"
+    )
+    # the paper's LambdaResNet-101 against detectron2's 400-epoch R-101: +0.5 box, -0.2 mask
+    assert "| LambdaResNet-101 (paper) | 49.4 (+0.5) |" in table and "43.5 (-0.2)" in table
 
 
 def test_results_load_from_metrics_json_and_bad_files_are_named(tmp_path):
