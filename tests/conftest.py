@@ -174,6 +174,7 @@ BENCHMARK_COMMANDS = {
     "benchmark_lambda": "benchmarks.lambda_layer",
     "benchmark_detector": "benchmarks.detector_step",
     "count_kernels": "benchmarks.count_kernels",
+    "gpu_report": "benchmarks.gpu_report",
 }
 
 

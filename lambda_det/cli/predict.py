@@ -27,7 +27,8 @@ image is refused with the fix, as in a dataset) and resized as the config's eval
 them; ``--batch-size`` images run together. Every input is read and checked before the model
 loads: unreadable ones stop it in one line that names them all, or are skipped (and listed)
 with ``--skip-unreadable``. ``predictions.json`` is written even when a later input fails (or
-Ctrl-C stops it), with the detections of the inputs done. ``--confidence-threshold`` is a score in [0, 1].
+Ctrl-C stops it), with the detections of the inputs done. ``--confidence-threshold`` is a score in
+[0, 1].
 """
 
 import argparse
@@ -134,17 +135,20 @@ def readable_inputs(files: list, image_format: str, skip: bool) -> list:
 def main(argv=None) -> int:
     args = parse_command_line(argument_parser(), argv)
     output = Path(args.output)
+    written = []  # RESULTS_FILE once predict has written it
     with reporting_interrupts(
         lambda interrupt: (
             f"interrupted by {interrupt.name}: {output} holds the drawings finished so far "
             f"and their detections in {RESULTS_FILE}; run the command again with "
             f"--overwrite to redo them"
+            if written
+            else f"interrupted by {interrupt.name} before predicting: nothing was written"
         )
     ):
-        return predict(args, output)
+        return predict(args, output, written)
 
 
-def predict(args, output: Path) -> int:
+def predict(args, output: Path, written: list) -> int:
     with reporting_user_errors(args.debug):
         if args.batch_size < 1:
             raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
@@ -156,7 +160,6 @@ def predict(args, output: Path) -> int:
             )
         files = collect_inputs(args.input)
         cfg = load_config(args.config_file, config_overrides(args))
-        files = readable_inputs(files, cfg.INPUT.FORMAT, args.skip_unreadable)
         check_output_folder(
             files,
             output,
@@ -170,6 +173,7 @@ def predict(args, output: Path) -> int:
         )
         check_device(cfg, key="--device" if args.device else "MODEL.DEVICE")
         check_writable_folder(output, "--output")
+        files = readable_inputs(files, cfg.INPUT.FORMAT, args.skip_unreadable)  # before the model
         register_datasets(cfg)
         check_prediction_classes(cfg)
         metadata = metadata_of(cfg)
@@ -195,6 +199,7 @@ def predict(args, output: Path) -> int:
         finally:  # checked by check_output_folder above: a file this command may write
             output.mkdir(parents=True, exist_ok=True)
             atomic_write(output / RESULTS_FILE, json.dumps(results), "--output")
+            written.append(RESULTS_FILE)
     print(
         f"wrote {len(results)} detections of {len(files)} inputs to {output / RESULTS_FILE}, "
         f"and {len(drawn)} drawn files to {output}"

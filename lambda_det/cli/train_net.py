@@ -327,7 +327,10 @@ def check_run_not_finished(args: argparse.Namespace, system: ConfigSystem, cfg, 
     latest = checkpoint_to_resume(folder)
     if latest is None:
         return
-    iteration = load_checkpoint_file(latest).get("iteration")
+    try:
+        iteration = load_checkpoint_file(latest).get("iteration")
+    except UserError:
+        return  # the resume itself names what is wrong with it, after the other checks
     world_size = args.num_gpus * args.num_machines
     max_iter = system.settings(system.scale(cfg, world_size)).training.max_iter
     if type(iteration) is not int or iteration + 1 < max_iter.value:

@@ -390,6 +390,6 @@ def test_predict_stops_in_one_line(tmp_path, capsys, monkeypatch):
         )
     assert exit_info.value.code == 130
     assert capsys.readouterr().err.splitlines() == [
-        f"interrupted by SIGINT: {tmp_path / 'out'} holds the drawings finished so far, "
-        f"without predictions.json; run the command again with --overwrite to redo them"
+        "interrupted by SIGINT before predicting: nothing was written"
     ]
+    assert not (tmp_path / "out").exists()

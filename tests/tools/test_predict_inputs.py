@@ -105,3 +105,34 @@ def test_predictions_of_the_inputs_before_a_failure_are_written(
     assert error == "error: the second input failed"
     results = json.loads((tmp_path / "out/predictions.json").read_text())
     assert results and {result["file_name"] for result in results} == {str(inputs / "photo0.png")}
+
+
+def test_an_interrupt_after_the_first_input_keeps_its_predictions(
+    inputs, weights, tmp_path, monkeypatch, capsys
+):
+    import os
+    import signal
+
+    for name in ("scan.tif", "broken.png"):
+        (inputs / name).unlink()
+    calls = []
+    predict_batch = inference.Predictor.predict_batch
+
+    def interrupted_at_the_second(self, images):
+        calls.append(len(images))
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # predict's handler turns it into an exit
+        return predict_batch(self, images)
+
+    monkeypatch.setattr(inference.Predictor, "predict_batch", interrupted_at_the_second)
+    output = tmp_path / "out"
+    options = ["--confidence-threshold", "0.0"]
+    with pytest.raises(SystemExit) as exit_info:
+        predict.main(argv(inputs, output, weights, *options))
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"interrupted by SIGINT: {output} holds the drawings finished so far and their "
+        "detections in predictions.json; run the command again with --overwrite to redo them"
+    )
+    results = json.loads((output / "predictions.json").read_text())
+    assert results and {result["file_name"] for result in results} == {str(inputs / "photo0.png")}
