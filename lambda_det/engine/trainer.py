@@ -188,6 +188,16 @@ class FinalEvalHook(EvalHook):
             release_eval_function(self)  # as EvalHook.after_train: the closure holds the trainer
 
 
+def cpu_training_sizes(cfg) -> Optional[str]:
+    """The training and test sizes with their keys, for a run on the CPU (None elsewhere)."""
+    if torch.device(cfg.MODEL.DEVICE).type != "cpu":
+        return None
+    settings = yaml_training_settings(cfg)
+    sizes = [(settings.input_size, "training"), (settings.test_size, "evaluation")]
+    said = [f"{size.value} px for {what} ({size.key})" for size, what in sizes if size is not None]
+    return ", ".join(said) or None
+
+
 class Trainer(DefaultTrainer):
     """Detectron2's ``DefaultTrainer`` with:
 
@@ -265,7 +275,7 @@ class Trainer(DefaultTrainer):
             for hook in hooks
         ]
         if comm.is_main_process():
-            hooks.append(ExpectedTime())
+            hooks.append(ExpectedTime(sizes=cpu_training_sizes(self.cfg)))
         return hooks + [InterruptCheckpoint()]  # last: after the step's checkpoint and writes
 
     def build_writers(self):

@@ -222,3 +222,48 @@ def test_the_expected_time_is_one_line_from_the_measured_iterations(caplog):
         "expected training time: 0:03:08 more for the 94 iterations left (2.00 s each over "
         "iterations 102-105), then the evaluation"
     ]
+
+
+def test_on_the_cpu_the_first_iteration_is_one_line_with_the_sizes(caplog):
+    """With sizes (given on the CPU), the first iteration's time is logged with them at once,
+    before the expected-time line; without, nothing at the first iteration."""
+    for sizes, expected in [
+        ("800 px for training (INPUT.MIN_SIZE_TRAIN)", 1),
+        (None, 0),
+    ]:
+        caplog.clear()
+        now = [0.0]
+        hook = ExpectedTime(skipped=2, measured=4, clock=lambda: now[0], sizes=sizes)
+        hook.trainer = types.SimpleNamespace(start_iter=0, max_iter=10, iter=0)
+        with caplog.at_level(logging.INFO, logger="lambda_det"):
+            for iteration in range(3):
+                hook.trainer.iter = iteration
+                hook.before_step()
+                now[0] += 84.0
+                hook.after_step()
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("on the")]
+        assert lines == [
+            "on the CPU at 800 px for training (INPUT.MIN_SIZE_TRAIN): the first iteration "
+            "took 84.0 s, so expect about that per iteration (lower those keys for a faster run)"
+        ][:expected]
+
+
+def test_the_sizes_named_on_the_cpu_are_the_configs():
+    """A stock detectron2 config on the CPU trains at up to 800 px and evaluates at 800; the
+    demo at 256 for both (LSJ); on a GPU no line."""
+    from detectron2 import model_zoo
+
+    from lambda_det.engine.trainer import cpu_training_sizes
+
+    stock = load_config(
+        model_zoo.get_config_file("COCO-InstanceSegmentation/mask_rcnn_R_50_FPN_3x.yaml"),
+        ["MODEL.DEVICE", "cpu"],
+    )
+    assert cpu_training_sizes(stock) == (
+        "800 px for training (INPUT.MIN_SIZE_TRAIN), 800 px for evaluation (INPUT.MAX_SIZE_TEST)"
+    )
+    demo = load_config("lambda_r26_shapes", [])
+    assert cpu_training_sizes(demo) == (
+        "256 px for training (INPUT.LSJ.IMAGE_SIZE), 256 px for evaluation (INPUT.MAX_SIZE_TEST)"
+    )
+    assert cpu_training_sizes(load_config("lambda_r26_shapes", ["MODEL.DEVICE", "cuda"])) is None
