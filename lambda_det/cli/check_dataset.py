@@ -95,16 +95,17 @@ def check_config_datasets(args: argparse.Namespace) -> str:
     cfg = load_run_config(args, opts)
     check_config_values(cfg, training=not args.eval_only)
     start = time.perf_counter()
-    count = check_run_datasets(
+    checked = check_run_datasets(
         yaml_data_settings(cfg), training=not args.eval_only, threads=args.threads
     )
     seconds = time.perf_counter() - start
-    train = "" if args.eval_only else f"training sets {list(cfg.DATASETS.TRAIN)}, "
     before = "evaluating" if args.eval_only else "training"
-    return (
-        f"{args.config_file}: {train}test sets {list(cfg.DATASETS.TEST)} checked as "
-        f"tools/train_net.py checks them before {before} in {seconds:.1f} s ({count} image "
-        f"files checked, {cfg.DATALOADER.CHECK_IMAGES})"
+    return "\n".join(
+        [
+            f"{args.config_file}: checked as tools/train_net.py checks them before {before} "
+            f"in {seconds:.1f} s (images: {cfg.DATALOADER.CHECK_IMAGES})",
+            *(f"  {checked_set.line()}" for checked_set in checked),
+        ]
     )
 
 

@@ -36,7 +36,11 @@ trained checkpoint, and every weight of the model must be in it. The trace runs 
 add ``MODEL.DEVICE cpu`` for a TorchScript file that runs on the CPU. After saving, the exported
 model is run on the sample and, when its size is dynamic, on a synthetic image of another shape
 (3/4 of the sample's height, or torch.export's smallest), and compared with the eager model
-(skipped for ONNX without onnxruntime); a difference above ``--tolerance`` exits with status 1. An
+(skipped for ONNX without onnxruntime): the number of detections must agree, and each output
+within ``--tolerance`` on its own scale (boxes as a fraction of the image side, scores and masks
+as probabilities, classes exactly), else it exits with status 1; an image where neither model
+finds anything passes only when the eager model's best score there is below its test score
+threshold (it says so), and a check that compared no detection at all warns. An
 existing ``--output`` or ``<output>.json`` is replaced only with ``--overwrite``, and never when it
 is a file the export reads (MODEL.WEIGHTS, the config, the sample image).
 """
@@ -61,8 +65,11 @@ from lambda_det.export import (
     EXPORT_FORMATS,
     FILE_SUFFIXES,
     ONNX_OPSET,
+    SCALES,
     ExportedModel,
+    best_score_below_threshold,
     check_export_output,
+    detection_count,
     eager_outputs,
     export_model,
     max_differences,
@@ -102,7 +109,8 @@ def argument_parser() -> argparse.ArgumentParser:
         "--tolerance",
         type=float,
         default=1e-3,
-        help="largest absolute difference from the eager model accepted",
+        help="largest difference from the eager model accepted, on each output's scale: "
+        "boxes as a fraction of the image side, scores and masks as probabilities",
     )
     parser.add_argument(
         "--overwrite",
@@ -169,20 +177,54 @@ def main(argv=None) -> int:
             height = max(height, traced.min_size[0])
         other = sample_image(cfg, size=(height, image.shape[2]), seed=1)
         checks[f"a {other.shape[1]} x {other.shape[2]} image"] = other
+    compared = 0
     for name, check_image in checks.items():
-        differences = max_differences(eager_outputs(model, check_image), exported(check_image))
+        expected, actual = eager_outputs(model, check_image), exported(check_image)
+        found = detection_count(expected), detection_count(actual)
+        if found[0] != found[1]:
+            return check_failed(
+                f"the exported model finds {found[1]} detections on {name}, the eager model "
+                f"{found[0]}"
+            )
+        if found[0] == 0:
+            below = best_score_below_threshold(model, check_image)
+            if below is None:
+                return check_failed(
+                    f"neither model finds anything on {name}, even at score threshold 0: "
+                    f"nothing to compare; pass --sample-image with objects the model finds"
+                )
+            print(
+                f"no detection to compare on {name}: the eager model's best score there, "
+                f"{below[0]:.6g}, is below its test score threshold {below[1]:g}"
+            )
+            continue
+        differences = max_differences(expected, actual)
         print(
-            f"largest difference from the eager model on {name}: "
-            + ", ".join(f"{field} {value:.3g}" for field, value in differences.items())
+            f"{found[0]} detections compared on {name}, largest differences from the eager "
+            "model: "
+            + ", ".join(
+                f"{field} {value:.3g} ({SCALES.get(field, 'absolute')})"
+                for field, value in differences.items()
+            )
         )
         if not all(value <= args.tolerance for value in differences.values()):  # nan fails too
-            print(
-                f"error: the exported model differs from the eager model on {name} by more "
-                f"than --tolerance {args.tolerance}",
-                file=sys.stderr,
+            return check_failed(
+                f"the exported model differs from the eager model on {name} by more than "
+                f"--tolerance {args.tolerance}"
             )
-            return 1
+        compared += found[0]
+    if not compared:
+        print(
+            "warning: no detection was compared, only the outputs' shapes: pass "
+            "--sample-image with objects the model finds"
+        )
     return 0
+
+
+def check_failed(message: str) -> int:
+    """The export check's failure: one ``error:`` line, exit status 1."""
+    print(f"error: {message}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":  # python -m, from an installed package (no tools/)

@@ -25,7 +25,7 @@ import math
 import numbers
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from detectron2.data import DatasetCatalog, MetadataCatalog, detection_utils
 from detectron2.data.build import (
@@ -60,6 +60,7 @@ __all__ = [
     "check_image_file",
     "check_image_mode",
     "check_run_datasets",
+    "CheckedSet",
     "check_prediction_classes",
     "IMAGE_CHECKS",
     "READABLE_IMAGE_MODES",
@@ -369,7 +370,9 @@ def check_annotation_files(names: Sequence[str]) -> None:
         check_annotation_file(name)
 
 
-def load_training_dicts(data: DataSettings, check_files: bool = False) -> List[dict]:
+def load_training_dicts(
+    data: DataSettings, check_files: bool = False, dropped: Optional[Dict[str, int]] = None
+) -> List[dict]:
     """The training set as the trainer trains on it: the one place that says what training
     requires of its datasets (:func:`load_checked_dataset_dicts` with ``filter_empty``, and
     segmentations when the model predicts masks), for the trainer, the pre-flight and
@@ -379,6 +382,7 @@ def load_training_dicts(data: DataSettings, check_files: bool = False) -> List[d
         filter_empty=data.filter_empty,
         require_masks=data.masks,
         check_files=check_files,
+        dropped=dropped,
     )
 
 
@@ -405,12 +409,13 @@ def load_checked_dataset_dicts(
     filter_empty: bool = True,
     require_masks: bool = False,
     check_files: bool = False,
+    dropped: Optional[Dict[str, int]] = None,
 ) -> List[dict]:
     """``get_detection_dataset_dicts(names, filter_empty)`` (the same records, in the same order),
     with clearer errors: :func:`load_dataset`, :func:`check_annotation_files` (with
     ``check_files``), :func:`check_usable_annotations` and :func:`check_dataset_dicts`. Images
     without usable annotations are dropped by detectron2 when ``filter_empty`` (it logs how
-    many)."""
+    many); ``dropped``, when given, gets their number by reason."""
     _check_registered(names)
     per_dataset = [load_dataset(name) for name in names]
     if check_files:
@@ -420,6 +425,9 @@ def load_checked_dataset_dicts(
         return dicts
     check_usable_annotations(per_dataset, names)
     if filter_empty:
+        for reason in map(_unusable, dicts):
+            if reason is not None and dropped is not None:
+                dropped[reason] = dropped.get(reason, 0) + 1
         per_dataset = [filter_images_with_only_crowd_annotations(part) for part in per_dataset]
         dicts = list(itertools.chain.from_iterable(per_dataset))
     try:
@@ -437,6 +445,16 @@ def load_checked_dataset_dicts(
     return dicts
 
 
+def _unusable(record: dict) -> Optional[str]:
+    """Why detectron2's ``filter_empty`` drops the image of ``record`` (None: it keeps it)."""
+    annotations = record.get("annotations", [])
+    if not annotations:
+        return "without annotations"
+    if all(annotation.get("iscrowd", 0) for annotation in annotations):
+        return "with only crowd annotations"
+    return None
+
+
 def check_usable_annotations(
     per_dataset: Sequence[Sequence[dict]], names: Sequence[str], test_key: Optional[str] = None
 ) -> None:
@@ -445,14 +463,11 @@ def check_usable_annotations(
     counts = {"images": 0, "without annotations": 0, "with only crowd annotations": 0}
     for dicts in per_dataset:
         for record in dicts:
-            annotations = record.get("annotations", [])
             counts["images"] += 1
-            if not annotations:
-                counts["without annotations"] += 1
-            elif all(annotation.get("iscrowd", 0) for annotation in annotations):
-                counts["with only crowd annotations"] += 1
-            else:
+            unusable = _unusable(record)
+            if unusable is None:
                 return
+            counts[unusable] += 1
     where = ", ".join(_describe(name) for name in names)
     reasons = [f"{count} {kind}" for kind, count in counts.items() if kind != "images" and count]
     of = f"(of {counts['images']} images, {' and '.join(reasons)})"
@@ -750,16 +765,36 @@ def _check_dataset_names(names: Setting, once: bool = False) -> None:
         seen.add(name)
 
 
+class CheckedSet(NamedTuple):
+    """What :func:`check_run_datasets` checked of one training or test set."""
+
+    role: str  # "training" or "test"
+    names: List[str]  # the datasets (a training set may join several)
+    images: int  # image files checked: the images training or evaluation reads
+    annotations: int
+    dropped: Dict[str, int]  # images training leaves out, by reason
+
+    def line(self) -> str:
+        dropped = sum(self.dropped.values())
+        why = ", ".join(f"{count} {reason}" for reason, count in self.dropped.items())
+        left_out = f"; {dropped} image{'s' * (dropped != 1)} dropped ({why})" if dropped else ""
+        return (
+            f"{self.role} set {', '.join(self.names)}: {self.images} images, "
+            f"{self.annotations} annotations{left_out}"
+        )
+
+
 def check_run_datasets(
     data: DataSettings, training: bool = True, threads: Optional[int] = None
-) -> int:
+) -> List[CheckedSet]:
     """The pre-flight of the data of both training tools (tools/check_dataset.py's with a
     config): each training (when ``training``) and test dataset is registered and loads, its
     COCO file is sound (:func:`check_annotation_file`), it has as many categories as the model
     has classes, and its images pass
     ``data.check_images``; the training set is checked as the trainer loads it
     (:func:`load_training_dicts`), each test set as evaluation reads it
-    (:func:`load_checked_test_dicts`). Returns the number of image files checked."""
+    (:func:`load_checked_test_dicts`). Returns what was checked of each set, the training set
+    first."""
     key, mode = data.check_images
     if mode not in IMAGE_CHECKS:
         raise UserError(f"{key} must be one of {list(IMAGE_CHECKS)}, got {shown(mode)}")
@@ -768,13 +803,20 @@ def check_run_datasets(
     _check_dataset_names(data.test, once=True)
     train, test = list(data.train.value), list(data.test.value)
     _check_registered([*(train if training else ()), *test])
-    checked = 0
+    checked = []
     if training and train:
-        dicts = load_training_dicts(data, check_files=True)
+        dropped = {}
+        dicts = load_training_dicts(data, check_files=True, dropped=dropped)
         check_num_classes(data.num_classes, train)
-        checked += check_images(dicts, mode, data.image_format, threads, key=key)
+        images = check_images(dicts, mode, data.image_format, threads, key=key)
+        checked.append(CheckedSet("training", train, images, _annotations(dicts), dropped))
     for name in test:
         dicts = load_checked_test_dicts(name, require_masks=data.masks, key=data.test.key)
         check_num_classes(data.num_classes, [name])
-        checked += check_images(dicts, mode, data.image_format, threads, key=key)
+        images = check_images(dicts, mode, data.image_format, threads, key=key)
+        checked.append(CheckedSet("test", [name], images, _annotations(dicts), {}))
     return checked
+
+
+def _annotations(dicts: Sequence[dict]) -> int:
+    return sum(len(record.get("annotations", ())) for record in dicts)

@@ -53,21 +53,28 @@ The modules (what they hold that is public is importable from ``lambda_det.expor
   metadata file's path (:func:`metadata_path`), and which output paths an export may write
   (:func:`check_export_output`);
 * :mod:`~lambda_det.export.tracing`: :func:`sample_image`, :func:`eager_outputs` (the eager
-  outputs by the exported names), :class:`TracedModel` and :func:`trace_model`
-  (``torch.jit.trace``: TorchScript, and ONNX from it);
+  outputs by the exported names), :func:`best_score_below_threshold`, :class:`TracedModel` and
+  :func:`trace_model` (``torch.jit.trace``: TorchScript, and ONNX from it);
 * :mod:`~lambda_det.export.program`: :func:`export_program` (``torch.export``) and
   :func:`torch_export_min_size`;
 * :mod:`~lambda_det.export.metadata`: :func:`export_metadata` and :func:`class_table`;
 * :mod:`~lambda_det.export.saving`: :func:`export_model`, which traces or exports a model and
   writes the file and its metadata;
 * :mod:`~lambda_det.export.exported_model`: :class:`ExportedModel`, which runs an exported file,
-  and :func:`outputs_to_instances` and :func:`max_differences` for its outputs;
+  and :func:`outputs_to_instances`, :func:`max_differences` (on each output's scale) and
+  :func:`detection_count` for its outputs;
 * :mod:`~lambda_det.export._archive`: the checks that loading a ``.pt2`` runs no code from it.
 
 The export-only replacements of detectron2 functions are in :mod:`lambda_det.compat.torch_export`.
 """
 
-from lambda_det.export.exported_model import ExportedModel, max_differences, outputs_to_instances
+from lambda_det.export.exported_model import (
+    SCALES,
+    ExportedModel,
+    detection_count,
+    max_differences,
+    outputs_to_instances,
+)
 from lambda_det.export.files import (  # noqa: F401  (outside __all__, importable from here too)
     EXPORT_FORMATS,
     FILE_SUFFIXES,
@@ -83,6 +90,7 @@ from lambda_det.export.program import export_program, torch_export_min_size
 from lambda_det.export.saving import export_model
 from lambda_det.export.tracing import (
     TracedModel,
+    best_score_below_threshold,
     eager_outputs,
     fixed_size_reason,
     sample_image,
@@ -97,6 +105,7 @@ __all__ = [
     "ExportedModel",
     "sample_image",
     "eager_outputs",
+    "best_score_below_threshold",
     "check_export_output",
     "metadata_path",
     "class_table",
@@ -108,4 +117,6 @@ __all__ = [
     "export_model",
     "outputs_to_instances",
     "max_differences",
+    "detection_count",
+    "SCALES",
 ]

@@ -219,12 +219,26 @@ def outputs_to_instances(outputs: Mapping[str, torch.Tensor], height: int, width
     return detector_postprocess(Instances(image_size, **fields), height, width)
 
 
+# How each output's difference is measured: boxes as a fraction of the image's longer side
+# (1e-3 is 1 pixel of 1024), scores and masks as the probabilities they are, classes and the
+# image size as equal (0) or not (inf).
+SCALES = {
+    "pred_boxes": "of the image side",
+    "scores": "probability",
+    "pred_masks": "probability",
+    "pred_classes": "equal or not",
+    "image_size": "equal or not",
+}
+
+
 def max_differences(
     expected: Mapping[str, torch.Tensor], actual: Mapping[str, torch.Tensor]
 ) -> Dict[str, float]:
-    """Per output name, the largest absolute difference (inf where the shapes or names differ,
-    nan where either side has a NaN)."""
+    """Per output name, the largest difference on the output's own scale (:data:`SCALES`;
+    outputs of other names absolute): inf where the shapes or names differ, nan where either
+    side has a NaN."""
     differences = {}
+    side = max(int(v) for v in torch.as_tensor(expected.get("image_size", [1])).flatten())
     for name in sorted(set(expected) | set(actual)):
         if name not in expected or name not in actual:
             differences[name] = float("inf")
@@ -234,6 +248,14 @@ def max_differences(
             differences[name] = float("inf")
         elif reference.numel() == 0:
             differences[name] = 0.0
+        elif SCALES.get(name) == "equal or not":
+            differences[name] = 0.0 if torch.equal(reference, value) else float("inf")
         else:
-            differences[name] = float((reference.double() - value.double()).abs().max())
+            difference = float((reference.double() - value.double()).abs().max())
+            differences[name] = difference / max(side, 1) if name == "pred_boxes" else difference
     return differences
+
+
+def detection_count(outputs: Mapping[str, torch.Tensor]) -> int:
+    """The number of detections in a model's outputs (the length of its scores)."""
+    return len(outputs["scores"]) if "scores" in outputs else 0

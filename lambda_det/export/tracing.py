@@ -97,6 +97,29 @@ def eager_outputs(model: nn.Module, image: torch.Tensor) -> Dict[str, torch.Tens
     return dict(sorted(outputs.items()))
 
 
+def best_score_below_threshold(
+    model: nn.Module, image: torch.Tensor
+) -> Optional[Tuple[float, float]]:
+    """The eager model's highest detection score on ``image`` with its test score thresholds
+    (detectron2's ``test_score_thresh`` of the box predictors, or of RetinaNet) at 0, and the
+    threshold: why it detected nothing. None when it has no such threshold or detects nothing
+    at 0 either. The thresholds are restored."""
+    holders = [module for module in model.modules() if hasattr(module, "test_score_thresh")]
+    if not holders:
+        return None
+    saved = [holder.test_score_thresh for holder in holders]
+    try:
+        for holder in holders:
+            holder.test_score_thresh = 0.0
+        scores = eager_outputs(model, image).get("scores")
+    finally:
+        for holder, threshold in zip(holders, saved):
+            holder.test_score_thresh = threshold
+    if scores is None or not len(scores):
+        return None
+    return float(scores.max()), float(saved[0])
+
+
 @dataclass
 class TracedModel:
     """A traced model and what it was traced with."""

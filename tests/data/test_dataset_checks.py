@@ -476,7 +476,8 @@ def test_a_test_set_named_twice_is_evaluated_twice_without_the_check(
     cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
     cfg.DATASETS.TEST = ("lambda_det_test_own",) * 2
     monkeypatch.setattr(data_checks, "_check_dataset_names", lambda names, once=False: None)
-    assert check_run_datasets(yaml_data_settings(cfg), training=False) == 2 * 3
+    checked = check_run_datasets(yaml_data_settings(cfg), training=False)
+    assert [checked_set.images for checked_set in checked] == [3, 3]
 
 
 def test_eval_only_refuses_a_test_set_named_twice_before_it_starts(tmp_path, register, capsys):
@@ -717,7 +718,8 @@ def test_a_test_set_whose_file_lists_no_annotations_is_predicted_on(tmp_path, re
     edit_json(write_dataset(tmp_path), lambda data: data.pop("annotations"))
     cfg = one_dataset(register, tmp_path, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
     cfg.DATASETS.TRAIN, cfg.DATASETS.TEST = (), ("lambda_det_test_own",)
-    assert check_run_datasets(yaml_data_settings(cfg), training=False) == 3
+    checked = check_run_datasets(yaml_data_settings(cfg), training=False)
+    assert [(checked_set.images, checked_set.annotations) for checked_set in checked] == [(3, 0)]
 
 
 @pytest.mark.slow
@@ -758,6 +760,29 @@ def test_check_dataset_tool_names_each_bad_coco_file_in_one_line(
 
 
 @pytest.mark.e2e
+def test_check_dataset_reports_each_set_with_what_training_drops(tmp_path, register, capsys):
+    """One dataset as both training and test set, one image without annotations and one with
+    only a crowd annotation: training drops both (and says why), the test set has all four."""
+
+    def unusable(data):
+        data["annotations"] = [a for a in data["annotations"] if a["image_id"] != 1]
+        data["annotations"][0]["iscrowd"] = 1  # image 2's only annotation
+
+    edit_json(write_dataset(tmp_path, count=4), unusable)
+    triple = ["lambda_det_test_sets", str(tmp_path / "instances.json"), str(tmp_path / "images")]
+    register(triple, **{"MODEL.ROI_HEADS.NUM_CLASSES": 2})
+    run = ["--config", "lambda_r26_shapes", "--coco-dataset", *triple, *TINY_ARGS]
+    run += ["MODEL.ROI_HEADS.NUM_CLASSES", "2", "MODEL.MASK_ON", "False"]
+    run += ["DATASETS.TRAIN", f"('{triple[0]}',)", "DATASETS.TEST", f"('{triple[0]}',)"]
+    assert check_dataset.main(run) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        "  training set lambda_det_test_sets: 2 images, 2 annotations; 2 images dropped "
+        "(1 without annotations, 1 with only crowd annotations)",
+        "  test set lambda_det_test_sets: 4 images, 3 annotations",
+    ]
+
+
+@pytest.mark.e2e
 def test_check_dataset_with_a_config_requires_what_training_requires(tmp_path, register, capsys):
     write_dataset(tmp_path, annotate=lambda annotation: annotation.pop("segmentation"))
     triple = ["lambda_det_test_masks", str(tmp_path / "instances.json"), str(tmp_path / "images")]
@@ -789,12 +814,13 @@ def test_check_dataset_with_a_config_requires_what_training_requires(tmp_path, r
         Trainer.build_train_loader(cfg)
     assert str(refused.value) == missing
     assert tool.main([*run, "MODEL.MASK_ON", "False"]) == 0  # boxes only: nothing missing
+    out = capsys.readouterr().out.splitlines()
     assert re.match(
-        r"lambda_r26_shapes: training sets \['lambda_det_test_masks'\], test sets "
-        r"\[\] checked as tools/train_net.py checks them before training in .* s "
-        r"\(3 image files checked, header\)",
-        capsys.readouterr().out.splitlines()[-1],
+        r"lambda_r26_shapes: checked as tools/train_net.py checks them before training in .* s "
+        r"\(images: header\)",
+        out[-2],
     )
+    assert out[-1] == "  training set lambda_det_test_masks: 3 images, 3 annotations"
     assert tool.main([triple[0]]) == 0  # a name alone: the default config, boxes only
     with pytest.raises(SystemExit) as caught:
         tool.main(eval_only_command(triple))

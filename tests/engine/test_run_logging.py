@@ -242,10 +242,13 @@ def test_on_the_cpu_the_first_iteration_is_one_line_with_the_sizes(caplog):
                 now[0] += 84.0
                 hook.after_step()
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("on the")]
-        assert lines == [
-            "on the CPU at 800 px for training (INPUT.MIN_SIZE_TRAIN): the first iteration "
-            "took 84.0 s, so expect about that per iteration (lower those keys for a faster run)"
-        ][:expected]
+        assert (
+            lines
+            == [
+                "on the CPU at 800 px for training (INPUT.MIN_SIZE_TRAIN): the first iteration "
+                "took 84.0 s, so expect about that per iteration (lower those keys for a faster run)"
+            ][:expected]
+        )
 
 
 def test_the_sizes_named_on_the_cpu_are_the_configs():

@@ -11,6 +11,7 @@ tests need onnx and onnxruntime (the "dev" extra) and skip without them. Exporti
 
 import json
 import math
+import re
 import zipfile
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from lambda_det.cli import export_model as export_tool
 from lambda_det.export import (
     FILE_SUFFIXES,
     ExportedModel,
+    best_score_below_threshold,
     class_table,
     eager_outputs,
     export_model,
@@ -673,6 +675,79 @@ def test_tool_names_bad_input(case, weights, tmp_path, capsys):
     if case == "wrong weights":
         assert weights in error and "roi_heads.box_predictor.cls_score.weight" in error
     assert not (tmp_path / "model.ts").exists()
+
+
+def test_max_differences_measures_each_output_on_its_scale():
+    """Boxes as a fraction of the image's longer side (2 px of 200 is 0.01), scores and masks as
+    probabilities, classes equal or not."""
+    expected = {
+        "pred_boxes": torch.tensor([[10.0, 10.0, 50.0, 60.0]]),
+        "scores": torch.tensor([0.9]),
+        "pred_classes": torch.tensor([1]),
+        "pred_masks": torch.full((1, 1, 28, 28), 0.5),
+        "image_size": torch.tensor([100, 200]),
+    }
+    actual = dict(expected, pred_boxes=expected["pred_boxes"] + 2, scores=torch.tensor([0.8]))
+    differences = max_differences(expected, actual)
+    assert differences == pytest.approx(
+        {"pred_boxes": 0.01, "scores": 0.1, "pred_classes": 0.0, "pred_masks": 0.0,
+         "image_size": 0.0}
+    )  # fmt: skip
+    assert max_differences(expected, dict(expected, pred_classes=torch.tensor([2])))[
+        "pred_classes"
+    ] == float("inf")
+
+
+@pytest.mark.parametrize("case", ["compared", "below the threshold", "a detection lost"])
+def test_the_export_check_counts_the_detections_it_compares(
+    case, weights, tmp_path, capsys, monkeypatch
+):
+    """tools/export_model.py says how many detections it compared on each image; an image with
+    none on either side passes only for the reason it names (every score below the
+    threshold), and a lost detection fails."""
+    threshold = {"below the threshold": "1.0"}.get(case, "0.0")
+    if case == "a detection lost":
+        run = ExportedModel.__call__
+
+        def one_lost(self, image):
+            return {
+                name: value if name == "image_size" else value[1:]
+                for name, value in run(self, image).items()
+            }
+
+        monkeypatch.setattr(ExportedModel, "__call__", one_lost)
+    output = tmp_path / "model.ts"
+    status = export_tool.main(
+        ["--config-file", CONFIG, "--format", "torchscript", "--output", str(output)]
+        + [*OVERRIDES, "MODEL.ROI_HEADS.SCORE_THRESH_TEST", threshold, "MODEL.WEIGHTS", weights]
+    )
+    out, err = capsys.readouterr()
+    checks = [line for line in out.splitlines() if " on the sample" in line or " on a " in line]
+    if case == "compared":
+        assert status == 0 and len(checks) == 2, out
+        assert all(re.match(r"\d+ detections compared on ", line) for line in checks), checks
+        assert "pred_boxes" in checks[0] and "(of the image side)" in checks[0]
+    elif case == "below the threshold":
+        assert status == 0 and len(checks) == 2, out
+        assert all(
+            re.match(r"no detection to compare on .*: the eager model's best score there, "
+                     r"(0\.\d+|1), is below its test score threshold 1$", line)
+            for line in checks
+        ), checks  # fmt: skip
+        assert "warning: no detection was compared" in out
+    else:
+        assert status == 1
+        assert re.fullmatch(
+            r"error: the exported model finds (\d+) detections on the sample, the eager "
+            r"model (\d+)\n", err
+        ), err  # fmt: skip
+
+
+def test_the_best_score_below_the_threshold_leaves_the_thresholds_as_they_were(model, images):
+    predictor = model.roi_heads.box_predictor
+    saved = predictor.test_score_thresh
+    best, threshold = best_score_below_threshold(model, images[0])
+    assert predictor.test_score_thresh == saved == threshold and 0 < best <= 1
 
 
 def test_max_differences_flags_nan_and_mismatches():
