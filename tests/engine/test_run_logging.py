@@ -246,7 +246,8 @@ def test_on_the_cpu_the_first_iteration_is_one_line_with_the_sizes(caplog):
             lines
             == [
                 "on the CPU at 800 px for training (INPUT.MIN_SIZE_TRAIN): the first iteration "
-                "took 84.0 s, so expect about that per iteration (lower those keys for a faster run)"
+                "took 84.0 s, so expect about that per iteration (lower those keys for a "
+                "faster run)"
             ][:expected]
         )
 
