@@ -53,7 +53,7 @@ test: $(INSTALLED)
 	$(PY) -m pytest tests -n 2 --durations=15
 
 # One virtualenv per torch / Python entry under MATRIX_VENVS, the quick suite in each
-# (tools/test_matrix.py; docs/ecosystem.md has the table). ENTRIES="torch-2.5 py3.9" runs some.
+# (tools/test_matrix.py; docs/ecosystem.md has the table). ENTRIES="torch-2.5 py3.10" runs some.
 MATRIX_VENVS ?= .matrix
 matrix:
 	$(PYTHON) tools/test_matrix.py --venvs $(MATRIX_VENVS) $(ENTRIES)

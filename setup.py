@@ -55,7 +55,7 @@ setup(
     long_description=Path(__file__).with_name("README.md").read_text(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     # The shipped configs travel inside the package (lambda_det.model_zoo finds them there): each
     # folder of configs/ is a data package of its own, as setuptools expects of folders it installs.
     packages=find_packages(include=["lambda_det", "lambda_det.*"]) + CONFIG_PACKAGES,

@@ -4,11 +4,11 @@ Each entry gets its own virtualenv (``make venv VENV=<dir>/<entry> PYTHON=... TO
 and runs ``pytest tests -m "not slow" -n 2`` there; one Markdown table row per entry (entry,
 passed / failed / skipped, date, host, commit, command) is printed and appended to ``--table``;
 the suite's output is kept in ``<venv>/matrix-pytest.log``.
-The entries are setup.py's floors (torch 2.5, Python 3.9), releases between them, and the newest
+The entries are setup.py's floors (torch 2.5, Python 3.10), releases between them, and the newest
 (torch 2.14.1, Python 3.13). CI runs the default entry (``make test``) only.
 
     python tools/test_matrix.py --venvs /work/venvs                 # every entry
-    python tools/test_matrix.py --venvs /work/venvs torch-2.5 py3.9 # some
+    python tools/test_matrix.py --venvs /work/venvs torch-2.5 py3.10  # some
 """
 
 import argparse
@@ -23,13 +23,13 @@ from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 
-# name: (Python version, torch pair). Python 3.9's torch is the newest with a Python 3.9 wheel.
+# name: (Python version, torch pair).
 ENTRIES = {
     "torch-2.5": ("3.11", "torch==2.5.1 torchvision==0.20.1"),
     "torch-2.6": ("3.11", "torch==2.6.0 torchvision==0.21.0"),
     "torch-2.9": ("3.11", "torch==2.9.1 torchvision==0.24.1"),
     "torch-2.14": ("3.11", "torch==2.14.1 torchvision==0.29.1"),
-    "py3.9": ("3.9", "torch==2.8.0 torchvision==0.23.0"),
+    "py3.10": ("3.10", "torch==2.14.1 torchvision==0.29.1"),
     "py3.13": ("3.13", "torch==2.14.1 torchvision==0.29.1"),
 }
 
