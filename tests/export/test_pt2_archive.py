@@ -822,7 +822,10 @@ def onnx_model(path: Path, keep: float = 1.0) -> Path:
     graph = helper.make_graph(
         [helper.make_node("Identity", ["image"], ["output"])], "g", [image], [output]
     )
-    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    # IR version 8 (opset 17's): onnx's default is its newest, which an older onnxruntime (the
+    # newest on Python 3.10) refuses to load
+    opset = [helper.make_opsetid("", 17)]
+    data = helper.make_model(graph, opset_imports=opset, ir_version=8).SerializeToString()
     path.write_bytes(data[: int(len(data) * keep)])
     return path
 
