@@ -15,7 +15,7 @@ import argparse
 import copy
 import os
 import sys
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence
 
 import torch
 from detectron2.config import instantiate
@@ -66,7 +66,6 @@ from lambda_det.data.coco import register_coco_triples
 from lambda_det.engine import lazy_training, preflight
 from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
-from lambda_det.engine.prebuilt import PrebuiltModel, build_before_launch
 from lambda_det.engine.preflight import (
     check_batch_size,
     check_compiled_batch,
@@ -122,8 +121,8 @@ class ConfigSystem(NamedTuple):
     build_model: Callable[[Any, str], nn.Module]  # the model, on a device
     with_seed: Callable[[Any, int], Any]  # the config with its seed set
     # What every process runs: (args, the --eval-only plan or None, and when the process
-    # that loaded the config runs it: the config and the model built before launch).
-    run: Callable[[argparse.Namespace, Optional[Evaluation], Any, Optional[PrebuiltModel]], Any]
+    # that loaded the config runs it: the config).
+    run: Callable[[argparse.Namespace, Optional[Evaluation], Any], Any]
     tool: str = "tools/train_net.py"  # the script, for the command that resumes a run
 
 
@@ -153,17 +152,11 @@ def argument_parser(
     return parser
 
 
-def run(
-    args: argparse.Namespace,
-    evaluation: Optional[Evaluation] = None,
-    cfg=None,
-    prebuilt: Optional[PrebuiltModel] = None,
-):
+def run(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=None):
     """What every process of tools/train_net.py runs (detectron2's ``main(args)``):
     ``evaluation``, where an ``--eval-only`` run writes and what it loads (decided before
-    launch: :func:`plan_evaluation`); ``cfg``, the config as :func:`main` loaded it, and
-    ``prebuilt``, the model it built, when this is the process that loaded it (None: load the
-    config from ``args`` as :func:`main` did, build the model)."""
+    launch: :func:`plan_evaluation`); ``cfg``, the config as :func:`main` loaded it, when this
+    is the process that loaded it (None: load it from ``args`` as :func:`main` did)."""
     quiet_detectron2_warnings()
     output_dir = []  # the run's, once its config is read
     with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
@@ -171,14 +164,14 @@ def run(
             cfg = setup_cfg(load_run_config(args) if cfg is None else cfg, args, evaluation)
             output_dir.append(cfg.OUTPUT_DIR)
             if args.eval_only:
-                model = Trainer.build_model(cfg, prebuilt)
+                model = Trainer.build_model(cfg)
                 settings = yaml_run_settings(cfg)
                 load_weights(
                     model,
                     evaluation_weights(settings.output_dir, settings.training.weights, args.resume),
                 )
                 return Trainer.test(cfg, model)
-            trainer = Trainer(cfg, prebuilt)
+            trainer = Trainer(cfg)
             trainer.resume_or_load(resume=args.resume)
         with (
             reporting_user_errors(args.debug, errors=(OutputWriteError,)),
@@ -187,12 +180,7 @@ def run(
             return trainer.train()
 
 
-def run_lazy(
-    args: argparse.Namespace,
-    evaluation: Optional[Evaluation] = None,
-    cfg=None,
-    prebuilt: Optional[PrebuiltModel] = None,
-):
+def run_lazy(args: argparse.Namespace, evaluation: Optional[Evaluation] = None, cfg=None):
     """What every process of tools/lazyconfig_train_net.py runs (arguments as :func:`run`)."""
     quiet_detectron2_warnings()
     output_dir = []  # the run's, once its config is read
@@ -206,7 +194,7 @@ def run_lazy(
             scale_to_world_size(cfg, comm.get_world_size())
             plain_default_setup(cfg, args)
             if args.eval_only:
-                model = lazy_training.build_model(cfg, prebuilt)
+                model = lazy_training.build_model(cfg)
                 settings = lazy_run_settings(cfg)
                 weights = evaluation_weights(
                     settings.output_dir, settings.training.weights, args.resume
@@ -214,7 +202,7 @@ def run_lazy(
                 AtomicCheckpointer(model, require="all").load(weights, checkpointables=[])
                 return lazy_training.evaluate(cfg, model)
         with reporting_user_errors(args.debug, errors=(OutputWriteError,)):
-            return lazy_training.train(cfg, args.resume, prebuilt)
+            return lazy_training.train(cfg, args.resume)
 
 
 def interrupted_line(
@@ -278,43 +266,32 @@ def plan_evaluation(
 
 def check_config_before_launch(
     args: argparse.Namespace, system: ConfigSystem, cfg, run: RunSettings
-) -> Tuple[nn.Module, Optional[PrebuiltModel]]:
+) -> nn.Module:
     """What the config alone decides, checked before the output folder is touched: the device,
     the model and, for training, every setting that would fail after launch (as the user wrote
     it) and, for the batch scaled to the processes, whether it splits over them and the memory
     a process needs at least; with test sets, the memory an evaluation process needs at least
     (:mod:`lambda_det.engine.preflight`); ``run``: ``system.settings(cfg)``.
 
-    Returns the model on the meta device, for the weights' checks, and the run's model when
-    the run is this process (:func:`runs_in_this_process`): built here, once, with the run's
-    seed (:func:`lambda_det.engine.prebuilt.build_before_launch`), else None (every process
-    builds its own). The checks build one on the meta device where the run's model is not
-    built here or has no meta copy (:meth:`~lambda_det.engine.prebuilt.PrebuiltModel.meta_copy`)."""
+    Returns the model built on the meta device (no weight allocated, no random number drawn:
+    the run builds its own as detectron2 does), for the weights' checks."""
     preflight.check_device(run.device, args.num_gpus)
     if not args.eval_only:
         check_training_settings(run.training)
     world_size = args.num_gpus * args.num_machines
-    seed = preflight.check_seed(run.training.seed, world_size)
-    prebuilt, held, model = None, 0, None
-    if runs_in_this_process(args):
-        prebuilt = build_before_launch(
-            lambda: system.build_model(cfg, run.device.value), seed, run.training.seed.key
-        )
-        model = prebuilt.meta_copy()
-        held = prebuilt.nbytes()  # on the CPU, memory no longer available but the run's
-    if model is None:  # the processes build their own, or the model has no meta copy
-        with torch.device("meta"):
-            model = system.build_model(cfg, "meta")
+    preflight.check_seed(run.training.seed, world_size)
+    with torch.device("meta"):
+        model = system.build_model(cfg, "meta")
     device = run.device.value
     if run.data.test.value:  # evaluated by --eval-only, or at the end of training
-        check_evaluation_memory(model, run.training.test_size, device, args.num_gpus, held)
+        check_evaluation_memory(model, run.training.test_size, device, args.num_gpus)
     if args.eval_only:
-        return model, prebuilt
+        return model
     scaled = system.settings(system.scale(cfg, world_size)).training
     check_batch_size(scaled.batch.value, world_size, key=scaled.batch.key)
     check_compiled_batch(scaled.compiled, scaled.batch.value, world_size, key=scaled.batch.key)
-    check_training_memory(model, scaled, device, args.num_gpus, world_size, held)
-    return model, prebuilt
+    check_training_memory(model, scaled, device, args.num_gpus, world_size)
+    return model
 
 
 def check_run_not_finished(args: argparse.Namespace, system: ConfigSystem, cfg, run) -> None:
@@ -517,10 +494,13 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
         with reporting_user_errors(args.debug):
             cfg = system.load(args)
             run = system.settings(cfg)
-            model, prebuilt = check_config_before_launch(args, system, cfg, run)
+            model = check_config_before_launch(args, system, cfg, run)
             check_run_not_finished(args, system, cfg, run)
-            if prebuilt is not None and prebuilt.seed != run.training.seed.value:
-                cfg = system.with_seed(cfg, prebuilt.seed)  # drawn: the run seeds with it
+            seed = run.training.seed
+            if seed.value < 0 and runs_in_this_process(args):  # config.yaml records the seed
+                drawn = int.from_bytes(os.urandom(4), "big") >> 1  # < 2**31, for numpy's seed
+                print(f"{seed.key} {seed.value}: this run's seed is {drawn} (config.yaml says so)")
+                cfg = system.with_seed(cfg, drawn)
         cpu = torch.device(run.device.value).type == "cpu"
         return launch_checked(
             system.run,
@@ -530,7 +510,6 @@ def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFI
             cpu=cpu,
             output_dir_key=run.output_dir.key,
             cfg=cfg,
-            prebuilt=prebuilt,
             started=output_dir,
         )
 
@@ -543,15 +522,14 @@ def launch_checked(
     cpu: bool,
     output_dir_key: str = "OUTPUT_DIR",
     cfg=None,
-    prebuilt: Optional[PrebuiltModel] = None,
     started: Optional[List[str]] = None,
 ) -> int:
     """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
-    that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg,
-    prebuilt)`` in every process, ``evaluation`` being what ``check`` returned (on the CPU,
-    ``--num-gpus N`` starts N gloo processes: detectron2's launch needs CUDA). ``cfg``, the
-    config this process loaded, and ``prebuilt``, the model it built, go to a run in this
-    process (one process in all); started processes load and build their own. Returns the
+    that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg)``
+    in every process, ``evaluation`` being what ``check`` returned (on the CPU, ``--num-gpus
+    N`` starts N gloo processes: detectron2's launch needs CUDA). ``cfg``, the config this
+    process loaded, goes to a run in this process (one process in all); started processes
+    load their own. Returns the
     exit status: 2 when a check or a worker reported a user error, 130 / 143 when SIGINT /
     SIGTERM stopped the workers. ``output_dir_key`` names the folder in errors; ``started``
     gets ``output_dir`` once the checks passed: the folder is then the run's (for the line an
@@ -573,7 +551,7 @@ def launch_checked(
             machine_rank=args.machine_rank,
             dist_url=args.dist_url,
             cpu=cpu,
-            args=(args, evaluation, *((cfg, prebuilt) if in_this_process else (None, None))),
+            args=(args, evaluation, cfg if in_this_process else None),
         )
     except ProcessExitedException as error:  # a worker reported a user error or an interrupt
         if error.exit_code not in (USAGE_ERROR_STATUS, *INTERRUPTED_STATUSES):

@@ -19,7 +19,6 @@ from lambda_det.checkpoint.checkpointer import AtomicCheckpointer
 from lambda_det.compat import ddp_without_buffer_sync
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.interrupt import InterruptCheckpoint
-from lambda_det.engine.prebuilt import PrebuiltModel
 from lambda_det.engine.preflight import check_training_settings
 from lambda_det.engine.run_logging import resume_metrics, run_writers
 from lambda_det.engine.run_settings import lazy_data_settings, lazy_training_settings
@@ -80,26 +79,23 @@ def _deterministic_train_loader(cfg: DictConfig, seed: int) -> DeterministicTrai
     )
 
 
-def build_model(cfg: DictConfig, prebuilt: Optional[PrebuiltModel] = None) -> torch.nn.Module:
-    """``cfg.model`` on train.device; ``prebuilt``: the model built before launch
-    (:mod:`lambda_det.engine.prebuilt`), taken here instead."""
-    model = instantiate(cfg.model) if prebuilt is None else prebuilt.take()
-    return model.to(cfg.train.device)
+def build_model(cfg: DictConfig) -> torch.nn.Module:
+    """``cfg.model`` on train.device."""
+    return instantiate(cfg.model).to(cfg.train.device)
 
 
-def train(cfg: DictConfig, resume: bool, prebuilt: Optional[PrebuiltModel] = None) -> None:
+def train(cfg: DictConfig, resume: bool) -> None:
     """Train ``cfg.model`` for train.max_iter iterations, checkpointing and evaluating as
     ``cfg.train`` says; with ``resume``, continue from train.output_dir's last checkpoint.
     With train.deterministic, every iteration is a function of (train.seed, iteration), so that
     a resumed run continues exactly. Under
     :func:`~lambda_det.engine.interrupt.stopping_on_signals`, SIGINT or SIGTERM saves the
-    iteration in flight and stops, as the yaml trainer does. ``prebuilt``: the model built
-    before launch, trained instead of one built here (:func:`build_model`)."""
+    iteration in flight and stops, as the yaml trainer does."""
     check_training_settings(lazy_training_settings(cfg))  # as before launch, for API callers
     seed = _deterministic_seed(cfg)
     if seed is not None:
         seed_all_rng(seed)  # the same initial weights on every rank and every run
-    model = build_model(cfg, prebuilt)
+    model = build_model(cfg)
     logger.info("Model:\n%s", model)
     if cfg.train.get("compile_backbone", False):
         model.backbone.compile()  # in place: parameter names and checkpoints stay the same

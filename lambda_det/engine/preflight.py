@@ -472,14 +472,13 @@ def _memory_available_on_this_machine() -> Optional[int]:
         return None
 
 
-def available_memory(device: str, processes: int, held: int = 0) -> Optional[Tuple[int, str]]:
+def available_memory(device: str, processes: int) -> Optional[Tuple[int, str]]:
     """The bytes each of ``processes`` training processes of this machine can have on
     ``device``, and what they are, in words; None when unknown.
 
     On a GPU, its total memory (each process has its own GPU; asking for the free memory
     would open a CUDA context in the launching process for the whole run). On the CPU, the
-    available memory shared by the processes, plus ``held``: bytes that this process already
-    holds for the run (a model built before the check), no longer available but the run's.
+    available memory shared by the processes.
     """
     parsed = torch.device(device)
     if parsed.type == "cuda":
@@ -491,7 +490,6 @@ def available_memory(device: str, processes: int, held: int = 0) -> Optional[Tup
     available = _memory_available_on_this_machine()
     if available is None:
         return None
-    available += held
     where = f"the machine has {available / GIB:.1f} GiB available"
     if processes > 1:
         where += f", {available / processes / GIB:.1f} GiB for each of {processes} processes"
@@ -520,11 +518,10 @@ def check_training_memory(
     device: str,
     num_gpus: int,
     world_size: int,
-    held: int = 0,
 ) -> Optional[int]:
     """Refuse a training whose lower bound of memory per process (:func:`inputs_lower_bound`
     at once, then :func:`training_memory_lower_bound`) exceeds what the process can have
-    (:func:`available_memory`, ``held`` as there): it would fail, or swap for hours, after
+    (:func:`available_memory`): it would fail, or swap for hours, after
     allocating.
 
     Returns:
@@ -535,7 +532,7 @@ def check_training_memory(
     """
     if settings.input_size is None or not hasattr(model, "backbone"):
         return None
-    limit = available_memory(device, num_gpus, held)
+    limit = available_memory(device, num_gpus)
     if limit is None:
         return None
     images = settings.batch.value // world_size
@@ -560,11 +557,11 @@ def check_training_memory(
 
 
 def check_evaluation_memory(
-    model: nn.Module, test_size: Optional[Setting], device: str, num_gpus: int, held: int = 0
+    model: nn.Module, test_size: Optional[Setting], device: str, num_gpus: int
 ) -> Optional[int]:
     """Refuse an evaluation (``--eval-only``, or a training run's) whose lower bound of memory
     per process, one image of the test size at a time, exceeds what the process can have
-    (``held`` as in :func:`available_memory`): :func:`inputs_lower_bound` at once, then
+    (:func:`available_memory`): :func:`inputs_lower_bound` at once, then
     :func:`evaluation_memory_lower_bound`.
 
     Returns:
@@ -575,7 +572,7 @@ def check_evaluation_memory(
     """
     if test_size is None or not hasattr(model, "backbone"):
         return None
-    limit = available_memory(device, num_gpus, held)
+    limit = available_memory(device, num_gpus)
     if limit is None:
         return None
     available, where = limit

@@ -41,7 +41,6 @@ from lambda_det.data.checks import load_training_dicts, yaml_data_settings
 from lambda_det.engine.amp import MixedPrecisionTrainer, warn_about_slow_cpu_amp
 from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIteration
 from lambda_det.engine.interrupt import InterruptCheckpoint
-from lambda_det.engine.prebuilt import PrebuiltModel
 from lambda_det.engine.preflight import (
     check_batch_size,
     check_compiled_batch,
@@ -224,9 +223,7 @@ class Trainer(DefaultTrainer):
       (:func:`~lambda_det.engine.run_logging.resume_metrics`).
     """
 
-    def __init__(self, cfg: CfgNode, prebuilt: Optional[PrebuiltModel] = None):
-        """``prebuilt``: the model tools/train_net.py built before launch, for a run in its
-        process (:mod:`lambda_det.engine.prebuilt`), trained instead of a model built here."""
+    def __init__(self, cfg: CfgNode):
         # DefaultTrainer.__init__ (below) builds the trainer with lambda_det's parts. Before it
         # builds the model: its logger and scaled config (scaling again changes nothing), for
         # the checks and the seed.
@@ -247,7 +244,7 @@ class Trainer(DefaultTrainer):
         # DDP, step trainer, scheduler, checkpointer, hooks: the same random draws), with
         # lambda_det's parts; DefaultTrainer's methods (train, run_step, state_dict) do the rest.
         TrainerBase.__init__(self)
-        model = self.build_model(cfg, prebuilt=prebuilt)
+        model = self.build_model(cfg)
         optimizer = self.build_optimizer(cfg, model)
         data_loader = self.build_train_loader(cfg)
         # detectron2 asks for broadcast_buffers=False: in the keyword of this torch
@@ -304,21 +301,15 @@ class Trainer(DefaultTrainer):
             self.data_loader.start_iteration = self.start_iter
 
     @classmethod
-    def build_model(cls, cfg, prebuilt: Optional[PrebuiltModel] = None):
-        """Detectron2's model (``prebuilt``: the model built before launch, taken where the
-        run would build it); with ``MODEL.LAMBDA_RESNET.COMPILE`` its backbone compiled by
+    def build_model(cls, cfg):
+        """Detectron2's model; with ``MODEL.LAMBDA_RESNET.COMPILE`` its backbone compiled by
         ``torch.compile`` (in place: parameter names and checkpoints stay the same).
 
         Decision: ``dynamic=False``, one graph per input size. Training's LSJ crops have one
         size; at a second size (evaluation) torch's automatic dynamic shapes did not finish
         compiling the lambda layers in 15 minutes on 2 CPU cores, while a static recompile
         took about 3 minutes."""
-        if prebuilt is None:
-            model = super().build_model(cfg)
-        else:
-            model = prebuilt.take()
-            # as DefaultTrainer.build_model logs it, under its module's logger
-            logging.getLogger(DefaultTrainer.__module__).info("Model:\n%s", model)
+        model = super().build_model(cfg)
         if cfg.MODEL.LAMBDA_RESNET.get("COMPILE", False):
             model.backbone.compile(dynamic=False)
         return model

@@ -139,3 +139,16 @@ def test_the_box_head_stand_in_finds_detectron2s_detections_0_6_and_main(box_cla
     assert torch.equal(actual.scores, expected.scores), CHECKED
     assert torch.equal(actual.pred_classes, expected.pred_classes), CHECKED
     assert torch.equal(actual_rows, expected_rows) and len(expected) > 0, CHECKED
+
+
+def test_every_replacement_is_restored_after_an_exception_too():
+    """Each attribute export_friendly_detectron2 replaces is the replacement within the block
+    and the original after it, also when the block raises."""
+    replaced = torch_export._REPLACEMENTS
+    before = [owner.__dict__[name] for owner, name, _ in replaced]
+    with pytest.raises(RuntimeError, match="in the block"):
+        with export_friendly_detectron2():
+            within = [owner.__dict__[name] for owner, name, _ in replaced]
+            assert within == [replacement for _, _, replacement in replaced]
+            raise RuntimeError("in the block")
+    assert [owner.__dict__[name] for owner, name, _ in replaced] == before

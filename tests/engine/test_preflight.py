@@ -756,15 +756,6 @@ def test_a_seed_numpy_cannot_take_is_refused(seed, world_size, refused):
         preflight.check_seed(Setting("SEED", seed), world_size)
 
 
-def test_memory_a_model_built_before_the_check_holds_is_the_runs(monkeypatch):
-    """On the CPU, a model built before the check holds memory that MemAvailable no longer
-    counts, and the estimate counts it: it is added back, not counted twice."""
-    monkeypatch.setattr(preflight, "_memory_available_on_this_machine", lambda: 10 * GIB)
-    assert preflight.available_memory("cpu", 1, held=GIB)[0] == 11 * GIB
-    assert preflight.available_memory("cpu", 2, held=GIB)[0] == 11 * GIB // 2
-    assert preflight.available_memory("cpu", 1)[0] == 10 * GIB
-
-
 def test_an_evaluation_on_several_machines_needs_a_folder_of_its_own(earlier_run, tmp_path):
     """Each machine plans its evaluation: a new eval_<date-time>/ folder would differ."""
     with pytest.raises(UserError, match=r"--eval-only on 2 machines: OUTPUT_DIR .* holds a run"):

@@ -11,6 +11,7 @@ import errno
 import json
 import pickle
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -552,7 +553,7 @@ def test_pickled_weights_of_python_objects_are_one_line_at_every_entry_point(
 ):
     _, path = pickled_weights(tmp_path / "weights.pkl", convert=strings_in)
     image = tmp_path / "image.png"
-    image.write_bytes(b"")  # never read: the weights are refused first
+    cv2.imwrite(str(image), np.full((64, 64, 3), 128, np.uint8))  # read before the weights
     runs = {
         "train_net": [
             "--config-file",

@@ -325,7 +325,7 @@ def test_a_signal_before_the_run_has_its_folder_says_run_it_again(
     output = tmp_path / "run"
     output.mkdir()
     (output / "last_checkpoint").write_text("model_0000199.pth")
-    monkeypatch.setattr(train_net, "build_before_launch", send_to_self(signal.SIGINT))
+    monkeypatch.setattr(train_net, "check_training_memory", send_to_self(signal.SIGINT))
     argv = ["--config-file", DEMO_CONFIG, *TINY_OVERRIDES, "OUTPUT_DIR", str(output)]
     with pytest.raises(SystemExit) as exit_info:
         train_net.main(argv)

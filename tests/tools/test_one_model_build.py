@@ -1,7 +1,8 @@
-"""A training run in one process loads its config once and builds its model once, before
-launch (the checks read a meta-device copy), and trains exactly as a run that builds its own
-model after detectron2's default_setup: the same weights, bit for bit, for both tools. The
-command line is parsed once: every step and every process reads it as it was parsed."""
+"""A training run in one process loads its config once (the checks before launch build the
+model on the meta device) and trains exactly as a run whose process loads its own config and
+builds its model after detectron2's default_setup: the same weights, bit for bit, for both
+tools. The command line is parsed once: every step and every process reads it as it was
+parsed."""
 
 import copy
 import re
@@ -17,7 +18,6 @@ from lambda_det.cli import lazyconfig_train_net
 from lambda_det.cli import train_net as cli
 from lambda_det.config import resolve_config_file
 from lambda_det.engine.launch import launch
-from lambda_det.engine.prebuilt import PrebuiltModel, RandomState
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -66,15 +66,16 @@ def assert_same_weights(first: dict, second: dict) -> None:
 def run_building_its_own_model(system: cli.ConfigSystem, argv: list) -> None:
     """What each process of a run over several processes runs: it loads the config and builds
     the model after default_setup."""
-    system.run(cli.training_command_line(argv, system), None, None, None)
+    system.run(cli.training_command_line(argv, system), None, None)
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_a_run_in_one_process_loads_and_builds_once_and_trains_as_one_that_builds_its_own(
+def test_a_run_in_one_process_loads_once_and_trains_as_one_that_loads_its_own(
     tool, tmp_path, monkeypatch, shapes, capsys
 ):
     """With SEED -1 (a seed drawn before launch, recorded in config.yaml), against a run of
-    that seed whose process builds its own model (as every process of a multi-process run)."""
+    that seed whose process loads its own config (as every process of a multi-process run).
+    The checks before launch build the model on the meta device; the run builds its own."""
     from lambda_det.cli import checks
 
     main, argv, system, seed_key = TOOLS[tool]
@@ -84,23 +85,17 @@ def test_a_run_in_one_process_loads_and_builds_once_and_trains_as_one_that_build
         counted.setattr(cli, "load_lazy_config", counting(cli.load_lazy_config, loads))
         counted.setattr(GeneralizedRCNN, "__init__", counting(GeneralizedRCNN.__init__, builds))
         assert main(argv(tmp_path / "drawn", -1)) == 0
-    assert (len(loads), len(builds)) == (1, 1)  # meta-device builds included
+    assert (len(loads), len(builds)) == (1, 2)  # the checks' meta-device build, the run's
     seed = int(re.search(r"this run's seed is (\d+)", capsys.readouterr().out).group(1))
-    assert (
-        f"this run's seed is {seed} (config.yaml records it)"
-        in (tmp_path / "drawn" / "log.txt").read_text()
-    )
     recorded = yaml.safe_load((tmp_path / "drawn" / "config.yaml").read_text())
     assert (recorded[seed_key] if tool == "train_net" else recorded["train"][seed_key]) == seed
 
     run_building_its_own_model(system, argv(tmp_path / "own", seed))
     assert_same_weights(weights(tmp_path / "drawn"), weights(tmp_path / "own"))
-
-    # The negative control: the run goes on from the seeded state, not from the build's.
-    monkeypatch.setattr(RandomState, "restore", lambda self: None)
-    assert main(argv(tmp_path / "unrestored", seed)) == 0
+    # The negative control: another seed, other weights.
+    run_building_its_own_model(system, argv(tmp_path / "other", seed + 1))
     with pytest.raises(AssertionError):
-        assert_same_weights(weights(tmp_path / "unrestored"), weights(tmp_path / "own"))
+        assert_same_weights(weights(tmp_path / "other"), weights(tmp_path / "own"))
 
 
 # ---- the command line: read by every step and every process as it was parsed ----
@@ -159,17 +154,7 @@ def test_a_started_process_loads_the_coco_datasets_of_the_command_line(tmp_path,
     argv = coco_run_argv(datasets_root, "own_shapes_worker", tmp_path / "run")
     args = cli.training_command_line(argv)
     parsed = copy.deepcopy(vars(args))
-    cli.run(args, None, None, None)
+    cli.run(args, None, None)
     assert vars(args) == parsed
     assert "own_shapes_worker" in DatasetCatalog.list()
     assert_trained_on(tmp_path / "run", argv[3:6])
-
-
-def test_a_model_without_a_meta_copy_is_checked_on_a_meta_build(tmp_path, monkeypatch, shapes):
-    """A model that cannot be copied to the meta device (PrebuiltModel.meta_copy None) still
-    trains in one process: the checks build their own, on the meta device."""
-    builds = []
-    monkeypatch.setattr(PrebuiltModel, "meta_copy", lambda self: None)
-    monkeypatch.setattr(GeneralizedRCNN, "__init__", counting(GeneralizedRCNN.__init__, builds))
-    assert cli.main(yaml_argv(tmp_path, 0)) == 0
-    assert len(builds) == 2 and (tmp_path / "model_final.pth").is_file()
