@@ -12,10 +12,11 @@ its traceback.
 """
 
 import argparse
+import contextlib
 import copy
 import os
 import sys
-from typing import Any, Callable, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence
 
 import torch
 from detectron2.config import instantiate
@@ -88,7 +89,9 @@ __all__ = [
     "main",
     "load_lazy_run_config",
     "scale_yaml_to_world_size",
-    "launch_checked",
+    "checked_run",
+    "CheckedRun",
+    "launch_run",
     "check_config_before_launch",
     "plan_evaluation",
     "Evaluation",
@@ -487,79 +490,78 @@ def training_command_line(
 
 def main(argv: Optional[Sequence[str]] = None, system: ConfigSystem = YAML_CONFIGS) -> int:
     """tools/train_net.py (``system`` :data:`YAML_CONFIGS`) and tools/lazyconfig_train_net.py
-    (:data:`LAZY_CONFIGS`): returns the exit status."""
+    (:data:`LAZY_CONFIGS`), as detectron2's tools/train_net.py: parse the command line, check
+    everything before launch, launch :func:`run` (:func:`run_lazy`); returns the exit status."""
     args = training_command_line(argv, system)
-    output_dir = []
-    with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, output_dir)):
-        with reporting_user_errors(args.debug):
-            cfg = system.load(args)
-            run = system.settings(cfg)
-            model = check_config_before_launch(args, system, cfg, run)
-            check_run_not_finished(args, system, cfg, run)
-            seed = run.training.seed
-            if seed.value < 0 and runs_in_this_process(args):  # config.yaml records the seed
-                drawn = int.from_bytes(os.urandom(4), "big") >> 1  # < 2**31, for numpy's seed
-                print(f"{seed.key} {seed.value}: this run's seed is {drawn} (config.yaml says so)")
-                cfg = system.with_seed(cfg, drawn)
-        cpu = torch.device(run.device.value).type == "cpu"
-        return launch_checked(
-            system.run,
-            args,
-            run.output_dir.value,
-            lambda: check_before_launch(args, run, model),
-            cpu=cpu,
-            output_dir_key=run.output_dir.key,
-            cfg=cfg,
-            started=output_dir,
-        )
+    started = []  # the run's folder, once the checks passed (for the line an interrupt prints)
+    with reporting_interrupts(lambda interrupt: interrupted_line(interrupt, args, started)):
+        with checked_run(args, system, started) as checked:
+            return launch_run(system.run, args, checked)
 
 
-def launch_checked(
-    run_function,
-    args: argparse.Namespace,
-    output_dir: str,
-    check: Callable[[], Optional[Evaluation]],
-    cpu: bool,
-    output_dir_key: str = "OUTPUT_DIR",
-    cfg=None,
-    started: Optional[List[str]] = None,
-) -> int:
-    """Hold ``output_dir``'s lock (on machine 0, whose main process writes it; taking it checks
-    that the folder can be written), run ``check``, then ``run_function(args, evaluation, cfg)``
-    in every process, ``evaluation`` being what ``check`` returned (on the CPU, ``--num-gpus
-    N`` starts N gloo processes: detectron2's launch needs CUDA). ``cfg``, the config this
-    process loaded, goes to a run in this process (one process in all); started processes
-    load their own. Returns the
-    exit status: 2 when a check or a worker reported a user error, 130 / 143 when SIGINT /
-    SIGTERM stopped the workers. ``output_dir_key`` names the folder in errors; ``started``
-    gets ``output_dir`` once the checks passed: the folder is then the run's (for the line an
-    interrupt prints, :func:`interrupted_line`)."""
+class CheckedRun(NamedTuple):
+    """What :func:`checked_run` yields."""
+
+    cfg: Any  # the config, its seed drawn where the seed is negative
+    settings: RunSettings
+    evaluation: Optional[Evaluation]  # the --eval-only plan; None for training
+
+
+@contextlib.contextmanager
+def checked_run(
+    args: argparse.Namespace, system: ConfigSystem, started: List[str]
+) -> Iterator[CheckedRun]:
+    """Every check before launch, in one call: the config's, before the output folder is
+    touched (:func:`check_config_before_launch`, :func:`check_run_not_finished`), then, holding
+    the folder's lock (on machine 0, whose main process writes it; taking it checks that the
+    folder can be written), the folder's, the data's and the weights'
+    (:func:`check_before_launch`). Holds the lock while the block runs; ``started`` gets the
+    folder once the checks passed: it is then the run's. A check's error is one line (exit
+    status 2)."""
     lock = None
     with reporting_user_errors(args.debug):
+        cfg = system.load(args)
+        run = system.settings(cfg)
+        model = check_config_before_launch(args, system, cfg, run)
+        check_run_not_finished(args, system, cfg, run)
+        seed = run.training.seed
+        if seed.value < 0 and runs_in_this_process(args):  # config.yaml records the seed
+            drawn = int.from_bytes(os.urandom(4), "big") >> 1  # < 2**31, for numpy's seed
+            print(f"{seed.key} {seed.value}: this run's seed is {drawn} (config.yaml says so)")
+            cfg = system.with_seed(cfg, drawn)
         if args.machine_rank == 0:
-            lock = OutputDirLock(output_dir, key=output_dir_key).acquire()
+            lock = OutputDirLock(run.output_dir.value, key=run.output_dir.key).acquire()
     try:
         with reporting_user_errors(args.debug):
-            evaluation = check()
-        if started is not None:
-            started.append(output_dir)
-        in_this_process = runs_in_this_process(args)
+            evaluation = check_before_launch(args, run, model)
+        started.append(run.output_dir.value)
+        yield CheckedRun(cfg, run, evaluation)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def launch_run(run_function, args: argparse.Namespace, checked: CheckedRun) -> int:
+    """``run_function(args, evaluation, cfg)`` in every process, by detectron2's launch (on the
+    CPU, ``--num-gpus N`` starts N gloo processes: detectron2's launch needs CUDA); the config
+    goes to a run in this process (one process in all), started processes load their own.
+    Returns the exit status: 2 when a worker reported a user error, 130 / 143 when SIGINT /
+    SIGTERM stopped the workers."""
+    in_this_process = runs_in_this_process(args)
+    try:
         launch(
             run_function,
             args.num_gpus,
             num_machines=args.num_machines,
             machine_rank=args.machine_rank,
             dist_url=args.dist_url,
-            cpu=cpu,
-            args=(args, evaluation, cfg if in_this_process else None),
+            cpu=torch.device(checked.settings.device.value).type == "cpu",
+            args=(args, checked.evaluation, checked.cfg if in_this_process else None),
         )
     except ProcessExitedException as error:  # a worker reported a user error or an interrupt
         if error.exit_code not in (USAGE_ERROR_STATUS, *INTERRUPTED_STATUSES):
             raise
         return error.exit_code
-    finally:
-        if lock is not None:
-            lock.release()
     return 0
 
 

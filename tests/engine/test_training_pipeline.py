@@ -11,7 +11,6 @@ from lambda_det.cli import ap_table, train_net
 from lambda_det.reports import load_results
 
 
-@pytest.mark.xdist_group("evaluated_run")  # its one build serves each test on one worker
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_train_net_trains_evaluates_and_reports_ap_by_size(

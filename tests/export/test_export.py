@@ -266,7 +266,6 @@ def test_onnx_matches_eager(model, onnx_file, images, other_sizes):
         assert_matches_eager(model, exported, image, TOLERANCES["onnx"])
 
 
-@pytest.mark.xdist_group("torch_export_file")  # its one build serves each test on one worker
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_torch_export_matches_eager(cfg, model, torch_export_file, torch_exported, other_sizes):
@@ -302,7 +301,6 @@ def test_torch_export_matches_eager(cfg, model, torch_export_file, torch_exporte
         exported(torch.zeros(3, *SIZE, dtype=torch.uint8))
 
 
-@pytest.mark.xdist_group("torch_export_file")  # its one build serves each test on one worker
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_torch_export_runs_images_with_no_detection(model, torch_exported):
@@ -450,7 +448,6 @@ def test_export_friendly_detectron2_takes_the_parameters_of_the_originals():
     assert (square.tensor[0, :, 50:] == 0.5).all() and (square.tensor[0, :, :, 70:] == 0.5).all()
 
 
-@pytest.mark.xdist_group("torch_export_file")  # its one build serves each test on one worker
 @pytest.mark.parametrize("format", ["torchscript", ONNX, TORCH_EXPORT])
 def test_metadata_maps_classes_to_category_ids(format, request):
     """<output>.json: the test dataset's category ids and names, the input and its resize."""

@@ -27,7 +27,6 @@ def by_image(results):
     return {key: sorted(value, key=lambda r: -r["score"]) for key, value in grouped.items()}
 
 
-@pytest.mark.xdist_group("evaluated_run")  # its one build serves each test on one worker
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_predictions_match_the_evaluators(
@@ -68,7 +67,6 @@ def test_predictions_match_the_evaluators(
         assert evaluation.stats[0] * 100 == pytest.approx(recorded[task]["AP"], abs=1e-3)
 
 
-@pytest.mark.xdist_group("evaluated_run")  # its one build serves each test on one worker
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_videos_and_bad_inputs(evaluated_run, small_shapes, tmp_path, capsys):
