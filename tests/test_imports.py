@@ -114,6 +114,7 @@ def test_the_model_and_the_timm_models_run_without_detectron2():
     assert result.stdout.split() == ["ok"]
 
 
+@pytest.mark.slow  # child processes
 def test_detectron2_parts_say_what_is_missing():
     code = (
         BLOCK_DETECTRON2
@@ -331,6 +332,7 @@ def test_the_import_contracts_check_the_benchmarks(tmp_path, module, code, contr
     assert import_ in broken, result.stdout
 
 
+@pytest.mark.slow  # child processes
 def test_the_timm_converter_needs_no_timm():
     """tools/convert_timm_checkpoint.py turns a state dict into detector weights by names and
     shapes: it runs where timm is not installed (the detector's machine), while the timm models

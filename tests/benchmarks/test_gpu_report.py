@@ -15,6 +15,7 @@ def records(folder):
     return [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 11 s: it builds and runs every section at tiny sizes
 def test_the_dry_run_measures_every_section_beside_its_prediction(tmp_path, capsys):
     status, stderr = exit_status(
         main, ["--device", "cpu", "--dry-run", "--output", tmp_path], capsys
