@@ -22,6 +22,7 @@ __all__ = [
     "pt2_package",
     "check_torch_floor",
     "fake_kernels_stack",
+    "contiguous_gradient_at_batch_1",
 ]
 
 # torch.compiler.is_exporting (torch >= 2.6): True while torch.export traces. The layers ask it
@@ -38,6 +39,39 @@ def _never_exporting() -> bool:
 # The callers call it as a module attribute: TorchScript and dynamo then see torch's own
 # function where it exists.
 is_exporting = torch.compiler.is_exporting if HAS_IS_EXPORTING else _never_exporting
+
+class _ContiguousGradient(torch.autograd.Function):
+    """The identity, whose backward hands its gradient on contiguous."""
+
+    @staticmethod
+    def forward(ctx, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, gradient: torch.Tensor) -> torch.Tensor:
+        return gradient.contiguous()
+
+
+@torch.jit.unused
+def _contiguous_gradient_at_batch_1(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.shape[0] == 1 and not torch.jit.is_tracing() and not is_exporting():
+        return _ContiguousGradient.apply(tensor)
+    return tensor
+
+
+def contiguous_gradient_at_batch_1(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (batch first), whose gradient is made contiguous before it reaches the op
+    that made it when the batch is 1. Works around torch's CPU batch norm backward
+    (``native_batch_norm_backward``, torch 2.5 to 2.14.1): at batch 1 it gives wrong gradients
+    (``torch.autograd.gradcheck`` fails, over 100% off in float64) when the gradient it
+    receives is strided as a matmul's or an einsum's backward leaves it, as a lambda layer's
+    normalised values receive it; a contiguous one it takes right, and so does its
+    decomposition under torch.compile. Other batches, TorchScript, a trace and torch.export
+    run as without it (the same bits)."""
+    if torch.jit.is_scripting():
+        return tensor
+    return _contiguous_gradient_at_batch_1(tensor)
+
 
 # has_free_unbacked_symbols (torch >= 2.6); older releases have free_unbacked_symbols (a set).
 try:

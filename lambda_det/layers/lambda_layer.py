@@ -370,7 +370,10 @@ class LambdaLayer(nn.Module):
             self.to_values.out_channels,
         ]
         queries, keys, values = projected.split(sizes, dim=1)
-        return self.query_norm(queries), keys, self.value_norm(values)
+        # torch's CPU batch norm backward errs at batch 1 on the strided gradient the einsums
+        # hand it (torch_features.contiguous_gradient_at_batch_1)
+        values = torch_features.contiguous_gradient_at_batch_1(self.value_norm(values))
+        return self.query_norm(queries), keys, values
 
     def _project_traced(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`_project` under torch.jit.trace: each projection runs as its own module, so
