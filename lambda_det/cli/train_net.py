@@ -69,7 +69,6 @@ from lambda_det.engine.interrupt import SIGNALS
 from lambda_det.engine.launch import launch
 from lambda_det.engine.preflight import (
     check_batch_size,
-    check_compiled_batch,
     check_evaluation_memory,
     check_launch_arguments,
     check_training_memory,
@@ -292,7 +291,6 @@ def check_config_before_launch(
         return model
     scaled = system.settings(system.scale(cfg, world_size)).training
     check_batch_size(scaled.batch.value, world_size, key=scaled.batch.key)
-    check_compiled_batch(scaled.compiled, scaled.batch.value, world_size, key=scaled.batch.key)
     check_training_memory(model, scaled, device, args.num_gpus, world_size)
     return model
 

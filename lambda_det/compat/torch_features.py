@@ -40,6 +40,7 @@ def _never_exporting() -> bool:
 # function where it exists.
 is_exporting = torch.compiler.is_exporting if HAS_IS_EXPORTING else _never_exporting
 
+
 class _ContiguousGradient(torch.autograd.Function):
     """The identity, whose backward hands its gradient on contiguous."""
 

@@ -78,7 +78,6 @@ class TrainingSettings(NamedTuple):
     # The side of a square image at evaluation, with the key that bounds every image's size
     # (None: unknown, or not resized).
     test_size: Optional[Setting] = None
-    compiled: Optional[Setting] = None  # whether the backbone is compiled (None: no such key)
 
 
 def check_launch_arguments(args: argparse.Namespace) -> None:
@@ -197,22 +196,6 @@ def check_batch_size(batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH") 
             f"{key} {batch} does not split over {world_size} processes: use a "
             f"multiple of {world_size}"
         )
-
-
-def check_compiled_batch(
-    compiled: Optional[Setting], batch, world_size: int, key: str = "SOLVER.IMS_PER_BATCH"
-) -> None:
-    """A compiled backbone trains on 2 or more images per process: torch.compile (torch 2.14.1,
-    inductor and its decompositions) computes wrong gradients for a lambda layer whose values
-    are BatchNorm-ed at batch 1, while the forward pass matches eager
-    (tests/layers/test_lambda_layer.py shows it)."""
-    if compiled is None or not compiled.value or batch // world_size > 1:
-        return
-    raise UserError(
-        f"{compiled.key} is on with 1 image per process ({key} {batch} over {world_size} "
-        f"processes), where torch.compile trains lambda layers with wrong gradients: use 2 "
-        f"or more images per process, or set {compiled.key} False"
-    )
 
 
 def check_seed(seed: Setting, world_size: int = 1) -> int:

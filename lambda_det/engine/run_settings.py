@@ -134,7 +134,6 @@ def yaml_training_settings(cfg) -> TrainingSettings:
         test_size=_test_size(
             "INPUT.MAX_SIZE_TEST", cfg.INPUT.MIN_SIZE_TEST, cfg.INPUT.MAX_SIZE_TEST
         ),
-        compiled=_yaml_compiled(cfg),
     )
 
 
@@ -170,13 +169,6 @@ def _test_size(key: str, short_side, max_size) -> Optional[Setting]:
     if not sides or not all(is_integer(side) and side > 0 for side in [*sides, max_size]):
         return None
     return Setting(key, min(min(sides), max_size))
-
-
-def _yaml_compiled(cfg) -> Optional[Setting]:
-    lambda_resnet = cfg.MODEL.get("LAMBDA_RESNET")
-    if lambda_resnet is None or "COMPILE" not in lambda_resnet:
-        return None
-    return Setting("MODEL.LAMBDA_RESNET.COMPILE", lambda_resnet.COMPILE)
 
 
 def _yaml_backbone(cfg) -> Optional[BackboneSettings]:
@@ -258,7 +250,6 @@ def lazy_training_settings(cfg: DictConfig) -> TrainingSettings:
             if multistep and cfg.lr_multiplier.get(name) is not None
         ),
         test_size=_lazy_test_size(cfg),
-        compiled=Setting("train.compile_backbone", train.get("compile_backbone", False)),
     )
 
 

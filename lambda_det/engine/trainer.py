@@ -43,7 +43,6 @@ from lambda_det.engine.deterministic import DeterministicTrainLoader, SeedEachIt
 from lambda_det.engine.interrupt import InterruptCheckpoint
 from lambda_det.engine.preflight import (
     check_batch_size,
-    check_compiled_batch,
     check_training_settings,
 )
 from lambda_det.engine.run_logging import (
@@ -235,7 +234,6 @@ class Trainer(DefaultTrainer):
         settings = yaml_training_settings(cfg)
         check_training_settings(settings)
         check_batch_size(cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
-        check_compiled_batch(settings.compiled, cfg.SOLVER.IMS_PER_BATCH, comm.get_world_size())
         if cfg.DATALOADER.get("DETERMINISTIC", False):
             seed_all_rng(cfg.SEED)  # the same initial weights on every rank and every run
         device = cfg.MODEL.DEVICE

@@ -179,16 +179,6 @@ BAD_YAML_INPUTS = {
         ["INPUT.LSJ.IMAGE_SIZE", "100000000"],
         ["100000000x100000000", "INPUT.LSJ.IMAGE_SIZE"],
     ),
-    "compiled at 1 image": (
-        [],
-        ["MODEL.LAMBDA_RESNET.COMPILE", "True", "SOLVER.IMS_PER_BATCH", "1"],
-        ["MODEL.LAMBDA_RESNET.COMPILE", "1 image per process", "2 or more images"],
-    ),
-    "compiled at 1 image per process": (
-        ["--num-gpus", "2"],
-        ["MODEL.LAMBDA_RESNET.COMPILE", "True", "SOLVER.IMS_PER_BATCH", "2"],
-        ["SOLVER.IMS_PER_BATCH 2 over 2 processes", "MODEL.LAMBDA_RESNET.COMPILE False"],
-    ),
     "test size too large, eval-only": (["--eval-only"], FULL_WIDTH_AT_16000, EVALUATION_TOO_LARGE),
     "test size too large for the final evaluation": ([], FULL_WIDTH_AT_16000, EVALUATION_TOO_LARGE),
 }
@@ -268,10 +258,6 @@ BAD_LAZY_INPUTS = {
         ["augmentations.image_size", "got 0"],
     ),
     "checkpoint period": (["train.checkpointer.period=0"], ["train.checkpointer.period"]),
-    "compiled at 1 image": (
-        ["train.compile_backbone=True", "dataloader.train.total_batch_size=1"],
-        ["train.compile_backbone is on with 1 image per process"],
-    ),
     "image size too large": (
         ["dataloader.train.mapper.augmentations.image_size=16384"],
         ["16384x16384", "augmentations.image_size"],
@@ -328,15 +314,6 @@ def test_the_shipped_settings_pass():
         preflight.check_training_settings(yaml_training_settings(load_config(name)))
     recipe = load_lazy_config("lambda_r152_mask_rcnn")
     preflight.check_training_settings(lazy_training_settings(recipe))
-
-
-def test_a_compiled_backbone_trains_on_2_images_per_process():
-    """The negative control of the compiled-batch refusal: 2 images per process, or no compile."""
-    compiled, eager = Setting("COMPILE", True), Setting("COMPILE", False)
-    preflight.check_compiled_batch(compiled, 2, 1)
-    preflight.check_compiled_batch(compiled, 4, 2)
-    preflight.check_compiled_batch(eager, 1, 1)
-    preflight.check_compiled_batch(None, 1, 1)
 
 
 def test_check_device_counts_the_gpus(monkeypatch):
