@@ -141,6 +141,7 @@ def test_the_box_head_stand_in_finds_detectron2s_detections_0_6_and_main(box_cla
     assert torch.equal(actual_rows, expected_rows) and len(expected) > 0, CHECKED
 
 
+@NEEDS_FAKE_KERNELS_STACK
 def test_every_replacement_is_restored_after_an_exception_too():
     """Each attribute export_friendly_detectron2 replaces is the replacement within the block
     and the original after it, also when the block raises."""
