@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from benchmarks.harness import Step, machine_description, paired_ratio
-from benchmarks.memory import saved_bytes
+from benchmarks.memory import saved_bytes, saved_storage_bytes
 from lambda_det.compat import CHECKOUT
 from lambda_det.utils.atomic import atomic_write
 
@@ -185,23 +185,11 @@ def _saved_forward_bytes(model, batch, dtype: Optional[torch.dtype]) -> int:
     """Bytes autograd keeps for backward over one training forward (parameters excluded)."""
     from detectron2.utils.events import EventStorage
 
-    excluded = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    storages: Dict[int, int] = {}
-
-    def pack(tensor: torch.Tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
     with (
         EventStorage(),
         torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None),
-        torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
     ):
-        losses = model(batch)
-    del losses
-    return sum(storages.values())
+        return saved_storage_bytes(lambda: model(batch), model.parameters())
 
 
 def predict_detector(

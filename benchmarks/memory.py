@@ -1,6 +1,6 @@
 """Memory of one training step: its peak, and what autograd saves for backward."""
 
-from typing import Dict
+from typing import Callable, Dict, Iterable
 
 import torch
 from torch._C._profiler import _EventType
@@ -9,23 +9,28 @@ from torch.profiler import ProfilerActivity, profile
 from benchmarks.harness import Step, free_memory, synchronize
 
 
-def saved_bytes(step: Step) -> int:
-    """Bytes of the storages autograd keeps for backward (parameters and the input excluded)."""
-    excluded = {p.untyped_storage().data_ptr() for p in step.module.parameters()}
-    excluded.add(step.x.untyped_storage().data_ptr())
+def saved_storage_bytes(forward: Callable[[], object], excluded: Iterable[torch.Tensor]) -> int:
+    """Bytes of the storages autograd keeps for backward while ``forward()`` runs, but for the
+    storages of ``excluded`` (parameters, inputs)."""
+    skipped = {tensor.untyped_storage().data_ptr() for tensor in excluded}
     storages: Dict[int, int] = {}
 
     def pack(tensor: torch.Tensor):
         storage = tensor.untyped_storage()
-        if storage.data_ptr() not in excluded:
+        if storage.data_ptr() not in skipped:
             storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
-    step.x.grad = None
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        output = step.forward()
+        output = forward()
     del output
     return sum(storages.values())
+
+
+def saved_bytes(step: Step) -> int:
+    """Bytes of the storages autograd keeps for backward (parameters and the input excluded)."""
+    step.x.grad = None
+    return saved_storage_bytes(step.forward, [*step.module.parameters(), step.x])
 
 
 def peak_bytes(step: Step) -> int:
