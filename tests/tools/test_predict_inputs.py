@@ -85,21 +85,30 @@ def test_skip_unreadable_predicts_on_the_others(inputs, weights, tmp_path, capsy
     ]  # fmt: skip
 
 
-def test_predictions_of_the_inputs_before_a_failure_are_written(
-    inputs, weights, tmp_path, monkeypatch, capsys
-):
+def at_the_second_batch(inputs, monkeypatch, action) -> None:
+    """The readable photos alone, and ``action()`` run when the second batch is predicted."""
     for name in ("scan.tif", "broken.png"):
         (inputs / name).unlink()
     calls = []
     predict_batch = inference.Predictor.predict_batch
 
-    def second_fails(self, images):
+    def second_acts(self, images):
         calls.append(len(images))
         if len(calls) == 2:
-            raise UserError("the second input failed")
+            action()
         return predict_batch(self, images)
 
-    monkeypatch.setattr(inference.Predictor, "predict_batch", second_fails)
+    monkeypatch.setattr(inference.Predictor, "predict_batch", second_acts)
+
+
+def fail():
+    raise UserError("the second input failed")
+
+
+def test_predictions_of_the_inputs_before_a_failure_are_written(
+    inputs, weights, tmp_path, monkeypatch, capsys
+):
+    at_the_second_batch(inputs, monkeypatch, fail)
     options = ["--confidence-threshold", "0.0"]
     error = run_tool("predict", argv(inputs, tmp_path / "out", weights, *options), capsys)
     assert error == "error: the second input failed"
@@ -113,18 +122,8 @@ def test_an_interrupt_after_the_first_input_keeps_its_predictions(
     import os
     import signal
 
-    for name in ("scan.tif", "broken.png"):
-        (inputs / name).unlink()
-    calls = []
-    predict_batch = inference.Predictor.predict_batch
-
-    def interrupted_at_the_second(self, images):
-        calls.append(len(images))
-        if len(calls) == 2:
-            os.kill(os.getpid(), signal.SIGINT)  # predict's handler turns it into an exit
-        return predict_batch(self, images)
-
-    monkeypatch.setattr(inference.Predictor, "predict_batch", interrupted_at_the_second)
+    # predict's handler turns the signal into an exit
+    at_the_second_batch(inputs, monkeypatch, lambda: os.kill(os.getpid(), signal.SIGINT))
     output = tmp_path / "out"
     options = ["--confidence-threshold", "0.0"]
     with pytest.raises(SystemExit) as exit_info:
